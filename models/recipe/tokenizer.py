@@ -22,7 +22,13 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> Tokenizer:
     if not 512 <= vocab_size <= 65536:
         raise ValueError(f"vocab_size must be in [512, 65536], got {vocab_size}")
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    # Every "\n" is its own token: a prompt that ends at a line break (the usual code-completion
+    # prompt) then tokenizes exactly as it did inside training text. Without this, BPE merges the
+    # newline with the next line's indentation and such prompts end in a split never seen.
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split("\n", behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+    ])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,

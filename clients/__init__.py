@@ -1,0 +1,1 @@
+"""Python SDK and the ``fastmode`` command line."""

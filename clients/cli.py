@@ -1,0 +1,42 @@
+"""The ``fastmode`` command: one entry point, one subcommand per owner module.
+
+Subcommands are imported lazily, so ``fastmode --help`` stays fast and a subcommand's heavy
+dependencies (vLLM, Ray) load only when it runs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# name -> ("module:function", one-line help). Each function takes argv (list[str]) and returns an exit code.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("models.demo:main", "generate with both shipped models (the embedded default)"),
+    "eval": ("models.eval.run:main", "quality eval: bits per byte, next-line exact match, agreement"),
+}
+
+
+def usage() -> str:
+    width = max(len(n) for n in COMMANDS)
+    lines = ["usage: fastmode COMMAND [ARGS...]", "", "commands:"]
+    lines += [f"  {name:<{width}}  {help_}" for name, (_, help_) in COMMANDS.items()]
+    lines += ["", "Run `fastmode COMMAND --help` for a command's options."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(usage())
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"fastmode: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    module, func = COMMANDS[name][0].split(":")
+    fn = getattr(importlib.import_module(module), func)
+    return int(fn(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

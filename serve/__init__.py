@@ -1,0 +1,1 @@
+"""The Ray Serve application: gateway, router, lanes (fast, priority, standard) and gRPC."""

@@ -1,0 +1,79 @@
+"""``KVCache``: keys and values preallocated per sequence slot, for the layers one model owns.
+
+A slot holds one sequence's keys and values for positions ``0 .. max_len - 1``. Slots are never
+cleared: attention only reads positions at or before the query's own, and a sequence writes each
+position before it reads it, so whatever a previous owner left behind is never seen.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .errors import CacheFull, InvalidLayout
+
+
+class KVCache:
+    """Per-layer keys and values, ``k``/``v``: ``[num_layers, num_slots, max_len, kv_heads, head_dim]``.
+
+    ``num_layers`` counts the layers of this model only (a pipeline stage's cache holds its own
+    layers, a tensor-parallel rank's cache its own kv heads). Layer ``j`` of the model's owned
+    layers, in order, uses ``k[j]`` and ``v[j]``.
+    """
+
+    def __init__(self, *, num_layers: int, num_slots: int, max_len: int, num_kv_heads: int,
+                 head_dim: int, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str | None = None) -> None:
+        for name, value in (("num_slots", num_slots), ("max_len", max_len), ("num_kv_heads", num_kv_heads),
+                            ("head_dim", head_dim)):
+            if value < 1:
+                raise InvalidLayout(f"KVCache {name} must be >= 1, got {value}")
+        if num_layers < 0:
+            raise InvalidLayout(f"KVCache num_layers must be >= 0, got {num_layers}")
+        shape = (num_layers, num_slots, max_len, num_kv_heads, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.num_slots = num_slots
+        self.max_len = max_len
+        # Lowest slot first, so a lone sequence always lands in slot 0 (handy when debugging).
+        self._free = list(range(num_slots - 1, -1, -1))
+        self._used: set[int] = set()
+
+    @classmethod
+    def for_model(cls, model: nn.Module, *, num_slots: int, max_len: int | None = None) -> KVCache:
+        """A cache shaped for ``model`` (a ``sharding.model.Llama``, possibly a stage or a TP rank).
+
+        ``max_len`` defaults to the model's context window and may not exceed it.
+        """
+        cfg = model.config
+        max_len = cfg.max_position_embeddings if max_len is None else max_len
+        if max_len > cfg.max_position_embeddings:
+            raise InvalidLayout(
+                f"KVCache max_len {max_len} exceeds the model's context {cfg.max_position_embeddings}")
+        layers = list(model.model.layers.values())
+        # Read the (possibly tensor-parallel) local kv head count off the attention itself.
+        kv_heads = layers[0].self_attn.num_kv_heads if layers else cfg.num_kv_heads
+        param = next(model.parameters())
+        return cls(num_layers=len(layers), num_slots=num_slots, max_len=max_len, num_kv_heads=kv_heads,
+                   head_dim=cfg.head_dim, dtype=param.dtype, device=param.device)
+
+    @property
+    def num_free(self) -> int:
+        """Slots not held by any sequence."""
+        return len(self._free)
+
+    def allocate(self) -> int:
+        """Take a free slot; raises ``CacheFull`` when every slot is held."""
+        if not self._free:
+            raise CacheFull(f"all {self.num_slots} KV-cache slots are in use")
+        slot = self._free.pop()
+        self._used.add(slot)
+        return slot
+
+    def free(self, slot: int) -> None:
+        """Give ``slot`` back; freeing a slot that is not held is a bug and raises ``RuntimeError``."""
+        if slot not in self._used:
+            raise RuntimeError(f"KV-cache slot {slot} is not allocated")
+        self._used.remove(slot)
+        self._free.append(slot)
+        self._free.sort(reverse=True)

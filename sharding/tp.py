@@ -1,0 +1,168 @@
+"""Tensor parallelism, applied from outside: ``apply_tp`` swaps a ``Llama``'s layers for sharded ones.
+
+Megatron layout: q/k/v and gate/up are column-parallel (each rank computes its own heads and its
+own slice of the SwiGLU width, no communication), o/down are row-parallel (each rank holds the
+matching input slice and the partial sums meet in one ``all_reduce``). So one decoder layer costs
+two all-reduces. The embedding and the head are split by vocabulary rows: the embedding looks up
+the ids it owns and all-reduces, the head computes its slice of the logits and all-gathers them.
+
+Every sharded parameter carries ``weight_loader(param, full_tensor)`` cutting its shard out of
+the full checkpoint tensor, so ``sharding.weights.load_weights`` loads any layout the same way.
+The collectives sit in plain ``forward`` methods, never in hooks.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from .config import ModelConfig
+from .errors import CheckpointError, InvalidLayout
+
+
+class _Sharded(nn.Module):
+    """A weight split along ``dim`` into ``tp_size`` equal blocks; this rank holds block ``tp_rank``."""
+
+    def __init__(self, full_shape: tuple[int, int], dim: int, tp_rank: int, tp_size: int,
+                 group: dist.ProcessGroup | None, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        self.full_shape, self.dim = tuple(full_shape), dim
+        self.tp_rank, self.tp_size, self.group = tp_rank, tp_size, group
+        shape = list(full_shape)
+        shape[dim] //= tp_size
+        self.weight = nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
+        self.weight.weight_loader = self.weight_loader
+
+    def weight_loader(self, param: nn.Parameter, full: torch.Tensor) -> None:
+        """Copy this rank's block of the full checkpoint tensor into ``param``."""
+        if tuple(full.shape) != self.full_shape:
+            raise CheckpointError(f"checkpoint tensor of shape {tuple(full.shape)} does not fit a "
+                                  f"sharded parameter of full shape {self.full_shape}")
+        size = param.shape[self.dim]
+        param.data.copy_(full.narrow(self.dim, self.tp_rank * size, size))
+
+    def extra_repr(self) -> str:
+        return f"full_shape={self.full_shape}, shard_dim={self.dim}, tp={self.tp_rank}/{self.tp_size}"
+
+
+class ColumnParallelLinear(_Sharded):
+    """``y = x @ W.T`` with ``W``'s output rows split: ``[..., in] -> [..., out / tp]``, no collective."""
+
+    def __init__(self, in_features: int, out_features: int, *, tp_rank: int, tp_size: int,
+                 group: dist.ProcessGroup | None = None, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str = "cpu") -> None:
+        super().__init__((out_features, in_features), 0, tp_rank, tp_size, group, dtype, torch.device(device))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight)
+
+
+class RowParallelLinear(_Sharded):
+    """``y = x @ W.T`` with ``W``'s input columns split: ``[..., in / tp] -> [..., out]`` + all_reduce."""
+
+    def __init__(self, in_features: int, out_features: int, *, tp_rank: int, tp_size: int,
+                 group: dist.ProcessGroup | None = None, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str = "cpu") -> None:
+        super().__init__((out_features, in_features), 1, tp_rank, tp_size, group, dtype, torch.device(device))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.linear(x, self.weight)  # partial sum over this rank's input slice
+        if self.tp_size > 1:
+            dist.all_reduce(y, group=self.group)
+        return y
+
+
+class VocabParallelEmbedding(_Sharded):
+    """Embedding with vocabulary rows split: each rank looks up the ids it owns, zeros the rest, all_reduce."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, *, tp_rank: int, tp_size: int,
+                 group: dist.ProcessGroup | None = None, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str = "cpu") -> None:
+        super().__init__((num_embeddings, embedding_dim), 0, tp_rank, tp_size, group, dtype,
+                         torch.device(device))
+        self.vocab_start = tp_rank * (num_embeddings // tp_size)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        # ids: [B, S] -> [B, S, D]
+        local = ids - self.vocab_start
+        owned = (local >= 0) & (local < self.weight.shape[0])
+        h = F.embedding(local.masked_fill(~owned, 0), self.weight).masked_fill(~owned[..., None], 0.0)
+        if self.tp_size > 1:
+            dist.all_reduce(h, group=self.group)
+        return h
+
+
+class ParallelLMHead(_Sharded):
+    """Output head with vocabulary rows split: local logits ``[..., V / tp]``, all_gather to ``[..., V]``."""
+
+    def __init__(self, hidden_size: int, vocab_size: int, *, tp_rank: int, tp_size: int,
+                 group: dist.ProcessGroup | None = None, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str = "cpu") -> None:
+        super().__init__((vocab_size, hidden_size), 0, tp_rank, tp_size, group, dtype, torch.device(device))
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        local = F.linear(h, self.weight).contiguous()
+        if self.tp_size == 1:
+            return local
+        parts = [torch.empty_like(local) for _ in range(self.tp_size)]
+        dist.all_gather(parts, local, group=self.group)
+        return torch.cat(parts, dim=-1)
+
+
+def check_tp(config: ModelConfig, tp_size: int) -> None:
+    """Raise ``InvalidLayout`` unless ``tp_size`` divides heads, kv heads, intermediate size and vocab."""
+    if not isinstance(tp_size, int) or tp_size < 1:
+        raise InvalidLayout(f"tp_size must be a positive int, got {tp_size!r}")
+    sizes = {"num_heads": config.num_heads, "num_kv_heads": config.num_kv_heads,
+             "intermediate_size": config.intermediate_size, "vocab_size": config.vocab_size}
+    bad = [f"{name}={n}" for name, n in sizes.items() if n % tp_size]
+    if bad:
+        raise InvalidLayout(f"tensor parallel size {tp_size} does not divide {', '.join(bad)}")
+
+
+def _swap(parent: nn.Module, name: str, new: _Sharded) -> None:
+    """Replace ``parent.<name>`` by ``new``, carrying over this rank's shard of any materialised weight."""
+    old = getattr(parent, name)
+    if old.weight.device.type != "meta":
+        with torch.no_grad():
+            new.weight_loader(new.weight, old.weight)
+    setattr(parent, name, new)
+
+
+def apply_tp(model: nn.Module, *, tp_rank: int, tp_size: int, group: dist.ProcessGroup | None = None) -> nn.Module:
+    """Shard ``model`` (a ``sharding.model.Llama`` or stage) in place for rank ``tp_rank`` of ``tp_size``.
+
+    Call it before ``load_weights`` (each rank then reads only its shards) or after (the loaded
+    full weights are cut down). ``group`` is the tensor-parallel process group (default: WORLD).
+    Raises ``InvalidLayout`` if ``tp_size`` does not divide the sharded dimensions.
+    """
+    cfg = model.config
+    check_tp(cfg, tp_size)
+    if not 0 <= tp_rank < tp_size:
+        raise InvalidLayout(f"tp_rank {tp_rank} is not in [0, {tp_size})")
+    if tp_size == 1:
+        return model
+    ref = next(model.parameters())
+    kw = dict(tp_rank=tp_rank, tp_size=tp_size, group=group, dtype=ref.dtype, device=ref.device)
+    d, hd, inter = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+    for layer in model.model.layers.values():
+        attn, mlp = layer.self_attn, layer.mlp
+        _swap(attn, "q_proj", ColumnParallelLinear(d, cfg.num_heads * hd, **kw))
+        _swap(attn, "k_proj", ColumnParallelLinear(d, cfg.num_kv_heads * hd, **kw))
+        _swap(attn, "v_proj", ColumnParallelLinear(d, cfg.num_kv_heads * hd, **kw))
+        _swap(attn, "o_proj", RowParallelLinear(cfg.num_heads * hd, d, **kw))
+        attn.num_heads, attn.num_kv_heads = cfg.num_heads // tp_size, cfg.num_kv_heads // tp_size
+        _swap(mlp, "gate_proj", ColumnParallelLinear(d, inter, **kw))
+        _swap(mlp, "up_proj", ColumnParallelLinear(d, inter, **kw))
+        _swap(mlp, "down_proj", RowParallelLinear(inter, d, **kw))
+    if model.has_embedding:
+        _swap(model.model, "embed_tokens", VocabParallelEmbedding(cfg.vocab_size, d, **kw))
+    if model.has_head:
+        _swap(model, "lm_head", ParallelLMHead(d, cfg.vocab_size, **kw))
+        if cfg.tie_word_embeddings and model.has_embedding:
+            # Both split the vocabulary the same way, so the shards can stay shared.
+            model.lm_head.weight = model.model.embed_tokens.weight
+    model.tp_rank, model.tp_size = tp_rank, tp_size
+    return model
