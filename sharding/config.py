@@ -147,7 +147,7 @@ class ModelConfig:
 
 
 def _rope(raw: dict[str, Any]) -> tuple[float, Llama3RopeScaling | None]:
-    """(theta, scaling) from either ``rope_parameters`` (transformers 5) or ``rope_theta``/``rope_scaling``."""
+    """(theta, scaling) from ``rope_parameters`` (transformers 5) or ``rope_theta``/``rope_scaling`` (4)."""
     params = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
     theta = params.get("rope_theta", raw.get("rope_theta", 10000.0))
     kind = params.get("rope_type", params.get("type", "default"))

@@ -132,12 +132,18 @@ class Engine:
 
     def generate(self, prompts: list[list[int]],
                  params: SamplingParams | list[SamplingParams] | None = None) -> list[list[int]]:
-        """Generate for every prompt (continuously batched) and return the new tokens of each."""
+        """Generate for every prompt (continuously batched) and return the new tokens of each.
+
+        For offline use on an idle engine: it drives ``step()`` itself, so it refuses to run while
+        requests added with ``add`` are in flight (their outputs would be swallowed).
+        """
+        if self.has_work:
+            raise RuntimeError("generate() needs an idle engine; drive add()/step() instead")
         params_list = params if isinstance(params, list) else [params] * len(prompts)
         if len(params_list) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(params_list)} sampling params")
         ids = [f"generate-{id(self)}-{i}" for i in range(len(prompts))]
-        for rid, prompt, p in zip(ids, prompts, params_list):
+        for rid, prompt, p in zip(ids, prompts, params_list, strict=True):
             self.add(rid, prompt, p)
         out: dict[str, list[int]] = {rid: [] for rid in ids}
         pending = set(ids)
@@ -175,7 +181,7 @@ class Engine:
 
     def _emit(self, seqs: list[_Sequence], tokens: torch.Tensor) -> list[StepOutput]:
         outputs = []
-        for seq, token in zip(seqs, tokens.tolist()):
+        for seq, token in zip(seqs, tokens.tolist(), strict=True):
             seq.output.append(token)
             p = seq.params
             reason = None

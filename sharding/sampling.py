@@ -74,11 +74,13 @@ def top_p_filter(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """Zero the tail of each row of ``probs: [B, V]`` beyond nucleus mass ``top_p: [B]``.
 
     A token is kept if the mass of the tokens strictly more likely than it is below ``top_p``,
-    so the most likely token always survives.
+    so the most likely token always survives. Rows with ``top_p == 1`` are left whole (a cumsum
+    can round up to 1 before the tail).
     """
     sorted_probs, order = probs.sort(dim=-1, descending=True)
     mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-    sorted_probs = sorted_probs.masked_fill(mass_before >= top_p[:, None], 0.0)
+    drop = (mass_before >= top_p[:, None]) & (top_p[:, None] < 1)
+    sorted_probs = sorted_probs.masked_fill(drop, 0.0)
     return torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
 
 
@@ -100,7 +102,7 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
         probs = top_p_filter(probs, top_p)
     noise = torch.ones_like(probs)
     # One draw per sampled row from its own generator: the price of batch-independent seeds.
-    for i, (p, gen) in enumerate(zip(params, generators)):
+    for i, (p, gen) in enumerate(zip(params, generators, strict=True)):
         if not p.greedy:
             noise[i].exponential_(generator=gen)
     sampled = (probs / noise).argmax(dim=-1)

@@ -75,7 +75,7 @@ class RowParallelLinear(_Sharded):
 
 
 class VocabParallelEmbedding(_Sharded):
-    """Embedding with vocabulary rows split: each rank looks up the ids it owns, zeros the rest, all_reduce."""
+    """Embedding with vocabulary rows split: look up the ids this rank owns, zero the rest, all_reduce."""
 
     def __init__(self, num_embeddings: int, embedding_dim: int, *, tp_rank: int, tp_size: int,
                  group: dist.ProcessGroup | None = None, dtype: torch.dtype = torch.float32,
@@ -131,7 +131,8 @@ def _swap(parent: nn.Module, name: str, new: _Sharded) -> None:
     setattr(parent, name, new)
 
 
-def apply_tp(model: nn.Module, *, tp_rank: int, tp_size: int, group: dist.ProcessGroup | None = None) -> nn.Module:
+def apply_tp(model: nn.Module, *, tp_rank: int, tp_size: int,
+             group: dist.ProcessGroup | None = None) -> nn.Module:
     """Shard ``model`` (a ``sharding.model.Llama`` or stage) in place for rank ``tp_rank`` of ``tp_size``.
 
     Call it before ``load_weights`` (each rank then reads only its shards) or after (the loaded

@@ -37,7 +37,8 @@ def test_pipeline_stages_match_whole_model(checkpoint):
     """Two stages (layer halves) handing hidden states over match the whole model, prefill and decode."""
     whole = load_model(checkpoint)
     n = whole.config.num_layers
-    first, last = load_model(checkpoint, layer_range=(0, n // 2)), load_model(checkpoint, layer_range=(n // 2, n))
+    first = load_model(checkpoint, layer_range=(0, n // 2))
+    last = load_model(checkpoint, layer_range=(n // 2, n))
     assert first.has_embedding and not first.has_head and last.has_head and not last.has_embedding
     assert not any(k.startswith(f"model.layers.{n // 2}.") for k, _ in first.named_parameters())
     caches = [KVCache.for_model(m, num_slots=2) for m in (whole, first, last)]

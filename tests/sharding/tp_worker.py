@@ -28,7 +28,7 @@ def _logits(models: list, ids: list[int]) -> torch.Tensor:
 
 
 def run(rank: int, world_size: int, init_file: str, jobs: list[dict], out_dir: str) -> None:
-    """For each job ``{"path", "prompt", "new_tokens"}`` save this rank's results to ``out_dir/rank{r}.pt``."""
+    """Run each job ``{"path", "prompt", "new_tokens"}``; save the results to ``out_dir/rank{rank}.pt``."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
     try:
@@ -42,9 +42,14 @@ def run(rank: int, world_size: int, init_file: str, jobs: list[dict], out_dir: s
                       load_model(path, layer_range=(n_layers // 2, n_layers), **tp)]
             engine = Engine(model, num_slots=2)
             greedy = engine.generate([ids], SamplingParams(max_tokens=job["new_tokens"]))[0]
-            sampled = engine.generate([ids], SamplingParams(temperature=1.0, top_p=0.9, seed=3, max_tokens=8))[0]
-            results.append(dict(logits=_logits([model], ids), pipeline_logits=_logits(stages, ids),
-                                greedy=greedy, sampled=sampled))
+            seeded = SamplingParams(temperature=1.0, top_p=0.9, seed=3, max_tokens=8)
+            sampled = engine.generate([ids], seeded)[0]
+            layer = model.model.layers["0"]
+            shard_shapes = {"q_proj": tuple(layer.self_attn.q_proj.weight.shape),
+                            "o_proj": tuple(layer.self_attn.o_proj.weight.shape),
+                            "embed_tokens": tuple(model.model.embed_tokens.weight.shape)}
+            results.append(dict(shard_shapes=shard_shapes, logits=_logits([model], ids),
+                                pipeline_logits=_logits(stages, ids), greedy=greedy, sampled=sampled))
         torch.save(results, Path(out_dir) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()

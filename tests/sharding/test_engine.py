@@ -1,0 +1,150 @@
+"""The single-process engine: greedy parity with transformers, continuous batching, seeds, bad input."""
+
+from __future__ import annotations
+
+import pytest
+
+from sharding.engine import Engine
+from sharding.errors import (
+    DuplicateRequest,
+    EmptyPrompt,
+    InvalidLayout,
+    PromptTooLong,
+    ShardingError,
+    TokenOutOfRange,
+)
+from sharding.sampling import SamplingParams
+from sharding.weights import load_model
+
+from .conftest import hf_greedy, prompt_ids, resolve
+
+GREEDY = SamplingParams(max_tokens=64)
+BATCHING = ("tiny-full", "random-tied", "full")
+"""Checkpoints with varied greedy output (the tiny fast model repeats one token)."""
+
+
+def run_until_done(engine: Engine) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    while engine.has_work:
+        for o in engine.step():
+            out.setdefault(o.request_id, []).extend(o.token_ids)
+    return out
+
+
+def test_greedy_64_tokens_match_transformers(checkpoint):
+    ids = prompt_ids(checkpoint, 24)
+    ours = Engine.from_pretrained(checkpoint, num_slots=1).generate([ids], GREEDY)[0]
+    assert ours == hf_greedy(checkpoint, ids, 64)
+
+
+@pytest.fixture(params=BATCHING)
+def batching_checkpoint(request, tiny_dir):
+    return resolve(request.param, tiny_dir)
+
+
+def test_batch_matches_alone(batching_checkpoint):
+    path = batching_checkpoint
+    engine = Engine.from_pretrained(path, num_slots=4)
+    prompts = [prompt_ids(path, n, seed=n) for n in (5, 17, 11, 30)]
+    params = SamplingParams(max_tokens=24)
+    alone = [engine.generate([p], params)[0] for p in prompts]
+    assert engine.generate(prompts, params) == alone
+    assert len(set(map(tuple, alone))) > 1
+
+
+def test_sequence_joining_mid_batch_matches_alone(batching_checkpoint):
+    path = batching_checkpoint
+    engine = Engine.from_pretrained(path, num_slots=3)
+    a, b, c = (prompt_ids(path, n, seed=10 + n) for n in (7, 19, 12))
+    params = SamplingParams(max_tokens=16)
+    alone = {k: engine.generate([p], params)[0] for k, p in zip("abc", (a, b, c), strict=True)}
+    engine.add("a", a, params)
+    engine.add("b", b, SamplingParams(max_tokens=5))  # leaves early, freeing its slot
+    got: dict[str, list[int]] = {}
+    for _ in range(6):
+        for o in engine.step():
+            got.setdefault(o.request_id, []).extend(o.token_ids)
+    assert got["b"] == alone["b"][:5] and engine.cache.num_free == 2
+    engine.add("c", c, params)
+    for k, v in run_until_done(engine).items():
+        got.setdefault(k, []).extend(v)
+    assert got["a"] == alone["a"] and got["c"] == alone["c"]
+    assert engine.cache.num_free == 3
+
+
+def test_seeded_sample_same_alone_and_in_batch(batching_checkpoint):
+    path = batching_checkpoint
+    engine = Engine.from_pretrained(path, num_slots=4)
+    ids = prompt_ids(path, 9, seed=5)
+    seeded = SamplingParams(temperature=0.9, top_p=0.95, seed=1234, max_tokens=20)
+    alone = engine.generate([ids], seeded)[0]
+    others = [prompt_ids(path, n, seed=n) for n in (4, 13, 21)]
+    batch = engine.generate(others[:1] + [ids] + others[1:],
+                            [SamplingParams(temperature=1.0, max_tokens=20), seeded,
+                             SamplingParams(max_tokens=7),
+                             SamplingParams(temperature=0.5, seed=9, max_tokens=20)])
+    assert batch[1] == alone
+    # A different seed gives a different stream (else the seed would not be doing anything).
+    reseeded = SamplingParams(temperature=0.9, top_p=0.95, seed=99, max_tokens=20)
+    assert engine.generate([ids], reseeded)[0] != alone
+
+
+def test_requests_wait_for_a_free_slot_and_abort_frees_it(tiny_dir):
+    path = tiny_dir / "full"
+    engine = Engine.from_pretrained(path, num_slots=2)
+    prompts = [prompt_ids(path, 6, seed=s) for s in range(4)]
+    params = SamplingParams(max_tokens=10, ignore_eos=True)
+    alone = [engine.generate([p], params)[0] for p in prompts]
+    for i, p in enumerate(prompts):
+        engine.add(str(i), p, params)
+    first = engine.step()
+    assert sorted(o.request_id for o in first) == ["0", "1"] and engine.cache.num_free == 0
+    assert engine.abort("1") and not engine.abort("1") and engine.cache.num_free == 1
+    assert engine.abort("3")  # still waiting
+    out = run_until_done(engine)
+    assert out["0"] == alone[0][1:] and out["2"] == alone[2]
+    assert "3" not in out and engine.cache.num_free == 2
+
+
+def test_stop_tokens_and_length(tiny_dir):
+    path = tiny_dir / "full"
+    engine = Engine.from_pretrained(path)
+    ids = prompt_ids(path, 8)
+    free = engine.generate([ids], SamplingParams(max_tokens=12, ignore_eos=True))[0]
+    assert len(free) == 12
+    stop = free[5]
+    engine.add("r", ids, SamplingParams(max_tokens=12, stop_token_ids=[stop], ignore_eos=True))
+    outs = [o for _ in range(12) for o in engine.step()]
+    assert [o.token_ids[0] for o in outs] == free[: free.index(stop) + 1]
+    assert outs[-1].finished and outs[-1].finish_reason == "stop" and not engine.has_work
+
+
+@pytest.mark.parametrize("prompt, params, error, code", [
+    ([], None, EmptyPrompt, "empty_prompt"),
+    ([0, 5, 600], None, TokenOutOfRange, "token_out_of_range"),
+    ([0, -1], None, TokenOutOfRange, "token_out_of_range"),
+    ([0] * 129, SamplingParams(max_tokens=1), PromptTooLong, "prompt_too_long"),
+    ([0] * 100, SamplingParams(max_tokens=29), PromptTooLong, "prompt_too_long"),  # context is 128
+])
+def test_bad_input_raises_typed_errors(tiny_dir, prompt, params, error, code):
+    engine = Engine.from_pretrained(tiny_dir / "full")
+    with pytest.raises(error) as info:
+        engine.add("bad", prompt, params)
+    assert isinstance(info.value, ShardingError) and isinstance(info.value, ValueError)
+    assert info.value.code == code and "bad" in str(info.value)
+    assert not engine.has_work
+    engine.add("ok", [0] * 100, SamplingParams(max_tokens=28))  # exactly fits
+    with pytest.raises(DuplicateRequest):
+        engine.add("ok", [0, 1])
+
+
+def test_generate_refuses_a_busy_engine(tiny_dir):
+    engine = Engine.from_pretrained(tiny_dir / "full")
+    engine.add("running", [0, 5, 6])
+    with pytest.raises(RuntimeError, match="idle engine"):
+        engine.generate([[0, 7]])
+
+
+def test_engine_needs_whole_model(tiny_dir):
+    with pytest.raises(InvalidLayout, match="whole model"):
+        Engine(load_model(tiny_dir / "full", layer_range=(0, 1)))
