@@ -130,9 +130,10 @@ RECIPES: dict[str, Recipe] = {
         name="tiny",
         vocab_size=600,
         max_positions=128,
-        full=ModelShape(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+        # head_dim 32: the smallest head vLLM's CPU attention supports.
+        full=ModelShape(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
                         intermediate_size=192, tie_embeddings=False),
-        fast=ModelShape(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1,
+        fast=ModelShape(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1,
                         intermediate_size=64, tie_embeddings=True),
         pretrain=Schedule(steps=6, batch_size=2, seq_len=32, lr=1e-3, warmup=2),
         distill=Schedule(steps=4, batch_size=2, seq_len=32, lr=1e-3, warmup=1),
