@@ -56,15 +56,30 @@ def baseline(samples: list[LineSample]) -> ModelScore:
     return ModelScore("repeat previous line", None, hits / len(samples), hits, len(samples), 0.0)
 
 
+def token_budget(tokenizer_dir: Path, budget: int):
+    """A ``fits(text)`` test: at most ``budget`` tokens (``<|bos|>`` included) by this tokenizer."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
+    return lambda text: len(tok.encode(text).ids) <= budget
+
+
 def evaluate(backends: list[Backend], n_samples: int, seed: int, max_tokens: int,
              max_files: int | None = None, with_bpb: bool = True, max_prefix_chars: int = 1000,
-             max_chunk_chars: int = 1000) -> dict:
-    """Score every backend on the same samples; agreement is of the first backend with each other."""
+             max_chunk_chars: int = 1000, tokenizer_dir: Path | None = None, context: int | None = None) -> dict:
+    """Score every backend on the same samples; agreement is of the first backend with each other.
+
+    With ``tokenizer_dir`` and ``context``, prefixes are cut to fit ``context - max_tokens`` tokens
+    and bits-per-byte chunks to fit ``context``, so every engine can take them whole."""
     _, held = corpus.split(corpus.list_files())
     if max_files is not None:
         held = held[:max_files]
-    samples = line_samples(held, n_samples, seed=seed, max_prefix_chars=max_prefix_chars)
-    chunks = bpb_chunks(held, max_chunk_chars=max_chunk_chars)
+    if tokenizer_dir is not None and context is not None:
+        prefix_fits, chunk_fits = token_budget(tokenizer_dir, context - max_tokens), token_budget(tokenizer_dir, context)
+    else:
+        prefix_fits = chunk_fits = lambda _: True
+    samples = line_samples(held, n_samples, seed=seed, max_prefix_chars=max_prefix_chars, fits=prefix_fits)
+    chunks = bpb_chunks(held, max_chunk_chars=max_chunk_chars, fits=chunk_fits)
     scores, preds = [], []
     for b in backends:
         s, p = score(b, samples, chunks, max_tokens, with_bpb)
@@ -129,8 +144,9 @@ def main(argv: list[str] | None = None) -> int:
         if not (path / "config.json").exists():
             p.error(f"{path} is not a checkpoint directory (no config.json)")
     backends = [TransformersBackend(path) for path in paths]
+    context = min(json.loads((path / "config.json").read_text())["max_position_embeddings"] for path in paths)
     result = evaluate(backends, args.samples, args.seed, args.max_tokens, args.max_files, not args.no_bpb,
-                      args.max_prefix_chars, args.max_chunk_chars)
+                      args.max_prefix_chars, args.max_chunk_chars, tokenizer_dir=paths[0], context=context)
     result["engine"] = "transformers (fp32)"
     print(table(result))
     if args.json:

@@ -14,6 +14,14 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import Callable
+
+Fits = Callable[[str], bool]
+"""Whether a text fits a token budget (the eval measures with the checkpoint's own tokenizer)."""
+
+
+def _always(_: str) -> bool:
+    return True
 
 from models.recipe.corpus import SourceFile
 
@@ -36,8 +44,10 @@ class LineSample:
         return self.prefix[:-1].rsplit("\n", 1)[-1]
 
 
-def line_samples(files: list[SourceFile], n: int, seed: int = 0, max_prefix_chars: int = 1000) -> list[LineSample]:
-    """``n`` samples drawn uniformly (seeded) from all eligible lines of ``files``."""
+def line_samples(files: list[SourceFile], n: int, seed: int = 0, max_prefix_chars: int = 1000,
+                 fits: Fits = _always) -> list[LineSample]:
+    """``n`` samples drawn uniformly (seeded) from all eligible lines of ``files``; each prefix is
+    the longest run of whole lines before the target within ``max_prefix_chars`` that ``fits``."""
     candidates: list[tuple[int, int]] = []
     split_files = [f.text.split("\n") for f in files]
     for fi, lines in enumerate(split_files):
@@ -54,6 +64,8 @@ def line_samples(files: list[SourceFile], n: int, seed: int = 0, max_prefix_char
         start = li
         size = 0
         while start > 0 and size + len(lines[start - 1]) + 1 <= max_prefix_chars:
+            if not fits("\n".join(lines[start - 1 : li]) + "\n"):
+                break
             start -= 1
             size += len(lines[start]) + 1
         if start == li:  # a single previous line longer than the budget: keep its tail
@@ -64,23 +76,31 @@ def line_samples(files: list[SourceFile], n: int, seed: int = 0, max_prefix_char
     return out
 
 
-def bpb_chunks(files: list[SourceFile], max_chunk_chars: int = 1200) -> list[str]:
-    """Held-out text split at newlines into chunks of at most ``max_chunk_chars`` (lines longer
-    than that are split hard). Joined back, the chunks are exactly the files' texts."""
+def bpb_chunks(files: list[SourceFile], max_chunk_chars: int = 1200, fits: Fits = _always) -> list[str]:
+    """Held-out text split at newlines into chunks of at most ``max_chunk_chars`` that ``fits``
+    (a single line too long for either is split hard). Joined back, the chunks are exactly the
+    files' texts."""
+
+    def ok(text: str) -> bool:
+        return len(text) <= max_chunk_chars and fits(text)
+
     chunks = []
     for f in files:
         cur = ""
         for line in f.text.splitlines(keepends=True):
-            while len(line) > max_chunk_chars:
-                if cur:
-                    chunks.append(cur)
-                    cur = ""
-                chunks.append(line[:max_chunk_chars])
-                line = line[max_chunk_chars:]
-            if len(cur) + len(line) > max_chunk_chars and cur:
+            if ok(cur + line):
+                cur += line
+                continue
+            if cur:
                 chunks.append(cur)
                 cur = ""
-            cur += line
+            while not ok(line):
+                cut = min(len(line), max_chunk_chars)
+                while cut > 1 and not ok(line[:cut]):
+                    cut = cut * 3 // 4
+                chunks.append(line[:cut])
+                line = line[cut:]
+            cur = line
         if cur:
             chunks.append(cur)
     return chunks

@@ -97,3 +97,14 @@ def test_exact_match_counts_identical_lines():
     assert r["models"][0]["exact_match"] == 1.0
     assert r["models"][1]["exact_match"] == r["baseline"]["exact_match"]
     assert r["agreement"]["echo vs oracle"] == r["baseline"]["exact_match"]
+
+
+def test_chunks_and_prefixes_respect_a_token_budget():
+    """With a budget test, every chunk and prefix fits it, and chunks still rebuild the files."""
+    files = held_files()[:6]
+    fits = lambda text: len(text.encode("utf-8")) <= 120  # noqa: E731 - a stand-in token count
+    chunks = bpb_chunks(files, max_chunk_chars=1000, fits=fits)
+    assert "".join(chunks) == "".join(f.text for f in files)
+    assert all(fits(c) for c in chunks)
+    samples = line_samples(files, 30, seed=0, fits=fits)
+    assert all(fits(s.prefix) or s.prefix.count("\n") == 1 for s in samples)
