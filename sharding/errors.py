@@ -68,3 +68,9 @@ class CacheFull(ShardingError):
     """No free KV-cache slot is left (the engine queues instead of raising this)."""
 
     code = "kv_cache_full"
+
+
+class NotEnoughChips(ShardingError):
+    """The Ray cluster has fewer ``chip`` resources than the layout needs (or none free in time)."""
+
+    code = "not_enough_chips"

@@ -1,4 +1,5 @@
-"""``KVCache``: keys and values preallocated per sequence slot, for the layers one model owns.
+"""``KVCache``: keys and values preallocated per sequence slot, for the layers one model owns;
+``SlotPool``: which slots are free.
 
 A slot holds one sequence's keys and values for positions ``0 .. max_len - 1``. Slots are never
 cleared: attention only reads positions at or before the query's own, and a sequence writes each
@@ -13,49 +14,20 @@ from torch import nn
 from .errors import CacheFull, InvalidLayout
 
 
-class KVCache:
-    """Per-layer keys and values, ``k``/``v``: ``[num_layers, num_slots, max_len, kv_heads, head_dim]``.
+class SlotPool:
+    """Which of ``num_slots`` sequence slots are free; lowest slot first.
 
-    ``num_layers`` counts the layers of this model only (a pipeline stage's cache holds its own
-    layers, a tensor-parallel rank's cache its own kv heads). Layer ``j`` of the model's owned
-    layers, in order, uses ``k[j]`` and ``v[j]``.
+    The engine's scheduler allocates from one pool; when the caches live on other processes
+    (chip actors), they are addressed by the slot indices this pool hands out.
     """
 
-    def __init__(self, *, num_layers: int, num_slots: int, max_len: int, num_kv_heads: int,
-                 head_dim: int, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str | None = None) -> None:
-        for name, value in (("num_slots", num_slots), ("max_len", max_len), ("num_kv_heads", num_kv_heads),
-                            ("head_dim", head_dim)):
-            if value < 1:
-                raise InvalidLayout(f"KVCache {name} must be >= 1, got {value}")
-        if num_layers < 0:
-            raise InvalidLayout(f"KVCache num_layers must be >= 0, got {num_layers}")
-        shape = (num_layers, num_slots, max_len, num_kv_heads, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+    def __init__(self, num_slots: int) -> None:
+        if num_slots < 1:
+            raise InvalidLayout(f"num_slots must be >= 1, got {num_slots}")
         self.num_slots = num_slots
-        self.max_len = max_len
         # Lowest slot first, so a lone sequence always lands in slot 0 (handy when debugging).
         self._free = list(range(num_slots - 1, -1, -1))
         self._used: set[int] = set()
-
-    @classmethod
-    def for_model(cls, model: nn.Module, *, num_slots: int, max_len: int | None = None) -> KVCache:
-        """A cache shaped for ``model`` (a ``sharding.model.Llama``, possibly a stage or a TP rank).
-
-        ``max_len`` defaults to the model's context window and may not exceed it.
-        """
-        cfg = model.config
-        max_len = cfg.max_position_embeddings if max_len is None else max_len
-        if max_len > cfg.max_position_embeddings:
-            raise InvalidLayout(
-                f"KVCache max_len {max_len} exceeds the model's context {cfg.max_position_embeddings}")
-        layers = list(model.model.layers.values())
-        # Read the (possibly tensor-parallel) local kv head count off the attention itself.
-        kv_heads = layers[0].self_attn.num_kv_heads if layers else cfg.num_kv_heads
-        param = next(model.parameters())
-        return cls(num_layers=len(layers), num_slots=num_slots, max_len=max_len, num_kv_heads=kv_heads,
-                   head_dim=cfg.head_dim, dtype=param.dtype, device=param.device)
 
     @property
     def num_free(self) -> int:
@@ -77,3 +49,45 @@ class KVCache:
         self._used.remove(slot)
         self._free.append(slot)
         self._free.sort(reverse=True)
+
+
+class KVCache(SlotPool):
+    """Per-layer keys and values, ``k``/``v``: ``[num_layers, num_slots, max_len, kv_heads, head_dim]``.
+
+    ``num_layers`` counts the layers of this model only (a pipeline stage's cache holds its own
+    layers, a tensor-parallel rank's cache its own kv heads). Layer ``j`` of the model's owned
+    layers, in order, uses ``k[j]`` and ``v[j]``.
+    """
+
+    def __init__(self, *, num_layers: int, num_slots: int, max_len: int, num_kv_heads: int,
+                 head_dim: int, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str | None = None) -> None:
+        for name, value in (("num_slots", num_slots), ("max_len", max_len), ("num_kv_heads", num_kv_heads),
+                            ("head_dim", head_dim)):
+            if value < 1:
+                raise InvalidLayout(f"KVCache {name} must be >= 1, got {value}")
+        if num_layers < 0:
+            raise InvalidLayout(f"KVCache num_layers must be >= 0, got {num_layers}")
+        super().__init__(num_slots)
+        shape = (num_layers, num_slots, max_len, num_kv_heads, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.max_len = max_len
+
+    @classmethod
+    def for_model(cls, model: nn.Module, *, num_slots: int, max_len: int | None = None) -> KVCache:
+        """A cache shaped for ``model`` (a ``sharding.model.Llama``, possibly a stage or a TP rank).
+
+        ``max_len`` defaults to the model's context window and may not exceed it.
+        """
+        cfg = model.config
+        max_len = cfg.max_position_embeddings if max_len is None else max_len
+        if max_len > cfg.max_position_embeddings:
+            raise InvalidLayout(
+                f"KVCache max_len {max_len} exceeds the model's context {cfg.max_position_embeddings}")
+        layers = list(model.model.layers.values())
+        # Read the (possibly tensor-parallel) local kv head count off the attention itself.
+        kv_heads = layers[0].self_attn.num_kv_heads if layers else cfg.num_kv_heads
+        param = next(model.parameters())
+        return cls(num_layers=len(layers), num_slots=num_slots, max_len=max_len, num_kv_heads=kv_heads,
+                   head_dim=cfg.head_dim, dtype=param.dtype, device=param.device)

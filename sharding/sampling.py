@@ -60,13 +60,16 @@ def _is_int(x: object) -> bool:
 
 def make_generator(params: SamplingParams, device: torch.device | str = "cpu") -> torch.Generator | None:
     """The request's own generator (``None`` for greedy requests, which draw nothing)."""
-    if params.greedy:
-        return None
+    return None if params.greedy else generator_for_seed(params.seed, device)
+
+
+def generator_for_seed(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:
+    """A generator seeded with ``seed`` (``None``: a fresh nondeterministic seed)."""
     gen = torch.Generator(device=device)
-    if params.seed is None:
+    if seed is None:
         gen.seed()
     else:
-        gen.manual_seed(params.seed)
+        gen.manual_seed(seed)
     return gen
 
 

@@ -19,7 +19,7 @@ LLAMA3 = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
 def test_reads_the_tiny_checkpoints(tiny_dir):
     full = ModelConfig.from_pretrained(tiny_dir / "full")
     shape = (full.num_layers, full.hidden_size, full.num_heads, full.num_kv_heads, full.head_dim)
-    assert shape == (2, 64, 4, 2, 16)
+    assert shape == (2, 128, 4, 2, 32)
     assert not full.tie_word_embeddings and full.rope_scaling is None and full.rope_theta == 10000.0
     assert full.bos_token_id == 0 and full.eos_token_ids == (1,) and full.num_queries_per_kv == 2
     fast = ModelConfig.from_pretrained(tiny_dir / "fast" / "config.json")

@@ -1,0 +1,178 @@
+"""``Scheduler``: the engine's request bookkeeping, wherever the model runs.
+
+Requests wait in FIFO order until a KV-cache slot is free. Each step admits as many as there are
+free slots and prefills them (rows right-padded to the longest prompt), and decodes one token for
+every sequence that was already running (``S = 1``). Sequences join and leave between steps; a
+finished or aborted sequence frees its slot at once, and the executor hears of it (to drop the
+slot's sampling generator) with the next batch.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
+
+import torch
+
+from .batch import Rows, StepBatch, StepResult
+from .config import ModelConfig
+from .errors import DuplicateRequest, EmptyPrompt, PromptTooLong, TokenOutOfRange
+from .kv_cache import SlotPool
+from .sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """What one sequence produced in one ``step()``."""
+
+    request_id: str
+    token_ids: list[int]
+    """Tokens generated this step (one, today)."""
+    finished: bool
+    finish_reason: str | None = None
+    """``"stop"`` (a stop or eos token, which is included), ``"length"`` (``max_tokens``), or ``None``."""
+
+
+@dataclass
+class _Sequence:
+    request_id: str
+    prompt: list[int]
+    params: SamplingParams
+    output: list[int] = field(default_factory=list)
+    slot: int = -1
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt) + len(self.output)
+
+
+class Scheduler:
+    """Waiting and running requests, their slots, and the batch of each step.
+
+    Args:
+        config: the model's shape (vocabulary and eos ids).
+        slots: the pool the sequences' KV-cache slots come from.
+        max_len: tokens per sequence (prompt + generated).
+    """
+
+    def __init__(self, config: ModelConfig, slots: SlotPool, max_len: int) -> None:
+        self.config, self.slots, self.max_len = config, slots, max_len
+        self._waiting: deque[_Sequence] = deque()
+        self._running: dict[str, _Sequence] = {}
+        self._freed: list[int] = []
+        # The sequences of the batch in flight, in row order: (prefill, decode).
+        self._in_flight: tuple[list[_Sequence], list[_Sequence]] = ([], [])
+
+    @property
+    def has_work(self) -> bool:
+        """Whether any request is waiting or running."""
+        return bool(self._waiting or self._running)
+
+    def validate(self, request_id: str, prompt: list[int], params: SamplingParams) -> None:
+        """Raise the typed error a request would get from ``add``, without queueing it."""
+        if not prompt:
+            raise EmptyPrompt(f"request {request_id!r} has an empty prompt")
+        bad = [t for t in prompt if not 0 <= t < self.config.vocab_size]
+        if bad:
+            raise TokenOutOfRange(f"request {request_id!r} has token ids {bad[:5]} outside the "
+                                  f"vocabulary [0, {self.config.vocab_size})")
+        if len(prompt) + params.max_tokens > self.max_len:
+            raise PromptTooLong(f"request {request_id!r}: prompt of {len(prompt)} tokens + max_tokens "
+                                f"{params.max_tokens} exceeds the context of {self.max_len} tokens")
+
+    def add(self, request_id: str, prompt_ids: Seq[int], params: SamplingParams | None = None) -> None:
+        """Queue a request (see ``Engine.add`` for the errors it raises)."""
+        params = params or SamplingParams()
+        prompt = [int(t) for t in prompt_ids]
+        self.validate(request_id, prompt, params)
+        if request_id in self._running or any(s.request_id == request_id for s in self._waiting):
+            raise DuplicateRequest(f"request {request_id!r} is already in the engine")
+        self._waiting.append(_Sequence(request_id, prompt, params))
+
+    def abort(self, request_id: str) -> bool:
+        """Drop a waiting or running request and free its slot; ``False`` if it is unknown."""
+        if request_id in self._running:
+            self._release(self._running.pop(request_id))
+            return True
+        for seq in self._waiting:
+            if seq.request_id == request_id:
+                self._waiting.remove(seq)
+                return True
+        return False
+
+    def schedule(self) -> StepBatch | None:
+        """Admit waiting requests into free slots and build this step's batch (``None``: no work)."""
+        decoding = list(self._running.values())
+        admitted = []
+        while self._waiting and self.slots.num_free:
+            seq = self._waiting.popleft()
+            seq.slot = self.slots.allocate()
+            self._running[seq.request_id] = seq
+            admitted.append(seq)
+        if not (admitted or decoding):
+            return None
+        self._in_flight = (admitted, decoding)
+        batch = StepBatch(prefill=prefill_rows(admitted) if admitted else None,
+                          decode=decode_rows(decoding) if decoding else None,
+                          seeds={s.slot: s.params.seed for s in admitted if not s.params.greedy},
+                          freed=self._freed)
+        self._freed = []
+        return batch
+
+    def postprocess(self, result: StepResult) -> list[StepOutput]:
+        """Append the step's tokens, finish sequences that stopped, and report every row."""
+        admitted, decoding = self._in_flight
+        self._in_flight = ([], [])
+        return self._emit(admitted, result.prefill) + self._emit(decoding, result.decode)
+
+    def _emit(self, seqs: list[_Sequence], tokens: list[int]) -> list[StepOutput]:
+        outputs = []
+        for seq, token in zip(seqs, tokens, strict=True):
+            seq.output.append(token)
+            p = seq.params
+            reason = None
+            if token in p.stop_token_ids or (not p.ignore_eos and token in self.config.eos_token_ids):
+                reason = "stop"
+            elif len(seq.output) >= p.max_tokens:
+                reason = "length"
+            if reason is not None:
+                self._release(self._running.pop(seq.request_id))
+            outputs.append(StepOutput(seq.request_id, [token], reason is not None, reason))
+        return outputs
+
+    def _release(self, seq: _Sequence) -> None:
+        self.slots.free(seq.slot)
+        self._freed.append(seq.slot)
+
+    def logits_batch(self, prompt_ids: Seq[int]) -> StepBatch:
+        """Debug: a one-row prefill of ``prompt_ids`` that returns every position's logits.
+
+        Needs a free slot (``CacheFull`` otherwise), which goes straight back to the pool: the
+        batch runs before any other, and what it leaves in the cache is overwritten before read.
+        """
+        seq = _Sequence("logits", [int(t) for t in prompt_ids], SamplingParams(max_tokens=1))
+        self.validate(seq.request_id, seq.prompt, seq.params)
+        seq.slot = self.slots.allocate()
+        batch = StepBatch(prefill=prefill_rows([seq]), freed=self._freed, return_logits=True)
+        self._freed = []
+        self._release(seq)
+        return batch
+
+
+def prefill_rows(seqs: list[_Sequence]) -> Rows:
+    """Whole prompts, right-padded with token 0 (see ``sharding.model`` on why that is safe)."""
+    lens = [len(s.prompt) for s in seqs]
+    width = max(lens)
+    tokens = torch.tensor([s.prompt + [0] * (width - len(s.prompt)) for s in seqs])  # [B, width]
+    return Rows(tokens=tokens, positions=torch.arange(width).repeat(len(seqs), 1),
+                slots=torch.tensor([s.slot for s in seqs]), last=torch.tensor(lens) - 1,
+                params=[s.params for s in seqs])
+
+
+def decode_rows(seqs: list[_Sequence]) -> Rows:
+    """The last token of each running sequence, at its position: ``[B, 1]``."""
+    return Rows(tokens=torch.tensor([[s.output[-1]] for s in seqs]),
+                positions=torch.tensor([[s.length - 1] for s in seqs]),
+                slots=torch.tensor([s.slot for s in seqs]), last=torch.zeros(len(seqs), dtype=torch.long),
+                params=[s.params for s in seqs])

@@ -1,0 +1,217 @@
+"""``ShardedModel``: tp x pp layouts of Ray chip actors against transformers; hops; placement errors.
+
+One Ray session for the module (four chips, two CPUs). ``pipe`` is parametrized indirectly with
+``(tp, pp, checkpoint, transport)`` and module-scoped, so pytest groups the tests by layout and
+builds each one once; only one layout is alive at a time (they share the four chips).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import ray
+import torch
+
+from sharding.errors import EmptyPrompt, InvalidLayout, NotEnoughChips, PromptTooLong, TokenOutOfRange
+from sharding.pipeline import ShardedModel
+from sharding.sampling import SamplingParams
+
+from .conftest import SHIPPED, hf_greedy, hf_logits, prompt_ids, resolve, save_random_llama
+
+CHIPS = 4
+TOL = 1e-4
+LAYOUTS = [(1, 1), (2, 1), (1, 2), (2, 2)]
+CG = "compiled_graph"
+TINY = [(tp, pp, "tiny-full", CG) for tp, pp in LAYOUTS]
+PIPELINED = [(1, 2, "tiny-full", CG), (2, 2, "tiny-full", CG)]
+PARITY = TINY + [(2, 2, "random-tied", CG), (1, 2, "tiny-full", "actor_calls")] + [
+    (tp, pp, name, CG) for name in SHIPPED for tp, pp in LAYOUTS]
+
+
+def _id(p: tuple) -> str:
+    tp, pp, name, transport = p
+    return f"tp{tp}-pp{pp}-{name}" + ("" if transport == CG else f"-{transport}")
+
+
+def _pipe(params: list[tuple]):
+    return pytest.mark.parametrize("pipe", params, indirect=True, ids=_id)
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray.init(resources={"chip": CHIPS}, num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def pipe(request, ray_cluster, tiny_dir):
+    """``(model, checkpoint path)`` for one layout, built once for every test that asks for it."""
+    tp, pp, name, transport = request.param
+    path = resolve(name, tiny_dir)
+    model = ShardedModel.from_pretrained(path, tp=tp, pp=pp, num_slots=4, transport=transport)
+    yield model, path
+    model.shutdown()
+
+
+def free_chips() -> float:
+    return ray.available_resources().get("chip", 0)
+
+
+def live_groups() -> int:
+    return sum(pg["state"] != "REMOVED" for pg in ray.util.placement_group_table().values())
+
+
+def wait_for_chips(n: float, timeout_s: float = 20) -> float:
+    """Free chips once they reach ``n`` (killed actors give theirs back asynchronously)."""
+    deadline = time.monotonic() + timeout_s
+    while free_chips() < n and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return free_chips()
+
+
+@_pipe(PARITY)
+def test_prompt_logits_match_transformers(pipe):
+    model, path = pipe
+    ids = prompt_ids(path, 24)
+    assert (model.prompt_logits(ids) - hf_logits(path, ids)).abs().max().item() <= TOL
+
+
+@_pipe(PARITY)
+def test_greedy_64_tokens_match_transformers(pipe):
+    model, path = pipe
+    ids = prompt_ids(path, 24)
+    assert model.generate([ids], SamplingParams(max_tokens=64))[0] == hf_greedy(path, ids, 64)
+
+
+@_pipe(TINY)
+def test_batch_and_seeded_samples_match_alone(pipe):
+    model, path = pipe
+    prompts = [prompt_ids(path, n, seed=n) for n in (5, 17, 11, 30)]
+    params = [SamplingParams(max_tokens=20), SamplingParams(temperature=0.9, top_p=0.95, seed=7, max_tokens=20),
+              SamplingParams(max_tokens=9), SamplingParams(temperature=0.5, seed=3, max_tokens=20)]
+    alone = [model.generate([p], sp)[0] for p, sp in zip(prompts, params, strict=True)]
+    assert model.generate(prompts, params) == alone
+    assert len(set(map(tuple, alone))) > 1
+
+
+@_pipe(TINY)
+def test_sequence_joining_mid_batch_matches_alone(pipe):
+    model, path = pipe
+    a, b, c = (prompt_ids(path, n, seed=10 + n) for n in (7, 19, 12))
+    params = SamplingParams(max_tokens=16)
+    alone = {k: model.generate([p], params)[0] for k, p in zip("abc", (a, b, c), strict=True)}
+    model.add("a", a, params)
+    model.add("b", b, SamplingParams(max_tokens=5))
+    got: dict[str, list[int]] = {}
+    for _ in range(6):
+        for o in model.step():
+            got.setdefault(o.request_id, []).extend(o.token_ids)
+    assert got["b"] == alone["b"][:5] and model.cache.num_free == 3
+    model.add("c", c, params)
+    while model.has_work:
+        for o in model.step():
+            got.setdefault(o.request_id, []).extend(o.token_ids)
+    assert got["a"] == alone["a"] and got["c"] == alone["c"] and model.cache.num_free == 4
+
+
+@_pipe(PIPELINED)
+def test_every_step_reports_its_hops(pipe):
+    model, path = pipe
+    tp, d = model.executor.tp, model.config.hidden_size
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    model.add("x", prompt_ids(path, 5), params)
+    model.add("y", prompt_ids(path, 9, seed=1), params)
+    rows_per_step = [(2, 9), (2, 1), (2, 1), (3, 1)]  # prefill two rows padded to 9, then decodes
+    for i, (b, s) in enumerate(rows_per_step):
+        if i == 2:
+            model.add("z", prompt_ids(path, 6, seed=2), params)  # joins: prefill [1, 6] + decode [2, 1]
+        model.step()
+        hops = model.last_hops
+        between = [h for h in hops if (h.src_stage, h.dst_stage) == (0, 1)]
+        assert len(between) == tp and {h.dst_chip for h in between} == {c.chip for c in model.layout[tp:]}
+        expected = (b * s + (6 if i == 2 else 0)) * d * 4
+        assert all(h.bytes == expected and h.seconds > 0 and h.transport == CG for h in between)
+        assert {(h.src_stage, h.dst_stage) for h in hops} == {(-1, 0), (0, 1), (1, -1)}
+        assert len(hops) == 2 * tp + 1 and all(h.seconds > 0 for h in hops)
+        assert len(model.last_result.stage_seconds) == 2
+    while model.has_work:
+        model.step()
+
+
+@_pipe([(2, 2, "tiny-full", CG)])
+def test_layout_names_every_chip(pipe):
+    model, _ = pipe
+    assert [(c.index, c.stage, c.tp_rank, c.layers) for c in model.layout] == [
+        (0, 0, 0, (0, 1)), (1, 0, 1, (0, 1)), (2, 1, 0, (1, 2)), (3, 1, 1, (1, 2))]
+    assert all(c.chip.endswith(f"/chip{c.index}") for c in model.layout)
+    assert [c.has_embedding for c in model.layout] == [True, True, False, False]
+
+
+@_pipe([(1, 2, "tiny-full", CG)])
+@pytest.mark.parametrize("prompt, params, error", [
+    ([], None, EmptyPrompt),
+    ([0, 5, 600], None, TokenOutOfRange),
+    ([0] * 100, SamplingParams(max_tokens=29), PromptTooLong),  # context is 128
+])
+def test_bad_input_raises_typed_errors(pipe, prompt, params, error):
+    model, _ = pipe
+    with pytest.raises(error):
+        model.add("bad", prompt, params)
+    assert not model.has_work
+
+
+@pytest.mark.parametrize("name, tp, pp, what", [
+    ("tiny-full", 3, 1, "tensor parallel size 3"),
+    ("tiny-fast", 2, 1, "num_kv_heads=1"),
+    ("tiny-full", 1, 3, "pipeline parallel size 3 does not divide num_layers=2"),
+])
+def test_layout_that_does_not_divide_raises(ray_cluster, tiny_dir, name, tp, pp, what):
+    groups = live_groups()
+    with pytest.raises(InvalidLayout, match=what) as info:
+        ShardedModel.from_pretrained(resolve(name, tiny_dir), tp=tp, pp=pp)
+    assert info.value.code == "invalid_layout" and live_groups() == groups
+
+
+def test_more_chips_than_the_cluster_has(ray_cluster, tmp_path):
+    path = save_random_llama(tmp_path / "six-layers", num_hidden_layers=6)
+    groups, chips = live_groups(), free_chips()
+    start = time.monotonic()
+    with pytest.raises(NotEnoughChips, match="needs 6 chips.*has 4") as info:
+        ShardedModel.from_pretrained(path, tp=2, pp=3)
+    assert time.monotonic() - start < 10 and info.value.code == "not_enough_chips"
+    assert live_groups() == groups and free_chips() == chips
+
+
+@_pipe([(2, 2, "tiny-full", CG)])
+def test_chips_held_by_others_time_out_and_leave_nothing(pipe, tiny_dir):
+    """All four chips are held by ``pipe``: a second model waits, gives up, and cleans up."""
+    groups = live_groups()
+    with pytest.raises(NotEnoughChips, match="could not get 1 chips"):
+        ShardedModel.from_pretrained(tiny_dir / "full", placement_timeout_s=1.0)
+    assert live_groups() == groups and free_chips() == 0
+
+
+@_pipe([(2, 1, "random-tied", CG)])
+def test_shutdown_releases_every_chip(pipe):
+    model, path = pipe  # the only layout alive now: the fixture holds one at a time
+    ids = prompt_ids(path, 8)
+    with model:
+        assert wait_for_chips(CHIPS - 2) == CHIPS - 2  # the previous layout's chips came back
+        assert model.generate([ids], SamplingParams(max_tokens=4))[0] == hf_greedy(path, ids, 4)
+    assert wait_for_chips(CHIPS) == CHIPS and live_groups() == 0
+    model.shutdown()  # idempotent
+    with pytest.raises(RuntimeError, match="shut down"):
+        model.generate([ids])
+
+
+def test_prompt_logits_in_process_match_transformers(tiny_dir):
+    """The debug path is the executor's: the in-process engine answers it too."""
+    from sharding.engine import Engine
+
+    path = tiny_dir / "full"
+    ids = prompt_ids(path, 12)
+    engine = Engine.from_pretrained(path, num_slots=1)
+    assert torch.allclose(engine.prompt_logits(ids), hf_logits(path, ids), atol=TOL)
+    assert engine.cache.num_free == 1
