@@ -82,12 +82,15 @@ def _cpu_core() -> ChipSpec:
         memory_bandwidth=10e9,
         fast_memory_bandwidth=50e9,
         link_bandwidth=2e9,
-        link_latency=250e-6,
+        link_latency=0.4e-3,
         link_latency_collective=50e-6,
-        layer_overhead=60e-6,
-        source=("this host's caches (sysfs) and memory / cores; bandwidths typical of one server core; "
-                "link = one Ray actor-to-actor hop on CPU (about 250 us measured here); "
-                "layer overhead = eager PyTorch dispatch of one decoder layer"),
+        layer_overhead=0.35e-3,
+        source=("this host's caches (sysfs) and memory / cores; bandwidths typical of one server core. "
+                "Measured on the 2-core dev machine (bench.sharding, bench.executor_vs_vllm, 2026-11-21): "
+                "link = a Ray compiled-graph message between CPU actors (1.13 ms per 3-message round "
+                "trip); layer overhead = eager single-stream decode of models/fast in process "
+                "(1.55 ms per token over 4 layers, head and sampling included). The collective "
+                "latency is a typical gloo-on-loopback figure, not measured here"),
     )
 
 
@@ -146,6 +149,13 @@ def load_chip(name_or_path: str) -> ChipSpec:
     if unknown:
         raise ChipSpecError(f"{path}: unknown fields {sorted(unknown)}; known: {sorted(known)}")
     data.setdefault("name", path.stem)
+    for key, value in data.items():
+        # YAML 1.1 reads "1e-05" (no dot) as a string: accept numbers written that way.
+        if key not in ("name", "source") and isinstance(value, str):
+            try:
+                data[key] = float(value)
+            except ValueError:
+                raise ChipSpecError(f"{path}: {key} must be a number, got {value!r}") from None
     try:
         return ChipSpec(**data)
     except TypeError as e:

@@ -7,8 +7,9 @@ The model of one decode step for one user (batch 1), the regime of a fast lane:
   ``layer_overhead`` per layer (dispatch and kernel launches, which dominate tiny models);
 - tensor parallel adds two all-reduces per layer and one gather of the logits, each
   ``collective_latency + bytes / link_bandwidth``;
-- pipeline parallel adds ``pp - 1`` hops per token, each ``link_latency + activation bytes /
-  link_bandwidth``; stages run one after another for a single user.
+- every token crosses ``pp + 1`` hops, each ``link_latency + activation bytes / link_bandwidth``:
+  from the engine's driver to the first stage, ``pp - 1`` between stages, and from the last stage
+  back to the driver with the sampled token; stages run one after another for a single user.
 
 Choice: among layouts whose shards fit every chip's memory, prefer those that fit fast memory,
 then the highest predicted tokens/s, then fewer chips.
@@ -86,7 +87,7 @@ class Layout:
     collective_s: float
     """Per token: tensor-parallel all-reduces and the logits gather."""
     hop_s: float
-    """Per token: pipeline hops between stages."""
+    """Per token: the hops driver -> stages -> driver."""
     tokens_per_s: float
 
 
@@ -128,7 +129,8 @@ def predict(fp: Footprint, chip: ChipSpec, tp: int, pp: int) -> Layout:
         act = fp.hidden * b
         per = chip.link_latency_collective + 2 * (tp - 1) / tp * act / chip.link_bandwidth
         collective = 2 * fp.layers * per + chip.link_latency_collective + fp.vocab * b / chip.link_bandwidth
-    hops = (pp - 1) * (chip.link_latency + fp.hidden * b / chip.link_bandwidth)
+    # driver -> stage 0, pp - 1 stage-to-stage hops of one token's activations, last stage -> driver.
+    hops = (pp + 1) * chip.link_latency + (pp - 1) * fp.hidden * b / chip.link_bandwidth
     total = compute + collective + hops
     return Layout(tp, pp, tp * pp, max(chip_bytes), all(c <= chip.memory_bytes for c in chip_bytes),
                   all(c <= chip.fast_memory_bytes for c in chip_bytes), compute, collective, hops,
