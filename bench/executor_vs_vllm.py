@@ -44,10 +44,7 @@ def run_ours(path: str, tokens: int, repeats: int, compile_: bool) -> dict:
 
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "1")))
     prompt = AutoTokenizer.from_pretrained(path)(PROMPT).input_ids
-    engine = Engine.from_pretrained(path, num_slots=1)
-    if compile_:
-        model = engine.executor.runner.model
-        model.forward = torch.compile(model.forward, dynamic=True)
+    engine = Engine.from_pretrained(path, num_slots=1, compile=compile_)
 
     def gen(n: int):
         return lambda: engine.generate([prompt], SamplingParams(max_tokens=n, ignore_eos=True))

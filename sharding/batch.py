@@ -41,6 +41,9 @@ class Rows:
     """``[B]`` long, index of each row's last real token."""
     params: list[SamplingParams]
     """Each row's sampling parameters."""
+    context: int
+    """The longest row's length once these tokens are in: ``max(positions) + 1``. Attention
+    reads no cache position at or beyond it."""
 
     @property
     def num_rows(self) -> int:
@@ -49,7 +52,7 @@ class Rows:
 
     def without_tokens(self) -> Rows:
         """These rows as later stages need them (the token ids stay with the first stage)."""
-        return Rows(None, self.positions, self.slots, self.last, self.params)
+        return Rows(None, self.positions, self.slots, self.last, self.params, self.context)
 
 
 @dataclass

@@ -52,11 +52,14 @@ class SlotPool:
 
 
 class KVCache(SlotPool):
-    """Per-layer keys and values, ``k``/``v``: ``[num_layers, num_slots, max_len, kv_heads, head_dim]``.
+    """Per-layer keys and values: ``k``/``v`` hold ``num_layers`` tensors
+    ``[num_slots, max_len, kv_heads, head_dim]`` each.
 
     ``num_layers`` counts the layers of this model only (a pipeline stage's cache holds its own
     layers, a tensor-parallel rank's cache its own kv heads). Layer ``j`` of the model's owned
-    layers, in order, uses ``k[j]`` and ``v[j]``.
+    layers, in order, uses ``k[j]`` and ``v[j]``. One tensor per layer rather than one stacked
+    tensor: ``torch.compile`` updates a whole input in place, but copies the base of a view it
+    writes into (the whole cache, every step).
     """
 
     def __init__(self, *, num_layers: int, num_slots: int, max_len: int, num_kv_heads: int,
@@ -69,9 +72,9 @@ class KVCache(SlotPool):
         if num_layers < 0:
             raise InvalidLayout(f"KVCache num_layers must be >= 0, got {num_layers}")
         super().__init__(num_slots)
-        shape = (num_layers, num_slots, max_len, num_kv_heads, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        shape = (num_slots, max_len, num_kv_heads, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.max_len = max_len
 
     @classmethod

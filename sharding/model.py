@@ -95,21 +95,24 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(cfg.num_heads * hd, d, bias=False)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
-                slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
-        # x: [B, S, D]; k_cache, v_cache: [num_slots, max_len, kv_heads, head_dim]
+                slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                mask: torch.Tensor) -> torch.Tensor:
+        # x: [B, S, D]; k_cache, v_cache: [num_slots, max_len, kv_heads, head_dim]; mask: [B, 1, S, span]
         B, S, _ = x.shape
+        span = mask.shape[-1]
         q = apply_rope(self.q_proj(x).view(B, S, self.num_heads, self.head_dim), cos, sin)
         k = apply_rope(self.k_proj(x).view(B, S, self.num_kv_heads, self.head_dim), cos, sin)
         v = self.v_proj(x).view(B, S, self.num_kv_heads, self.head_dim)
         row_slots = slots[:, None].expand(B, S)
         k_cache.index_put_((row_slots, positions), k)
         v_cache.index_put_((row_slots, positions), v)
-        keys, values = k_cache[slots], v_cache[slots]  # [B, max_len, kv_heads, head_dim]
-        key_pos = torch.arange(k_cache.shape[1], device=x.device)
-        mask = key_pos[None, None, :] <= positions[:, :, None]  # [B, S, max_len]
+        # Only the first `span` positions can be attended; index_select copies far less than
+        # indexing the whole slot (and is much faster than advanced indexing on CPU).
+        keys = k_cache[:, :span].index_select(0, slots)  # [B, span, kv_heads, head_dim]
+        values = v_cache[:, :span].index_select(0, slots)
         out = F.scaled_dot_product_attention(
             q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
-            attn_mask=mask[:, None], scale=self.scale, enable_gqa=self.num_heads != self.num_kv_heads,
+            attn_mask=mask, scale=self.scale, enable_gqa=self.num_heads != self.num_kv_heads,
         )  # [B, H, S, head_dim]
         return self.o_proj(out.transpose(1, 2).reshape(B, S, self.num_heads * self.head_dim))
 
@@ -138,8 +141,9 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(cfg)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
-                slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, positions, slots, k_cache, v_cache)
+                slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                mask: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, positions, slots, k_cache, v_cache, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -193,7 +197,7 @@ class Llama(nn.Module):
         self.rotary = RotaryEmbedding(config).to(device)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-                cache: KVCache) -> torch.Tensor:
+                cache: KVCache, span: int | None = None) -> torch.Tensor:
         """Run the owned layers on one batch, reading and writing ``cache``.
 
         Args:
@@ -202,6 +206,9 @@ class Llama(nn.Module):
             positions: ``[B, S]`` (long), each token's position in its sequence.
             slots: ``[B]`` (long), each row's KV-cache slot.
             cache: this model's cache (``KVCache.for_model``).
+            span: attend over cache positions ``< span`` only; must exceed every position in
+                ``positions`` (default: the cache's ``max_len``). Reading less of the cache is
+                most of a decode step's attention cost (see ``sharding.stage.span_for``).
 
         Returns:
             Hidden states ``[B, S, D]``: after the final norm on the last stage (feed them to
@@ -209,8 +216,14 @@ class Llama(nn.Module):
         """
         h = self.model.embed_tokens(x) if self.has_embedding else x
         cos, sin = self.rotary(positions, h.dtype)
+        span = cache.max_len if span is None else span
+        # Once per step, not per layer: key position j is visible to a query at position p iff j <= p.
+        # Additive, in the activations' dtype: SDPA would convert a boolean mask in every layer.
+        visible = torch.arange(span, device=positions.device) <= positions[:, :, None]  # [B, S, span]
+        mask = torch.zeros(visible.shape, dtype=h.dtype, device=h.device).masked_fill_(
+            ~visible, float("-inf"))[:, None]  # [B, 1, S, span]
         for j, layer in enumerate(self.model.layers.values()):
-            h = layer(h, cos, sin, positions, slots, cache.k[j], cache.v[j])
+            h = layer(h, cos, sin, positions, slots, cache.k[j], cache.v[j], mask)
         return self.model.norm(h) if self.has_head else h
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -167,12 +167,16 @@ def prefill_rows(seqs: list[_Sequence]) -> Rows:
     tokens = torch.tensor([s.prompt + [0] * (width - len(s.prompt)) for s in seqs])  # [B, width]
     return Rows(tokens=tokens, positions=torch.arange(width).repeat(len(seqs), 1),
                 slots=torch.tensor([s.slot for s in seqs]), last=torch.tensor(lens) - 1,
-                params=[s.params for s in seqs])
+                params=[s.params for s in seqs], context=width)
 
 
 def decode_rows(seqs: list[_Sequence]) -> Rows:
     """The last token of each running sequence, at its position: ``[B, 1]``."""
-    return Rows(tokens=torch.tensor([[s.output[-1]] for s in seqs]),
-                positions=torch.tensor([[s.length - 1] for s in seqs]),
-                slots=torch.tensor([s.slot for s in seqs]), last=torch.zeros(len(seqs), dtype=torch.long),
-                params=[s.params for s in seqs])
+    lengths = [s.length for s in seqs]
+    # One small tensor per step (this runs for every generated token), each row of it a
+    # contiguous view, so a compiled model sees the same strides every step.
+    rows = torch.tensor([[s.output[-1] for s in seqs], [n - 1 for n in lengths],
+                         [s.slot for s in seqs], [0] * len(seqs)])  # [4, B]
+    B = len(seqs)
+    return Rows(tokens=rows[0].view(B, 1), positions=rows[1].view(B, 1), slots=rows[2], last=rows[3],
+                params=[s.params for s in seqs], context=max(lengths))

@@ -16,24 +16,43 @@ from .model import Llama
 from .sampling import generator_for_seed, sample
 
 
+SPAN_BUCKET = 64
+"""Attention reads the cache in multiples of this many positions (see ``span_for``)."""
+
+
+def span_for(context: int, max_len: int) -> int:
+    """Cache positions a step attends over: ``context`` rounded up to a multiple of ``SPAN_BUCKET``.
+
+    Rounding bounds the distinct shapes a compiled model sees (``max_len / SPAN_BUCKET``) at the
+    price of reading at most ``SPAN_BUCKET - 1`` masked positions.
+    """
+    return min(-(-context // SPAN_BUCKET) * SPAN_BUCKET, max_len)
+
+
 class StageRunner:
     """Runs a step's row groups through ``model`` and, with the head, samples their tokens.
 
     Args:
         model: a loaded ``Llama`` (or stage, or TP rank).
         num_slots, max_len: of the ``KVCache`` built for it.
+        compile: run the model's forward through ``torch.compile`` (see ``compile_forward``);
+            the first steps of each new shape compile (seconds), later ones run the compiled code.
     """
 
-    def __init__(self, model: Llama, *, num_slots: int, max_len: int | None = None) -> None:
+    def __init__(self, model: Llama, *, num_slots: int, max_len: int | None = None,
+                 compile: bool = False) -> None:
         self.model = model
         self.cache = KVCache.for_model(model, num_slots=num_slots, max_len=max_len)
         self.device = next(model.parameters()).device
         self.generators: dict[int, torch.Generator] = {}
+        self._forward = compile_forward(model) if compile else model
 
     def forward(self, parts: list[Rows], inputs: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
         """Hidden states ``[B, S, D]`` per part; ``inputs`` are the previous stage's, else the tokens."""
         xs = inputs if inputs is not None else [r.tokens for r in parts]
-        return [self.model(x.to(self.device), r.positions.to(self.device), r.slots.to(self.device), self.cache)
+        dev, max_len = self.device, self.cache.max_len
+        return [self._forward(x.to(dev), r.positions.to(dev), r.slots.to(dev), self.cache,
+                              span_for(r.context, max_len))
                 for r, x in zip(parts, xs, strict=True)]
 
     def logits(self, parts: list[Rows], hidden: list[torch.Tensor],
@@ -44,6 +63,9 @@ class StageRunner:
         """
         last_logits, full = [], [] if every_position else None
         for r, h in zip(parts, hidden, strict=True):
+            if h.shape[1] == 1 and not every_position:  # decode: the one token is the last (a view)
+                last_logits.append(self.model.compute_logits(h[:, 0]))  # [B, V]
+                continue
             rows = torch.arange(r.num_rows, device=self.device)
             if every_position:
                 all_logits = self.model.compute_logits(h)  # [B, S, V]
@@ -64,7 +86,28 @@ class StageRunner:
         """One token per row of each part (call ``update_generators`` for the step first)."""
         out = []
         for r, lg in zip(parts, logits, strict=True):
+            if all(p.greedy for p in r.params):
+                out.append(lg.argmax(dim=-1).tolist())
+                continue
             gens = [None if p.greedy else self.generators[s] for p, s in zip(r.params, r.slots.tolist(),
                                                                              strict=True)]
             out.append(sample(lg, r.params, gens).tolist())
         return out
+
+
+def compile_forward(model: Llama):
+    """``model``'s forward under ``torch.compile``, set up for small-batch decoding.
+
+    - Shapes start static and become dynamic only where they change (``dynamic=None``): the
+      first steps specialise, then batch size, prompt length and attention span each turn
+      symbolic once seen to vary, so a long-running engine settles on a few graphs (a prefill
+      and a decode one) instead of recompiling per shape. Fully dynamic graphs run slower.
+    - ``cpp_wrapper``: the graph's launcher is C++ rather than Python. A decode step is dozens
+      of tiny kernels, so the launcher, not the arithmetic, is most of its time on CPU.
+
+    One engine settles on about seven graphs (prefill and decode, static then dynamic). Dynamo
+    counts them per code object (``Llama.forward``) against ``torch._dynamo.config.recompile_limit``
+    (8), across every compiled model in the process; past it, calls fall back to eager (correct,
+    slower).
+    """
+    return torch.compile(model.forward, dynamic=None, options={"cpp_wrapper": True})

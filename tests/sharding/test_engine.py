@@ -148,3 +148,18 @@ def test_generate_refuses_a_busy_engine(tiny_dir):
 def test_engine_needs_whole_model(tiny_dir):
     with pytest.raises(InvalidLayout, match="whole model"):
         Engine(load_model(tiny_dir / "full", layer_range=(0, 1)))
+
+
+def test_compiled_engine_matches_eager(tiny_dir):
+    # Crosses an attention-span bucket (64) and runs batches whose size and prompt widths vary, so
+    # the compiled graphs see every shape change an engine makes.
+    path = tiny_dir / "full"
+    prompts = [prompt_ids(path, n, seed=n) for n in (9, 30, 4)]
+    long = SamplingParams(max_tokens=80, ignore_eos=True)
+    short = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (20, 6, 12)]
+
+    def run(engine: Engine) -> list[list[list[int]]]:
+        return [engine.generate(prompts[:1], long), engine.generate(prompts, short)]
+
+    compiled = run(Engine.from_pretrained(path, num_slots=2, compile=True))
+    assert compiled == run(Engine.from_pretrained(path, num_slots=2))
