@@ -74,12 +74,12 @@ def evaluate(backends: list[Backend], n_samples: int, seed: int, max_tokens: int
     _, held = corpus.split(corpus.list_files())
     if max_files is not None:
         held = held[:max_files]
+    prefix_budget, chunk_budget = {}, {}
     if tokenizer_dir is not None and context is not None:
-        prefix_fits, chunk_fits = token_budget(tokenizer_dir, context - max_tokens), token_budget(tokenizer_dir, context)
-    else:
-        prefix_fits = chunk_fits = lambda _: True
-    samples = line_samples(held, n_samples, seed=seed, max_prefix_chars=max_prefix_chars, fits=prefix_fits)
-    chunks = bpb_chunks(held, max_chunk_chars=max_chunk_chars, fits=chunk_fits)
+        prefix_budget = {"fits": token_budget(tokenizer_dir, context - max_tokens)}
+        chunk_budget = {"fits": token_budget(tokenizer_dir, context)}
+    samples = line_samples(held, n_samples, seed=seed, max_prefix_chars=max_prefix_chars, **prefix_budget)
+    chunks = bpb_chunks(held, max_chunk_chars=max_chunk_chars, **chunk_budget)
     scores, preds = [], []
     for b in backends:
         s, p = score(b, samples, chunks, max_tokens, with_bpb)
