@@ -107,6 +107,11 @@ class Engine:
         return self.scheduler.has_work
 
     @property
+    def num_unfinished(self) -> int:
+        """Requests waiting or running."""
+        return self.scheduler.num_unfinished
+
+    @property
     def last_hops(self) -> list[Hop]:
         """Every hop of the latest step (empty in process, or before the first step)."""
         return self.last_result.hops if self.last_result is not None else []

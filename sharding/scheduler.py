@@ -69,6 +69,11 @@ class Scheduler:
         """Whether any request is waiting or running."""
         return bool(self._waiting or self._running)
 
+    @property
+    def num_unfinished(self) -> int:
+        """Requests waiting or running (an aborted one is gone at once)."""
+        return len(self._waiting) + len(self._running)
+
     def validate(self, request_id: str, prompt: list[int], params: SamplingParams) -> None:
         """Raise the typed error a request would get from ``add``, without queueing it."""
         if not prompt:

@@ -1,0 +1,50 @@
+"""The Serve application: ``build_app`` turns a deployment config into the deployment graph
+
+    Gateway (HTTP ingress) -> Router -> Lane "fast"     (ShardedLaneEngine, tp x pp chips)
+                                     -> Lane "priority" (VLLMLaneEngine, low max_num_seqs)
+                                     -> Lane "standard" (VLLMLaneEngine, high max_num_seqs)
+
+It is also the ``import_path`` for ``serve deploy`` / ``serve run``:
+``serve.app:build_app`` with ``args: {config: <path or inline mapping>}`` (see docs/serving.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ray import serve
+from ray.serve import Application
+
+from .config import AppConfig, load_config
+from .gateway import Gateway
+from .lanes.lane import FAST, LANES, Lane
+from .router import Router
+
+# Serve's default max_ongoing_requests (5) would queue streams in front of an engine that has room.
+UNCAPPED = 10_000
+
+
+def build_app(args: dict[str, Any] | None = None) -> Application:
+    """The application for ``args = {"config": path | mapping | None}`` (``None``: the defaults)."""
+    config = load_config((args or {}).get("config"))
+    return build(config)
+
+
+def build(config: AppConfig) -> Application:
+    """The application for a validated config."""
+    handles = {}
+    for lane in LANES:
+        cfg = getattr(config.lanes, lane)
+        model = config.models.fast if lane == FAST else config.models.full
+        # A rejecting lane gets no more than its batch cap from Serve; the router answers the rest.
+        cap = cfg.max_num_seqs if lane != FAST and cfg.admission == "reject" else UNCAPPED
+        handles[lane] = serve.deployment(Lane).options(
+            name=f"{lane}-lane", num_replicas=cfg.replicas, ray_actor_options=dict(cfg.ray_actor_options),
+            max_ongoing_requests=cap, health_check_timeout_s=60, graceful_shutdown_timeout_s=5,
+        ).bind(lane, model.id, model.path, cfg.model_dump(mode="json"))
+    router = serve.deployment(Router).options(
+        name="router", num_replicas=1, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=UNCAPPED,
+    ).bind(config.model_dump(mode="json"), **handles)
+    return serve.deployment(Gateway).options(
+        name="gateway", ray_actor_options={"num_cpus": 0}, max_ongoing_requests=UNCAPPED,
+    ).bind(router)

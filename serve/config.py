@@ -1,0 +1,180 @@
+"""The deployment config: one YAML file (or dict) describes the whole application.
+
+Every field has a default that serves the shipped models on a CPU-only machine, so an empty file
+(or no file) is a working deployment. ``load_config`` validates and raises ``ConfigError`` naming
+the offending field. ``serve/fastmode.yaml`` is the default written out, with comments.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from models import FAST, FULL
+
+from .errors import ConfigError
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSpec(_Strict):
+    """A checkpoint and the id clients ask for it by."""
+
+    id: str = Field(min_length=1, description="Model id in requests and /v1/models.")
+    path: str = Field(min_length=1, description="Hugging Face-format checkpoint directory (config.json, "
+                      "safetensors, tokenizer.json), readable at this path on every node. A relative "
+                      "path is relative to the config file.")
+
+
+class ModelsConfig(_Strict):
+    full: ModelSpec = Field(default=ModelSpec(id="fastmode-full", path=str(FULL)),
+                            description="The full model, served by the priority and standard lanes.")
+    fast: ModelSpec = Field(default=ModelSpec(id="fastmode-fast", path=str(FAST)),
+                            description="The small model, served by the fast lane.")
+
+    @model_validator(mode="after")
+    def _distinct_ids(self) -> ModelsConfig:
+        if self.full.id == self.fast.id:
+            raise ValueError(f"the full and fast models need different ids, both are {self.full.id!r}")
+        if "auto" in (self.full.id, self.fast.id):
+            raise ValueError("'auto' is the router's model id; name the models otherwise")
+        return self
+
+
+class LaneCommon(_Strict):
+    price: float = Field(default=1.0, ge=0, description="Cost multiplier: a response costs "
+                         "price x (input + output tokens) / 1000 cost units.")
+    stream_interval_ms: float = Field(default=10.0, ge=0, le=1000, description="Tokens produced within this "
+                                      "window after the previous chunk travel as one chunk (Ray Serve "
+                                      "spends about 0.5 ms per streamed item). The first token is never held.")
+    replicas: int = Field(default=1, ge=1, description="Serve replicas of this lane (each its own engine).")
+    ray_actor_options: dict[str, Any] = Field(default_factory=lambda: {"num_cpus": 0}, description=
+                                              "Ray options of each replica, e.g. {num_gpus: 1} on a GPU node.")
+
+
+class FastLaneConfig(LaneCommon):
+    """The fast lane: the small model on fastmode's own sharded executor."""
+
+    tp: int = Field(default=1, ge=1, description="Tensor-parallel chips per pipeline stage.")
+    pp: int = Field(default=2, ge=1, description="Pipeline stages, each on its own chips. The default "
+                    "pp=2 puts a chip-to-chip hop in every step, even on one machine.")
+    num_slots: int = Field(default=8, ge=1, description="Sequences decoded at once (KV-cache slots); "
+                           "more requests wait in FIFO order.")
+    max_len: int | None = Field(default=None, ge=1, description="Tokens per sequence; default: the "
+                                "model's context.")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(default="float32", description=
+                                                             "Weights and activations.")
+    transport: Literal["actor_calls", "compiled_graph"] = Field(default="actor_calls", description=
+        "How activations hop between stages. compiled_graph is about 2x faster per hop, but its idle "
+        "actors spin a CPU core each (docs/sharding.md), which starves a CPU-only machine.")
+    device: Literal["cpu", "cuda"] = Field(default="cpu", description="Where each chip computes.")
+    compile: bool = Field(default=False, description="torch.compile the model; only with tp=pp=1 "
+                          "(in the lane's own process).")
+
+    @model_validator(mode="after")
+    def _compile_in_process(self) -> FastLaneConfig:
+        if self.compile and self.tp * self.pp > 1:
+            raise ValueError("compile is only available with tp=1 and pp=1")
+        return self
+
+
+class VLLMLaneConfig(LaneCommon):
+    """A full-model lane on vLLM (AsyncLLM); priority and standard differ only by these values."""
+
+    max_num_seqs: int = Field(ge=1, description="vLLM's batch cap: sequences decoded at once per replica.")
+    max_model_len: int | None = Field(default=None, ge=1, description="Context per sequence; default: "
+                                      "the model's.")
+    dtype: str = Field(default="float32", description="vLLM dtype (float32 on CPU, bfloat16 on GPU).")
+    kv_cache_memory_bytes: int | None = Field(default=64 * 2**20, ge=1, description="KV-cache size per "
+        "replica; null lets vLLM size it from gpu_memory_utilization.")
+    gpu_memory_utilization: float = Field(default=0.1, gt=0, le=1, description="vLLM's memory share.")
+    enforce_eager: bool = Field(default=True, description="Skip CUDA graphs / compilation (fast start).")
+    engine_args: dict[str, Any] = Field(default_factory=dict, description="Further vLLM AsyncEngineArgs.")
+    admission: Literal["reject", "queue"] = Field(default="queue", description="When every replica "
+        "holds max_num_seqs streams: 'reject' answers 'overloaded' at once (or spills to standard if "
+        "the request allows), 'queue' lets requests wait in vLLM's queue.")
+    retry_after_s: float = Field(default=1.0, ge=0, description="The retry hint of an overloaded rejection.")
+
+
+class RouterConfig(_Strict):
+    """How ``model: auto`` decides, and the router's own replicas."""
+
+    auto_threshold: float = Field(default=2.0, gt=0, description="Prompts whose mean per-token loss "
+        "under the fast model (nats) is at most this go to the fast lane; harder ones to the full model. "
+        "See docs/serving.md for how the default was measured.")
+    auto_max_tokens: int = Field(default=128, ge=1, description="Score only the prompt's last N tokens.")
+
+
+class HTTPConfig(_Strict):
+    host: str = Field(default="127.0.0.1", description="Bind address of the HTTP port.")
+    port: int = Field(default=8000, ge=1, le=65535, description="HTTP port.")
+
+
+class LanesConfig(_Strict):
+    fast: FastLaneConfig = FastLaneConfig()
+    priority: VLLMLaneConfig = VLLMLaneConfig(max_num_seqs=2, price=6.0, admission="reject")
+    standard: VLLMLaneConfig = VLLMLaneConfig(max_num_seqs=32, price=1.0)
+
+
+class AppConfig(_Strict):
+    """The whole application: models, lanes, router, HTTP."""
+
+    name: str = Field(default="fastmode", description="Serve application name.")
+    models: ModelsConfig = ModelsConfig()
+    lanes: LanesConfig = LanesConfig()
+    router: RouterConfig = RouterConfig()
+    http: HTTPConfig = HTTPConfig()
+
+
+def load_config(source: str | Path | dict | AppConfig | None = None) -> AppConfig:
+    """Validate a config given as a YAML path, a dict, or ``None`` (the defaults).
+
+    Relative model paths are resolved against the YAML file's directory (or the working directory
+    for a dict). Raises ``ConfigError`` naming the field and what is wrong with it.
+    """
+    if isinstance(source, AppConfig):
+        return source
+    origin, base = "config", Path.cwd()
+    if source is None:
+        data: Any = {}
+    elif isinstance(source, dict):
+        data = source
+    else:
+        path = Path(source)
+        origin, base = str(path), path.resolve().parent
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except OSError as e:
+            raise ConfigError(f"{path}: cannot read the config: {e.strerror or e}") from None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{origin}: the top level must be a mapping, got {type(data).__name__}")
+    try:
+        config = AppConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(f"{origin}: " + "; ".join(_describe(err) for err in e.errors())) from None
+    models = {}
+    for key in ("full", "fast"):
+        spec = getattr(config.models, key)
+        path = Path(spec.path) if Path(spec.path).is_absolute() else (base / spec.path)
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"{origin}: models.{key}.path: no checkpoint (config.json) at {path}")
+        models[key] = spec.model_copy(update={"path": str(path.resolve())})
+    return config.model_copy(update={"models": config.models.model_copy(update=models)})
+
+
+def _describe(err: dict) -> str:
+    where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+    got = "" if err["type"] == "missing" else f" (got {err.get('input')!r})"
+    return f"{where}: {err['msg']}{got}"
+
+
+def dump_config(config: AppConfig) -> str:
+    """``config`` as YAML (what ``fastmode up --print-config`` shows)."""
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

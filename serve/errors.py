@@ -1,0 +1,108 @@
+"""Typed serving errors, each with a stable ``code`` (the wire contract of every front door).
+
+Lanes and the router raise these where the fault is known; the router turns any exception into
+one ``error`` event (``to_event``) so that a stream always ends in ``done`` or ``error``. Errors
+of the sharded executor (``sharding.errors``) keep their own codes. The HTTP status of each code
+is here too, so the WebSocket, HTTP and gRPC front doors translate in one place.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from sharding.errors import ShardingError
+
+
+class FastmodeError(Exception):
+    """Base of every serving error; ``code`` names the fault, ``status`` is its HTTP status."""
+
+    code: ClassVar[str] = "internal_error"
+    status: ClassVar[int] = 500
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retry_after = retry_after
+
+    def __reduce__(self):  # keep ``retry_after`` across Ray's pickling
+        return (_rebuild, (type(self), self.message, self.retry_after))
+
+
+def _rebuild(cls: type[FastmodeError], message: str, retry_after: float | None) -> FastmodeError:
+    return cls(message, retry_after=retry_after)
+
+
+class ConfigError(FastmodeError, ValueError):
+    """A deployment config (YAML or dict) that does not validate; the message names the field."""
+
+    code = "invalid_config"
+
+
+class InvalidRequest(FastmodeError, ValueError):
+    """A request with a missing, mistyped or out-of-range field; the message names the field."""
+
+    code = "invalid_request"
+    status = 400
+
+
+class UnknownModel(FastmodeError, ValueError):
+    """A ``model`` that this deployment does not serve; the message lists the ones it does."""
+
+    code = "unknown_model"
+    status = 404
+
+
+class UnknownServiceTier(FastmodeError, ValueError):
+    """A ``service_tier`` other than ``auto``, ``default`` or ``priority``."""
+
+    code = "unknown_service_tier"
+    status = 400
+
+
+class Overloaded(FastmodeError):
+    """Every replica of the lane has a full batch; retry after ``retry_after`` seconds."""
+
+    code = "overloaded"
+    status = 429
+
+
+class LaneUnavailable(FastmodeError):
+    """The lane's engine is not loaded or has died."""
+
+    code = "lane_unavailable"
+    status = 503
+
+
+# sharding error code -> HTTP status (everything a request can trigger is the caller's fault).
+_SHARDING_STATUS = {"kv_cache_full": 503, "not_enough_chips": 503, "bad_checkpoint": 500,
+                    "invalid_config": 500, "invalid_layout": 500}
+
+
+def unwrap(exc: BaseException) -> BaseException:
+    """The original exception inside Ray's wrappers (``RayTaskError`` and its ``cause`` chain)."""
+    seen = set()
+    while id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, (FastmodeError, ShardingError)):
+            return exc
+        cause = getattr(exc, "cause", None) or exc.__cause__
+        if not isinstance(cause, BaseException):
+            return exc
+        exc = cause
+    return exc
+
+
+def to_event(exc: BaseException, request_id: str | None = None) -> dict[str, Any]:
+    """The ``error`` event for ``exc``: code, message, HTTP status and, if any, retry_after."""
+    exc = unwrap(exc)
+    if isinstance(exc, FastmodeError):
+        code, status, message, retry = exc.code, exc.status, exc.message, exc.retry_after
+    elif isinstance(exc, ShardingError):
+        code, status, message, retry = exc.code, _SHARDING_STATUS.get(exc.code, 400), str(exc), None
+    else:
+        code, status, message, retry = "internal_error", 500, f"{type(exc).__name__}: {exc}", None
+    event: dict[str, Any] = {"type": "error", "id": request_id, "code": code, "message": message,
+                             "status": status}
+    if retry is not None:
+        event["retry_after"] = retry
+    return event

@@ -1,0 +1,55 @@
+"""``Gateway``: the application's HTTP ingress (FastAPI on Serve's HTTP proxy, one port).
+
+Routes today: ``GET /health`` (200 when every lane's engine answers, else 503, with per-lane
+detail), ``GET /v1/models``, and ``POST /v1/generate``, which streams the router's events as
+newline-delimited JSON (one event per line; the request body is a ``serve.request.GenerateRequest``).
+The persistent WebSocket and the OpenAI-compatible routes are added here (issue 5).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from ray import serve
+
+from .errors import to_event
+
+api = FastAPI(title="fastmode", docs_url=None, redoc_url=None)
+
+
+@serve.ingress(api)
+class Gateway:
+    """HTTP front door over the router's handle."""
+
+    def __init__(self, router) -> None:
+        self.router = router
+
+    @api.get("/health")
+    async def health(self) -> JSONResponse:
+        stats = await self.router.stats.remote()
+        return JSONResponse(stats, status_code=200 if stats["status"] == "ok" else 503)
+
+    @api.get("/v1/models")
+    async def list_models(self) -> dict[str, Any]:
+        models = await self.router.models.remote()
+        return {"object": "list", "data": [{"id": m["id"], "object": "model", "owned_by": "fastmode",
+                                            "lanes": m["lanes"]} for m in models]}
+
+    @api.post("/v1/generate")
+    async def generate(self, request: Request) -> StreamingResponse:
+        try:
+            body = await request.json()
+        except ValueError as e:
+            event = to_event(ValueError(f"the body is not JSON: {e}"))
+            event.update(code="invalid_request", status=400)
+            return JSONResponse(event, status_code=400)
+        stream = self.router.options(stream=True).generate.remote(body)
+
+        async def lines():
+            async for event in stream:
+                yield json.dumps(event) + "\n"
+
+        return StreamingResponse(lines(), media_type="application/x-ndjson")

@@ -1,0 +1,63 @@
+"""``LaneEngine``: the small async interface every engine behind a lane implements.
+
+A lane tokenizes, checks the context budget and coalesces; the engine only turns prompt token
+ids into a stream of ``EngineOutput``s and frees the sequence when the stream is closed early.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    """One generation, tokenized and within the context budget."""
+
+    request_id: str
+    prompt_ids: list[int]
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class EngineOutput:
+    """What one engine step added to one request."""
+
+    token_ids: list[int]
+    """New tokens (an eos token that ended the sequence included)."""
+    text: str
+    """New text (special tokens skipped; a stop string and what follows it never appear)."""
+    finish_reason: str | None = None
+    """``"stop"`` (eos or a stop string), ``"length"`` (max tokens), or ``None`` while running."""
+
+
+class LaneEngine(Protocol):
+    """An engine as a lane sees it."""
+
+    max_len: int
+    """Tokens per sequence (prompt + output)."""
+
+    def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
+        """Stream the request's outputs; the last one has a ``finish_reason``.
+
+        Closing the iterator early (``aclose`` or cancelling the task that drives it) aborts the
+        request: its sequence leaves the engine at the next step.
+        """
+        ...
+
+    def num_unfinished(self) -> int:
+        """Requests the engine holds (waiting or running)."""
+        ...
+
+    async def check_health(self) -> None:
+        """Raise ``LaneUnavailable`` if the engine has died."""
+        ...
+
+    def shutdown(self) -> None:
+        """Release the engine (processes, actors, chips)."""
+        ...

@@ -1,0 +1,128 @@
+"""``Lane``: the Serve deployment behind each lane (fast, priority, standard).
+
+It tokenizes the prompt, checks the context budget and the batch cap, drives the lane's engine
+and streams coalesced ``delta`` events, then one ``done`` event with usage, timing and cost. The
+lanes differ only by configuration: which engine (``ShardedLaneEngine`` or ``VLLMLaneEngine``),
+its batch cap, its price.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer
+
+from sharding.errors import PromptTooLong
+
+from ..config import FastLaneConfig, VLLMLaneConfig
+from ..errors import Overloaded
+from ..stream import coalesce
+from .engine import EngineOutput, EngineRequest, LaneEngine
+
+FAST = "fast"
+PRIORITY = "priority"
+STANDARD = "standard"
+LANES = (FAST, PRIORITY, STANDARD)
+
+
+class Lane:
+    """One replica of a lane (deployed by ``serve.app``; usable directly in tests).
+
+    Args:
+        lane: ``"fast"``, ``"priority"`` or ``"standard"``.
+        model_id: the id the model is served under.
+        model_path: its checkpoint directory.
+        config: the lane's config section (a dict, as Serve passes it).
+    """
+
+    def __init__(self, lane: str, model_id: str, model_path: str, config: dict[str, Any]) -> None:
+        self.lane, self.model_id = lane, model_id
+        self.tokenizer = Tokenizer.from_file(str(Path(model_path) / "tokenizer.json"))
+        if lane == FAST:
+            from .sharded_engine import ShardedLaneEngine
+
+            self.config: FastLaneConfig | VLLMLaneConfig = FastLaneConfig.model_validate(config)
+            self.engine: LaneEngine = ShardedLaneEngine(model_path, self.config, self.tokenizer)
+            self.cap = None
+        else:
+            from .vllm_engine import VLLMLaneEngine
+
+            self.config = VLLMLaneConfig.model_validate(config)
+            self.engine = VLLMLaneEngine(model_path, self.config)
+            self.cap = self.config.max_num_seqs if self.config.admission == "reject" else None
+        self.in_flight = 0
+
+    async def generate(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        """Stream one request: ``delta`` events, then ``done`` (see ``serve.request``).
+
+        ``request``: ``prompt`` (text), ``max_tokens`` (``None``: the rest of the context),
+        ``temperature``, ``top_p``, ``seed``, ``stop``; optional ``request_id``.
+        """
+        arrived = time.perf_counter()
+        if self.cap is not None and self.in_flight >= self.cap:
+            raise Overloaded(f"the {self.lane} lane's batch is full ({self.cap} sequences)",
+                             retry_after=self.config.retry_after_s)
+        ids = self.tokenizer.encode(request["prompt"]).ids
+        n_prompt = len(ids)
+        max_tokens = request.get("max_tokens") or self.engine.max_len - n_prompt
+        if n_prompt + max_tokens > self.engine.max_len or max_tokens < 1:
+            raise PromptTooLong(f"the prompt has {n_prompt} tokens; with max_output_tokens {max_tokens} it "
+                                f"exceeds the {self.engine.max_len}-token context of {self.model_id}")
+        engine_request = EngineRequest(
+            request_id=request.get("request_id") or f"{self.lane}-{uuid.uuid4().hex}", prompt_ids=ids,
+            max_tokens=max_tokens, temperature=request.get("temperature", 1.0),
+            top_p=request.get("top_p", 1.0), seed=request.get("seed"), stop=list(request.get("stop") or []))
+        self.in_flight += 1
+        try:
+            n_out, seq, first, last, reason = 0, 0, None, None, None
+            async for outs in coalesce(self.engine.generate(engine_request), self.config.stream_interval_ms / 1e3):
+                now = time.perf_counter()
+                first = first or now
+                last = now
+                text = "".join(o.text for o in outs)
+                tokens = sum(len(o.token_ids) for o in outs)
+                n_out += tokens
+                reason = outs[-1].finish_reason or reason
+                if text:
+                    yield {"type": "delta", "seq": seq, "text": text, "tokens": tokens}
+                    seq += 1
+            yield self._done(n_prompt, n_out, reason, arrived, first, last)
+        finally:
+            self.in_flight -= 1
+
+    def _done(self, n_prompt: int, n_out: int, reason: str | None, arrived: float,
+              first: float | None, last: float | None) -> dict[str, Any]:
+        ttft = None if first is None else first - arrived
+        decode = None
+        if first is not None and n_out > 1 and last > first:
+            decode = (n_out - 1) / (last - first)
+        return {
+            "type": "done", "lane": self.lane, "model": self.model_id, "finish_reason": reason or "abort",
+            "usage": {"input_tokens": n_prompt, "output_tokens": n_out, "total_tokens": n_prompt + n_out},
+            "timing": {"ttft_s": ttft, "decode_tokens_per_s": decode, "total_s": time.perf_counter() - arrived},
+            "cost_units": self.config.price * (n_prompt + n_out) / 1000,
+        }
+
+    def stats(self) -> dict[str, Any]:
+        """This replica's load: requests in the engine (``running``) and streams open here."""
+        return {"lane": self.lane, "model": self.model_id, "running": self.engine.num_unfinished(),
+                "in_flight": self.in_flight, "cap": self.cap}
+
+    async def check_health(self) -> None:
+        """Serve's health check: raises once the engine has died (so the replica is replaced)."""
+        await self.engine.check_health()
+
+    def __del__(self) -> None:
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            try:
+                engine.shutdown()
+            except Exception:  # noqa: BLE001 - best effort at teardown
+                pass
+
+
+__all__ = ["Lane", "LANES", "FAST", "PRIORITY", "STANDARD", "EngineOutput"]

@@ -1,0 +1,53 @@
+"""``TextStream``: incremental detokenization with stop strings, for engines that emit token ids.
+
+Decoding goes through ``tokenizers``' ``DecodeStream`` (what vLLM uses too), so a multi-byte
+character split across tokens appears once it is whole. Stop strings follow vLLM's rules: the
+text ends right before the first stop string, and up to ``len(longest stop) - 1`` characters are
+held back while they could still be the start of one.
+"""
+
+from __future__ import annotations
+
+from tokenizers import Tokenizer
+from tokenizers.decoders import DecodeStream
+
+
+class TextStream:
+    """Turns a request's new token ids into new text; ``stopped`` once a stop string appears."""
+
+    def __init__(self, tokenizer: Tokenizer, stop: list[str] | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.stop = [s for s in (stop or []) if s]
+        self._hold = max((len(s) for s in self.stop), default=1) - 1
+        self._decoder = DecodeStream(skip_special_tokens=True)
+        self._text = ""  # everything decoded so far (up to a stop string once stopped)
+        self._sent = 0  # characters of _text already returned
+        self.stopped = False
+
+    def push(self, token_ids: list[int]) -> str:
+        """Decode ``token_ids``; return the text that is now safe to send (may be empty)."""
+        if self.stopped:
+            return ""
+        start = len(self._text)
+        for t in token_ids:
+            piece = self._decoder.step(self.tokenizer, t)
+            if piece:
+                self._text += piece
+        if self.stop:
+            # A stop string may straddle the previous text; search from where it could begin.
+            lo = max(0, start - self._hold)
+            hits = [i for i in (self._text.find(s, lo) for s in self.stop) if i >= 0]
+            if hits:
+                self._text = self._text[:min(hits)]
+                self.stopped = True
+                return self.flush()
+        end = len(self._text) - self._hold if self.stop else len(self._text)
+        if end <= self._sent:
+            return ""
+        out, self._sent = self._text[self._sent:end], end
+        return out
+
+    def flush(self) -> str:
+        """The held-back text, at the end of the sequence."""
+        out, self._sent = self._text[self._sent:], len(self._text)
+        return out

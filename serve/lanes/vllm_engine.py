@@ -1,0 +1,57 @@
+"""``VLLMLaneEngine``: vLLM's ``AsyncLLM`` behind the ``LaneEngine`` interface.
+
+The priority and standard lanes are this same engine with a different ``max_num_seqs`` (the
+batch cap that makes priority fast per user and expensive per token). Prompts arrive as token
+ids, tokenized by the lane, so every lane sees exactly the same prompt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from ..config import VLLMLaneConfig
+from ..errors import LaneUnavailable
+from .engine import EngineOutput, EngineRequest
+
+
+class VLLMLaneEngine:
+    """The full model on vLLM (``AsyncLLM``), one engine per Serve replica."""
+
+    def __init__(self, path: str | Path, config: VLLMLaneConfig) -> None:
+        from vllm import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        args = AsyncEngineArgs(model=str(path), dtype=config.dtype, max_num_seqs=config.max_num_seqs,
+                               max_model_len=config.max_model_len,
+                               kv_cache_memory_bytes=config.kv_cache_memory_bytes,
+                               gpu_memory_utilization=config.gpu_memory_utilization,
+                               enforce_eager=config.enforce_eager, seed=0, **config.engine_args)
+        self.engine = AsyncLLM.from_engine_args(args)
+        self.max_len = self.engine.model_config.max_model_len
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
+        """See ``LaneEngine.generate``; vLLM aborts the request when this generator is closed."""
+        from vllm import SamplingParams, TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        if self.engine.errored:
+            raise LaneUnavailable(f"the vLLM engine has died: {self.engine.dead_error!r}")
+        params = SamplingParams(temperature=request.temperature, top_p=request.top_p, seed=request.seed,
+                                max_tokens=request.max_tokens, stop=request.stop or None,
+                                output_kind=RequestOutputKind.DELTA)
+        prompt = TokensPrompt(prompt_token_ids=request.prompt_ids)
+        async for out in self.engine.generate(prompt, params, request.request_id):
+            c = out.outputs[0]
+            yield EngineOutput(list(c.token_ids), c.text, c.finish_reason if out.finished else None)
+
+    def num_unfinished(self) -> int:
+        return self.engine.get_num_unfinished_requests()
+
+    async def check_health(self) -> None:
+        if self.engine.errored:
+            raise LaneUnavailable(f"the vLLM engine has died: {self.engine.dead_error!r}")
+        await self.engine.check_health()
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()

@@ -1,0 +1,88 @@
+"""The request every front door turns into, and the events a stream yields.
+
+A stream of events for one request, in order (``protocol.md`` will give their wire form):
+
+- ``{"type": "created", "id", "lane", "model"}``: admitted to a lane;
+- ``{"type": "delta", "id", "seq", "text", "tokens"}``: coalesced new text (``seq`` counts from 0);
+- ``{"type": "done", "id", "finish_reason", "usage", "timing", "cost_units", "lane", "model"}``;
+- or, at any point, ``{"type": "error", "id", "code", "message", "status"[, "retry_after"]}``.
+
+Every stream ends with exactly one ``done`` or ``error``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+
+from .errors import InvalidRequest
+
+_Text = Annotated[str, StringConstraints(min_length=1)]
+
+
+class Message(BaseModel):
+    """A chat message; the shipped models have no chat template (see ``GenerateRequest.prompt``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str
+
+
+class GenerateRequest(BaseModel):
+    """One generation, as the router receives it (the fields of a WebSocket ``response.create``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str | None = Field(default=None, min_length=1, max_length=128, description=
+                           "Client-chosen request id; the router makes one up when absent.")
+    model: str = Field(min_length=1, description="A served model id, or 'auto'.")
+    service_tier: str | None = Field(default=None, description="'priority', 'default' or 'auto' "
+                                     "(= 'default'): which lane serves the full model.")
+    input: str | list[Message] = Field(description="The prompt, or chat messages.")
+    max_output_tokens: int | None = Field(default=None, ge=1, description="Default: the rest of the "
+                                          "context window.")
+    temperature: float = Field(default=1.0, ge=0, le=2, allow_inf_nan=False)
+    top_p: float = Field(default=1.0, gt=0, le=1, allow_inf_nan=False)
+    stop: _Text | list[_Text] | None = Field(default=None, description="Up to 4 stop strings; the "
+                                              "text ends before the first one (which is not returned).")
+    seed: int | None = Field(default=None, ge=0, lt=2**63)
+    allow_spill: bool = Field(default=False, description="If the priority lane is full, serve on "
+                              "standard instead of failing with 'overloaded'.")
+    metadata: dict[str, str] | None = Field(default=None, description="Opaque; may carry 'traceparent'.")
+
+    @classmethod
+    def parse(cls, data: Any) -> GenerateRequest:
+        """Validate ``data`` (a dict or a ``GenerateRequest``); ``InvalidRequest`` names the bad field."""
+        if isinstance(data, cls):
+            return data
+        if not isinstance(data, dict):
+            raise InvalidRequest(f"a request must be a JSON object, got {type(data).__name__}")
+        try:
+            req = cls.model_validate(data)
+        except ValidationError as e:
+            raise InvalidRequest("; ".join(_describe(err) for err in e.errors())) from None
+        if isinstance(req.stop, list) and len(req.stop) > 4:
+            raise InvalidRequest(f"stop: at most 4 stop strings, got {len(req.stop)}")
+        return req
+
+    @property
+    def stop_list(self) -> list[str]:
+        return [] if self.stop is None else [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    @property
+    def prompt(self) -> str:
+        """The text the model continues: the input string, or the messages' contents one per line."""
+        if isinstance(self.input, str):
+            text = self.input
+        else:
+            text = "\n".join(m.content for m in self.input)
+        if not text:
+            raise InvalidRequest("input: the prompt is empty")
+        return text
+
+
+def _describe(err: dict) -> str:
+    where = ".".join(str(p) for p in err["loc"]) or "(request)"
+    got = "" if err["type"] == "missing" else f" (got {err.get('input')!r:.80})"
+    return f"{where}: {err['msg']}{got}"
