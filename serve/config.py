@@ -101,6 +101,23 @@ class VLLMLaneConfig(LaneCommon):
     retry_after_s: float = Field(default=1.0, ge=0, description="The retry hint of an overloaded rejection.")
 
 
+class PriorityLaneConfig(VLLMLaneConfig):
+    """The priority lane: a low batch cap (fast per user), rejecting when full, 6x the price."""
+
+    max_num_seqs: int = Field(default=2, ge=1, description="vLLM's batch cap per replica.")
+    admission: Literal["reject", "queue"] = Field(default="reject", description="See VLLMLaneConfig.")
+    price: float = Field(default=6.0, ge=0, description="Cost multiplier (the seeds' 6x).")
+
+
+class StandardLaneConfig(VLLMLaneConfig):
+    """The standard lane: a high batch cap (cheapest per token), queueing when full."""
+
+    max_num_seqs: int = Field(default=32, ge=1, description="vLLM's batch cap per replica.")
+
+
+LANE_CONFIGS = {"fast": FastLaneConfig, "priority": PriorityLaneConfig, "standard": StandardLaneConfig}
+
+
 class RouterConfig(_Strict):
     """How ``model: auto`` decides, and the router's own replicas."""
 
@@ -117,8 +134,8 @@ class HTTPConfig(_Strict):
 
 class LanesConfig(_Strict):
     fast: FastLaneConfig = FastLaneConfig()
-    priority: VLLMLaneConfig = VLLMLaneConfig(max_num_seqs=2, price=6.0, admission="reject")
-    standard: VLLMLaneConfig = VLLMLaneConfig(max_num_seqs=32, price=1.0)
+    priority: PriorityLaneConfig = PriorityLaneConfig()
+    standard: StandardLaneConfig = StandardLaneConfig()
 
 
 class AppConfig(_Strict):

@@ -65,20 +65,25 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for s in samples:
         ids = scorer.tokenizer.encode(s.prefix).ids[-400:]
-        right = {}
-        for name, eng in engines.items():
+        target = scorer.tokenizer.encode(s.target + "\n", add_special_tokens=False).ids
+        row = [scorer.score(s.prefix)]
+        for eng in engines.values():
             out = eng.generate([ids], SamplingParams(max_tokens=40))[0]
-            right[name] = first_line(scorer.tokenizer.decode(out)) == s.target
-        rows.append((scorer.score(s.prefix), right["fast"], right["full"]))
+            row.append(first_line(scorer.tokenizer.decode(out)) == s.target)
+        for eng in engines.values():  # the true next line's loss, nats per token
+            logits = eng.prompt_logits(ids + target)[len(ids) - 1:-1]
+            row.append(F.cross_entropy(logits.float(), torch.tensor(target)).item())
+        rows.append(row)
     rows.sort()
     q = len(rows) // 4
-    print(f"{len(rows)} held-out prompts; score = fast model's mean loss (nats/token) on the prompt")
-    print(f"{'quartile':<10}{'score range':<18}{'fast EM':>9}{'full EM':>9}")
+    print(f"{len(rows)} held-out next-line prompts (seed 1); score = the fast model's mean loss on the prompt")
+    print(f"{'quartile':<10}{'score range':<15}{'fast EM':>9}{'full EM':>9}{'fast loss':>11}{'full loss':>11}")
     for i in range(4):
         part = rows[i * q:(i + 1) * q] if i < 3 else rows[3 * q:]
-        fast = sum(r[1] for r in part) / len(part)
-        full = sum(r[2] for r in part) / len(part)
-        print(f"Q{i + 1:<9}{part[0][0]:.2f} - {part[-1][0]:.2f}{'':<6}{fast:>8.1%}{full:>9.1%}")
+        mean = [sum(r[k] for r in part) / len(part) for k in range(1, 5)]
+        print(f"Q{i + 1:<9}{part[0][0]:.2f}-{part[-1][0]:.2f}{'':<6}{mean[0]:>8.1%}{mean[1]:>9.1%}"
+              f"{mean[2]:>11.3f}{mean[3]:>11.3f}")
+    print("loss: of the true next line (nats/token) given the prompt, under each model")
     return 0
 
 

@@ -15,7 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
 
-from .errors import to_event
+from .errors import InvalidRequest, to_event
 
 api = FastAPI(title="fastmode", docs_url=None, redoc_url=None)
 
@@ -43,13 +43,23 @@ class Gateway:
         try:
             body = await request.json()
         except ValueError as e:
-            event = to_event(ValueError(f"the body is not JSON: {e}"))
-            event.update(code="invalid_request", status=400)
-            return JSONResponse(event, status_code=400)
+            return _error(to_event(InvalidRequest(f"the body is not JSON: {e}")))
         stream = self.router.options(stream=True).generate.remote(body)
+        first = await stream.__anext__()
+        if first["type"] == "error":  # refused before anything streamed: a plain HTTP error
+            return _error(first)
 
         async def lines():
-            async for event in stream:
-                yield json.dumps(event) + "\n"
+            try:
+                yield json.dumps(first) + "\n"
+                async for event in stream:
+                    yield json.dumps(event) + "\n"
+            finally:
+                stream.cancel()  # a client that hung up: free the engine sequence
 
         return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+
+def _error(event: dict[str, Any]) -> JSONResponse:
+    headers = {"Retry-After": str(max(1, round(event["retry_after"])))} if "retry_after" in event else None
+    return JSONResponse(event, status_code=event["status"], headers=headers)

@@ -47,6 +47,8 @@ class GenerateRequest(BaseModel):
     stop: _Text | list[_Text] | None = Field(default=None, description="Up to 4 stop strings; the "
                                               "text ends before the first one (which is not returned).")
     seed: int | None = Field(default=None, ge=0, lt=2**63)
+    ignore_eos: bool = Field(default=False, description="Keep generating past end-of-sequence tokens "
+                             "(vLLM's extension; benchmarks use it for fixed output lengths).")
     allow_spill: bool = Field(default=False, description="If the priority lane is full, serve on "
                               "standard instead of failing with 'overloaded'.")
     metadata: dict[str, str] | None = Field(default=None, description="Opaque; may carry 'traceparent'.")

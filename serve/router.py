@@ -100,7 +100,8 @@ class Router:
             yield to_event(e, rid)
             return
         lane_request = {"prompt": req.prompt, "max_tokens": req.max_output_tokens, "temperature": req.temperature,
-                        "top_p": req.top_p, "seed": req.seed, "stop": req.stop_list, "request_id": rid}
+                        "top_p": req.top_p, "seed": req.seed, "stop": req.stop_list, "ignore_eos": req.ignore_eos,
+                        "request_id": rid}
         stream, first, finished = None, None, False
         try:
             stream = self.handles[lane].options(stream=True).generate.remote(lane_request)

@@ -22,6 +22,7 @@ class EngineRequest:
     top_p: float = 1.0
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
+    ignore_eos: bool = False
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from tokenizers import Tokenizer
 
 from sharding.errors import PromptTooLong
 
-from ..config import FastLaneConfig, VLLMLaneConfig
+from ..config import LANE_CONFIGS, FastLaneConfig, VLLMLaneConfig
 from ..errors import Overloaded
 from ..stream import coalesce
 from .engine import EngineOutput, EngineRequest, LaneEngine
@@ -42,16 +42,15 @@ class Lane:
     def __init__(self, lane: str, model_id: str, model_path: str, config: dict[str, Any]) -> None:
         self.lane, self.model_id = lane, model_id
         self.tokenizer = Tokenizer.from_file(str(Path(model_path) / "tokenizer.json"))
+        self.config: FastLaneConfig | VLLMLaneConfig = LANE_CONFIGS[lane].model_validate(config)
         if lane == FAST:
             from .sharded_engine import ShardedLaneEngine
 
-            self.config: FastLaneConfig | VLLMLaneConfig = FastLaneConfig.model_validate(config)
             self.engine: LaneEngine = ShardedLaneEngine(model_path, self.config, self.tokenizer)
             self.cap = None
         else:
             from .vllm_engine import VLLMLaneEngine
 
-            self.config = VLLMLaneConfig.model_validate(config)
             self.engine = VLLMLaneEngine(model_path, self.config)
             self.cap = self.config.max_num_seqs if self.config.admission == "reject" else None
         self.in_flight = 0
@@ -60,7 +59,7 @@ class Lane:
         """Stream one request: ``delta`` events, then ``done`` (see ``serve.request``).
 
         ``request``: ``prompt`` (text), ``max_tokens`` (``None``: the rest of the context),
-        ``temperature``, ``top_p``, ``seed``, ``stop``; optional ``request_id``.
+        ``temperature``, ``top_p``, ``seed``, ``stop``, ``ignore_eos``; optional ``request_id``.
         """
         arrived = time.perf_counter()
         if self.cap is not None and self.in_flight >= self.cap:
@@ -75,7 +74,8 @@ class Lane:
         engine_request = EngineRequest(
             request_id=request.get("request_id") or f"{self.lane}-{uuid.uuid4().hex}", prompt_ids=ids,
             max_tokens=max_tokens, temperature=request.get("temperature", 1.0),
-            top_p=request.get("top_p", 1.0), seed=request.get("seed"), stop=list(request.get("stop") or []))
+            top_p=request.get("top_p", 1.0), seed=request.get("seed"), stop=list(request.get("stop") or []),
+            ignore_eos=bool(request.get("ignore_eos")))
         self.in_flight += 1
         try:
             n_out, seq, first, last, reason = 0, 0, None, None, None

@@ -115,7 +115,7 @@ class ShardedLaneEngine:
         self._loop = asyncio.get_running_loop()
         rid = request.request_id
         params = SamplingParams(temperature=request.temperature, top_p=request.top_p, seed=request.seed,
-                                max_tokens=request.max_tokens)
+                                max_tokens=request.max_tokens, ignore_eos=request.ignore_eos)
         self.engine.scheduler.validate(rid, request.prompt_ids, params)  # typed errors before queueing
         sink: asyncio.Queue = asyncio.Queue()
         self._sinks[rid] = sink

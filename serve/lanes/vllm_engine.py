@@ -39,6 +39,7 @@ class VLLMLaneEngine:
             raise LaneUnavailable(f"the vLLM engine has died: {self.engine.dead_error!r}")
         params = SamplingParams(temperature=request.temperature, top_p=request.top_p, seed=request.seed,
                                 max_tokens=request.max_tokens, stop=request.stop or None,
+                                ignore_eos=request.ignore_eos,
                                 output_kind=RequestOutputKind.DELTA)
         prompt = TokensPrompt(prompt_token_ids=request.prompt_ids)
         async for out in self.engine.generate(prompt, params, request.request_id):

@@ -1,0 +1,126 @@
+"""``fastmode up``: run the whole application (all lanes, router, HTTP) until Ctrl-C.
+
+Without ``--address`` it starts a local Ray instance whose chips are this machine's cores and
+stops it again on exit; with ``--address`` it joins a running cluster and, on exit, deletes only
+the application it deployed. ``--print-serve-config`` writes the equivalent ``serve deploy`` file
+for a cluster that already runs Ray.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+
+import yaml
+
+from .config import AppConfig, dump_config, load_config
+from .errors import ConfigError
+
+
+def serve_config(config: AppConfig) -> dict:
+    """The ``serve deploy`` / ``serve run`` config that deploys the same application."""
+    return {
+        "proxy_location": "HeadOnly",
+        "http_options": {"host": config.http.host, "port": config.http.port},
+        "logging_config": {"log_level": "INFO", "enable_access_log": False},
+        "applications": [{
+            "name": config.name, "route_prefix": "/", "import_path": "serve.app:build_app",
+            "args": {"config": config.model_dump(mode="json")},
+        }],
+    }
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="fastmode up", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", metavar="FILE", help="deployment YAML (default: the built-in defaults, "
+                    "which serve the shipped models; see serve/fastmode.yaml)")
+    ap.add_argument("--address", help="join this Ray cluster instead of starting one (or set RAY_ADDRESS)")
+    ap.add_argument("--host", help="HTTP bind address (overrides http.host)")
+    ap.add_argument("--port", type=int, help="HTTP port (overrides http.port)")
+    ap.add_argument("--chips", type=int, default=os.cpu_count() or 1,
+                    help="`chip` resources of a locally started Ray (default: CPU cores, %(default)s here)")
+    ap.add_argument("--print-config", action="store_true", help="print the effective config and exit")
+    ap.add_argument("--print-serve-config", action="store_true",
+                    help="print the equivalent `serve deploy` config and exit")
+    ap.add_argument("--verbose", action="store_true", help="keep vLLM's and Serve's info logs")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        config = load_config(args.config)
+        http = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
+        if http:
+            config = load_config(config.model_dump(mode="json") | {"http": config.http.model_dump() | http})
+    except ConfigError as e:
+        print(f"fastmode up: {e}", file=sys.stderr)
+        return 2
+    if args.print_config:
+        print(dump_config(config), end="")
+        return 0
+    if args.print_serve_config:
+        print(yaml.safe_dump(serve_config(config), sort_keys=False), end="")
+        return 0
+    return run(config, address=args.address or os.environ.get("RAY_ADDRESS"), chips=args.chips,
+               verbose=args.verbose)
+
+
+def run(config: AppConfig, *, address: str | None, chips: int, verbose: bool = False) -> int:
+    """Deploy ``config`` and block until SIGINT/SIGTERM; then tear down what was started."""
+    import ray
+    from ray import serve
+
+    from .app import build
+
+    if not verbose:
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    started = time.perf_counter()
+    print(f"fastmode up: starting Ray ({'joining ' + address if address else f'local, {chips} chips'})",
+          flush=True)
+    if address:
+        ray.init(address=address, include_dashboard=False, log_to_driver=verbose)
+    else:
+        ray.init(resources={"chip": chips}, include_dashboard=False, log_to_driver=verbose)
+    # After ray.init, which installs its own SIGTERM handler. SIGINT is set too because a shell
+    # starts background jobs with SIGINT ignored, and Python then leaves it ignored.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _interrupt)
+    try:
+        serve.start(http_options={"host": config.http.host, "port": config.http.port},
+                    logging_config={"log_level": "INFO" if verbose else "WARNING", "enable_access_log": verbose})
+        print("fastmode up: deploying (engines load: about a minute on a CPU)", flush=True)
+        serve.run(build(config), name=config.name, route_prefix="/")
+        base = f"http://{config.http.host}:{config.http.port}"
+        m = config.models
+        print(f"fastmode up: ready in {time.perf_counter() - started:.0f} s\n"
+              f"  HTTP     {base}   GET /health   GET /v1/models   POST /v1/generate (NDJSON stream)\n"
+              f"  models   {m.full.id} (lanes: standard; service_tier=priority: priority)\n"
+              f"           {m.fast.id} (lane: fast, tp={config.lanes.fast.tp} x pp={config.lanes.fast.pp})\n"
+              f"           auto (router: fast if the prompt's difficulty <= {config.router.auto_threshold})\n"
+              f"  Ctrl-C to stop", flush=True)
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            print("fastmode up: stopping", flush=True)
+            return 0
+    except KeyboardInterrupt:
+        print("fastmode up: interrupted while starting; stopping", flush=True)
+        return 130
+    finally:
+        try:
+            if address:
+                serve.delete(config.name)
+            else:
+                serve.shutdown()
+        finally:
+            ray.shutdown()
+        print("fastmode up: stopped", flush=True)
+
+
+def _interrupt(*_) -> None:
+    raise KeyboardInterrupt
