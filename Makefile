@@ -28,7 +28,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 up: $(STAMP)
-	$(BIN)/fastmode demo
+	$(BIN)/fastmode up
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

@@ -121,7 +121,7 @@ LANE_CONFIGS = {"fast": FastLaneConfig, "priority": PriorityLaneConfig, "standar
 class RouterConfig(_Strict):
     """How ``model: auto`` decides, and the router's own replicas."""
 
-    auto_threshold: float = Field(default=2.0, gt=0, description="Prompts whose mean per-token loss "
+    auto_threshold: float = Field(default=2.7, gt=0, description="Prompts whose mean per-token loss "
         "under the fast model (nats) is at most this go to the fast lane; harder ones to the full model. "
         "See docs/serving.md for how the default was measured.")
     auto_max_tokens: int = Field(default=128, ge=1, description="Score only the prompt's last N tokens.")

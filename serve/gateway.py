@@ -20,6 +20,11 @@ from .errors import InvalidRequest, to_event
 api = FastAPI(title="fastmode", docs_url=None, redoc_url=None)
 
 
+def _error(event: dict[str, Any]) -> JSONResponse:
+    headers = {"Retry-After": str(max(1, round(event["retry_after"])))} if "retry_after" in event else None
+    return JSONResponse(event, status_code=event["status"], headers=headers)
+
+
 @serve.ingress(api)
 class Gateway:
     """HTTP front door over the router's handle."""
@@ -45,7 +50,10 @@ class Gateway:
         except ValueError as e:
             return _error(to_event(InvalidRequest(f"the body is not JSON: {e}")))
         stream = self.router.options(stream=True).generate.remote(body)
-        first = await stream.__anext__()
+        try:
+            first = await stream.__anext__()
+        except Exception as e:  # noqa: BLE001 - the router failed outright: still a typed answer
+            return _error(to_event(e))
         if first["type"] == "error":  # refused before anything streamed: a plain HTTP error
             return _error(first)
 
@@ -54,12 +62,10 @@ class Gateway:
                 yield json.dumps(first) + "\n"
                 async for event in stream:
                     yield json.dumps(event) + "\n"
+            except Exception as e:  # noqa: BLE001 - mid-stream failure: the stream's last line says so
+                yield json.dumps(to_event(e, first.get("id"))) + "\n"
             finally:
                 stream.cancel()  # a client that hung up: free the engine sequence
 
         return StreamingResponse(lines(), media_type="application/x-ndjson")
 
-
-def _error(event: dict[str, Any]) -> JSONResponse:
-    headers = {"Retry-After": str(max(1, round(event["retry_after"])))} if "retry_after" in event else None
-    return JSONResponse(event, status_code=event["status"], headers=headers)

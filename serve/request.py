@@ -2,9 +2,10 @@
 
 A stream of events for one request, in order (``protocol.md`` will give their wire form):
 
-- ``{"type": "created", "id", "lane", "model"}``: admitted to a lane;
+- ``{"type": "created", "id", "lane", "model", "input_tokens", "route"}``: admitted to a lane
+  (``route``: ``{"by": "model"|"auto", "difficulty"?, "threshold"?, "spilled_from"?}``);
 - ``{"type": "delta", "id", "seq", "text", "tokens"}``: coalesced new text (``seq`` counts from 0);
-- ``{"type": "done", "id", "finish_reason", "usage", "timing", "cost_units", "lane", "model"}``;
+- ``{"type": "done", "id", "finish_reason", "usage", "timing", "cost_units", "lane", "model", "route"}``;
 - or, at any point, ``{"type": "error", "id", "code", "message", "status"[, "retry_after"]}``.
 
 Every stream ends with exactly one ``done`` or ``error``.

@@ -94,19 +94,22 @@ class Router:
         try:
             req = GenerateRequest.parse(request)
             rid = req.id or f"resp_{uuid.uuid4().hex}"
+            lane_request = {"prompt": req.prompt, "max_tokens": req.max_output_tokens,
+                            "temperature": req.temperature, "top_p": req.top_p, "seed": req.seed,
+                            "stop": req.stop_list, "ignore_eos": req.ignore_eos, "request_id": rid}
             lane, route = await self.pick(req)
             lane = self.admit(lane, req, route)
         except Exception as e:  # noqa: BLE001 - every failure becomes the stream's one error event
             yield to_event(e, rid)
             return
-        lane_request = {"prompt": req.prompt, "max_tokens": req.max_output_tokens, "temperature": req.temperature,
-                        "top_p": req.top_p, "seed": req.seed, "stop": req.stop_list, "ignore_eos": req.ignore_eos,
-                        "request_id": rid}
         stream, first, finished = None, None, False
         try:
             stream = self.handles[lane].options(stream=True).generate.remote(lane_request)
-            yield {"type": "created", "id": rid, "lane": lane, "model": self.ids[lane], "route": route}
             async for event in stream:
+                if event["type"] == "accepted":  # the lane took it: only now announce the response
+                    yield {"type": "created", "id": rid, "lane": lane, "model": self.ids[lane],
+                           "input_tokens": event["input_tokens"], "route": route}
+                    continue
                 event["id"] = rid
                 if event["type"] == "delta" and first is None:
                     first = time.perf_counter()
@@ -114,6 +117,7 @@ class Router:
                     event["timing"]["engine_ttft_s"] = event["timing"]["ttft_s"]
                     event["timing"]["ttft_s"] = None if first is None else first - arrived
                     event["timing"]["total_s"] = time.perf_counter() - arrived
+                    event["route"] = route
                     finished = True
                 yield event
         except Exception as e:  # noqa: BLE001

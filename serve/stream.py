@@ -46,15 +46,13 @@ async def coalesce(source: AsyncIterator[T], interval_s: float) -> AsyncIterator
             while not q.empty():
                 items.append(q.get_nowait())
             last = time.monotonic()
-            done = False
-            if items[-1] is _END:
-                items.pop()
-                done = True
-            if items and isinstance(items[-1], _Raised):
-                raise items[-1].exc
-            if items:
-                yield items
-            if done:
+            # The pump ends with _END, after at most one _Raised: pass on what came before them first.
+            end = next((i for i, x in enumerate(items) if x is _END or isinstance(x, _Raised)), len(items))
+            if end:
+                yield items[:end]
+            if end < len(items):
+                if isinstance(items[end], _Raised):
+                    raise items[end].exc
                 return
     finally:
         if not task.done():

@@ -54,9 +54,13 @@ class Lane:
             self.engine = VLLMLaneEngine(model_path, self.config)
             self.cap = self.config.max_num_seqs if self.config.admission == "reject" else None
         self.in_flight = 0
+        self.cancelled = 0
 
     async def generate(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        """Stream one request: ``delta`` events, then ``done`` (see ``serve.request``).
+        """Stream one request: ``accepted`` (``input_tokens``), ``delta`` events, then ``done``.
+
+        ``accepted`` comes before any engine work, so a caller learns of a refusal (a typed
+        exception) or an admission at once.
 
         ``request``: ``prompt`` (text), ``max_tokens`` (``None``: the rest of the context),
         ``temperature``, ``top_p``, ``seed``, ``stop``, ``ignore_eos``; optional ``request_id``.
@@ -77,7 +81,9 @@ class Lane:
             top_p=request.get("top_p", 1.0), seed=request.get("seed"), stop=list(request.get("stop") or []),
             ignore_eos=bool(request.get("ignore_eos")))
         self.in_flight += 1
+        done = False
         try:
+            yield {"type": "accepted", "input_tokens": n_prompt}
             n_out, seq, first, last, reason = 0, 0, None, None, None
             async for outs in coalesce(self.engine.generate(engine_request), self.config.stream_interval_ms / 1e3):
                 now = time.perf_counter()
@@ -90,9 +96,11 @@ class Lane:
                 if text:
                     yield {"type": "delta", "seq": seq, "text": text, "tokens": tokens}
                     seq += 1
+            done = True
             yield self._done(n_prompt, n_out, reason, arrived, first, last)
         finally:
             self.in_flight -= 1
+            self.cancelled += not done
 
     def _done(self, n_prompt: int, n_out: int, reason: str | None, arrived: float,
               first: float | None, last: float | None) -> dict[str, Any]:
@@ -108,9 +116,10 @@ class Lane:
         }
 
     def stats(self) -> dict[str, Any]:
-        """This replica's load: requests in the engine (``running``) and streams open here."""
+        """This replica's load: requests in the engine (``running``), streams open here, and streams
+        closed before their end (``cancelled``, since start)."""
         return {"lane": self.lane, "model": self.model_id, "running": self.engine.num_unfinished(),
-                "in_flight": self.in_flight, "cap": self.cap}
+                "in_flight": self.in_flight, "cap": self.cap, "cancelled": self.cancelled}
 
     async def check_health(self) -> None:
         """Serve's health check: raises once the engine has died (so the replica is replaced)."""

@@ -1,0 +1,119 @@
+"""One running application (``fastmode up`` in a subprocess, the embedded default config) shared by
+every test in ``tests/serve``; tests talk to it over HTTP, as users do."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+START_TIMEOUT_S = 400
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class App:
+    """A ``fastmode up`` process and an HTTP client for it."""
+
+    def __init__(self, *args: str) -> None:
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+        self.proc = subprocess.Popen([sys.executable, "-m", "clients.cli", "up", "--port", str(self.port), *args],
+                                     cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.output: list[str] = []
+        self.ready = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+        self.client = httpx.Client(base_url=self.base, timeout=120)
+        self.health_before_ready: list[tuple[int | None, dict | None]] = []  # (status, body) while loading
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not self.ready.is_set():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop(signal.SIGTERM)
+                raise RuntimeError("fastmode up did not become ready:\n" + "".join(self.output[-60:]))
+            try:
+                r = self.client.get("/health", timeout=15)
+                polled = (r.status_code, r.json() if r.headers.get("content-type") == "application/json" else None)
+            except httpx.HTTPError:
+                polled = (None, None)  # nothing listening yet
+            if not self.ready.is_set():
+                self.health_before_ready.append(polled)
+            time.sleep(1)
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.output.append(line)
+            if line.startswith("fastmode up: ready"):
+                self.ready.set()
+
+    @property
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def health(self) -> tuple[int, dict]:
+        r = self.client.get("/health")
+        return r.status_code, r.json()
+
+    def lane_stats(self, lane: str) -> dict:
+        return self.health()[1]["lanes"][lane]
+
+    def generate(self, **body) -> tuple[int, list[dict]]:
+        """POST /v1/generate; the HTTP status and every event (one JSON object if refused)."""
+        with self.stream(**body) as (status, events):
+            return status, list(events)
+
+    @contextmanager
+    def stream(self, **body):
+        """``(status, iterator of events)`` of a streaming request; leaving closes the connection."""
+        with self.client.stream("POST", "/v1/generate", json=body) as r:
+            if r.status_code != 200:
+                r.read()
+                yield r.status_code, iter([r.json()])
+            else:
+                yield 200, (json.loads(line) for line in r.iter_lines() if line)
+
+    def stop(self, sig: int = signal.SIGINT, timeout_s: float = 120) -> int:
+        """Signal the process, wait for it to exit, return its exit code."""
+        if self.running:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.client.close()
+        return self.proc.returncode
+
+
+@pytest.fixture(scope="package")
+def app():
+    """The running application (restarted if a test stopped it)."""
+    holder: dict[str, App] = {}
+
+    def get() -> App:
+        if "app" not in holder or not holder["app"].running:
+            holder["app"] = App()
+        return holder["app"]
+
+    yield get
+    if "app" in holder:
+        holder["app"].stop()
+
+
+def text_of(events: list[dict]) -> str:
+    return "".join(e["text"] for e in events if e["type"] == "delta")

@@ -1,0 +1,98 @@
+"""The deployment config: defaults, validation errors that name the field, the serve-deploy form."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from ray.serve.schema import ServeDeploySchema
+
+from models import FAST, FULL
+from serve.config import AppConfig, load_config
+from serve.errors import ConfigError
+from serve.up import main as up_main
+from serve.up import serve_config
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_commented_yaml_is_the_builtin_default():
+    assert load_config(REPO / "serve" / "fastmode.yaml") == load_config(None)
+
+
+def test_defaults_serve_the_shipped_models_with_the_seeds_prices():
+    c = load_config(None)
+    assert (c.models.full.path, c.models.fast.path) == (str(FULL), str(FAST))
+    assert "full" in c.models.full.id and "fast" in c.models.fast.id
+    assert (c.lanes.fast.pp, c.lanes.priority.max_num_seqs, c.lanes.standard.max_num_seqs) == (2, 2, 32)
+    assert (c.lanes.standard.price, c.lanes.priority.price, c.lanes.fast.price) == (1.0, 6.0, 1.0)
+    assert (c.lanes.priority.admission, c.lanes.standard.admission) == ("reject", "queue")
+    assert c.http.host == "127.0.0.1"
+
+
+def test_a_partial_lane_section_keeps_that_lanes_defaults():
+    c = load_config({"lanes": {"priority": {"replicas": 3}}})
+    assert (c.lanes.priority.replicas, c.lanes.priority.max_num_seqs, c.lanes.priority.price) == (3, 2, 6.0)
+
+
+def test_relative_model_paths_resolve_against_the_file(tmp_path):
+    (tmp_path / "m").symlink_to(FAST)
+    f = tmp_path / "app.yaml"
+    f.write_text("models:\n  fast: {id: tiny-fast, path: m}\n")
+    assert load_config(f).models.fast.path == str(FAST.resolve())
+
+
+@pytest.mark.parametrize("data,says", [
+    ({"lanes": {"priority": {"max_num_seqs": 0}}}, "lanes.priority.max_num_seqs"),
+    ({"lanes": {"fast": {"pp": 2, "compile": True}}}, "compile is only available"),
+    ({"lanes": {"fast": {"transport": "carrier pigeon"}}}, "lanes.fast.transport"),
+    ({"lanes": {"turbo": {}}}, "lanes.turbo"),
+    ({"router": {"auto_threshold": -1}}, "router.auto_threshold"),
+    ({"http": {"port": 70000}}, "http.port"),
+    ({"models": {"fast": {"id": "fastmode-full", "path": str(FAST)}}}, "different ids"),
+    ({"models": {"fast": {"id": "auto", "path": str(FAST)}}}, "'auto'"),
+    ({"models": {"fast": {"id": "x", "path": "/nonexistent"}}}, "models.fast.path"),
+])
+def test_bad_configs_name_the_field(data, says):
+    with pytest.raises(ConfigError) as e:
+        load_config(data)
+    assert says in str(e.value)
+    assert e.value.code == "invalid_config"
+
+
+def test_unreadable_or_malformed_files(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("lanes: [1, 2\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+    bad.write_text("- 1\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(bad)
+
+
+def test_fastmode_up_refuses_a_bad_config_before_starting_anything(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("lanes: {priority: {max_num_seqs: -1}}\n")
+    assert up_main(["--config", str(bad)]) == 2
+    assert "lanes.priority.max_num_seqs" in capsys.readouterr().err
+
+
+def test_the_serve_deploy_config_validates_against_rays_schema_and_builds():
+    doc = yaml.safe_load(yaml.safe_dump(serve_config(load_config({"http": {"port": 8100}}))))
+    schema = ServeDeploySchema.model_validate(doc)
+    app = schema.applications[0]
+    assert app.import_path == "serve.app:build_app" and doc["http_options"]["port"] == 8100
+    from serve.app import build_app
+
+    built = build_app(app.args)  # what `serve deploy` does with the import path and args
+    assert type(built).__name__ == "Application"
+    assert load_config(app.args["config"]) == load_config({"http": {"port": 8100}})
+
+
+def test_print_config_round_trips(capsys):
+    assert up_main(["--print-config", "--port", "9001"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert AppConfig.model_validate(printed) == load_config({"http": {"port": 9001}})

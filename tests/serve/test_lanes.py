@@ -1,0 +1,117 @@
+"""Each lane streams what its engine produces when called directly (vLLM for the full model,
+fastmode's executor for the fast one) and what transformers produces; usage, timing and cost are
+reported; stop strings end the text as vLLM's do; a closed stream frees its engine sequence."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from transformers import AutoTokenizer, LlamaForCausalLM
+
+from models import FAST, FULL
+from sharding.engine import Engine
+from sharding.sampling import SamplingParams
+from tests.conftest import shipped
+from tests.models.test_vllm_loads import MAX_TOKENS, PROMPTS, vllm_greedy
+from tests.serve.conftest import text_of
+
+MODEL = {"fast": ("fastmode-fast", None), "priority": ("fastmode-full", "priority"),
+         "standard": ("fastmode-full", "default")}
+PRICE = {"fast": 1.0, "priority": 6.0, "standard": 1.0}
+LANES = list(MODEL)
+
+
+def request(lane: str, prompt: str, **kw) -> dict:
+    model, tier = MODEL[lane]
+    return {"model": model, "service_tier": tier, "input": prompt, "temperature": 0,
+            "max_output_tokens": MAX_TOKENS, "ignore_eos": True, **kw}
+
+
+@pytest.fixture(scope="module")
+def references() -> dict:
+    """Greedy tokens per (model, prompt): from each engine called directly, and from transformers."""
+    refs = {}
+    for name, path in (("full", shipped(FULL)), ("fast", shipped(FAST))):
+        tok = AutoTokenizer.from_pretrained(path)
+        hf = LlamaForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        prompts = [tok(p, return_tensors="pt").input_ids for p in PROMPTS]
+        refs[name, "transformers"] = [
+            hf.generate(ids, max_new_tokens=MAX_TOKENS, min_new_tokens=MAX_TOKENS, do_sample=False,
+                        pad_token_id=tok.pad_token_id)[0, ids.shape[1]:].tolist() for ids in prompts]
+        if name == "fast":
+            engine = Engine.from_pretrained(path)
+            refs[name, "engine"] = engine.generate([ids[0].tolist() for ids in prompts],
+                                                   SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
+        else:
+            refs[name, "engine"] = [o["token_ids"] for o in vllm_greedy(path)]
+        refs[name, "tokenizer"] = tok
+    return refs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lane", LANES)
+def test_lane_streams_its_engines_greedy_text(app, references, lane):
+    model = "fast" if lane == "fast" else "full"
+    tok = references[model, "tokenizer"]
+    for i, prompt in enumerate(PROMPTS):
+        status, events = app().generate(**request(lane, prompt))
+        assert status == 200, events
+        assert [e["type"] for e in events[:1] + events[-1:]] == ["created", "done"], events
+        assert events[0]["lane"] == lane and events[-1]["lane"] == lane
+        engine_ids, hf_ids = references[model, "engine"][i], references[model, "transformers"][i]
+        assert engine_ids == hf_ids, f"the references disagree on {prompt!r}"
+        assert text_of(events) == tok.decode(engine_ids, skip_special_tokens=True), prompt
+        done = events[-1]
+        assert done["usage"] == {"input_tokens": len(tok(prompt).input_ids), "output_tokens": MAX_TOKENS,
+                                 "total_tokens": len(tok(prompt).input_ids) + MAX_TOKENS}
+        assert done["finish_reason"] == "length"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lane", LANES)
+def test_stop_string_ends_the_text_as_vllm_does(app, references, lane):
+    model = "fast" if lane == "fast" else "full"
+    tok = references[model, "tokenizer"]
+    prompt = PROMPTS[1]
+    full_text = tok.decode(references[model, "engine"][1], skip_special_tokens=True)
+    stop = next(s for s in ("\n", ":", " ") if s in full_text.strip())
+    status, events = app().generate(**request(lane, prompt, stop=[stop, "@@never@@"]))
+    assert status == 200, events
+    assert text_of(events) == full_text[:full_text.index(stop)]
+    assert events[-1]["finish_reason"] == "stop"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lane", LANES)
+def test_done_reports_usage_timing_and_cost(app, lane):
+    status, events = app().generate(**request(lane, "def add(a, b):\n", max_output_tokens=16))
+    assert status == 200, events
+    created, deltas, done = events[0], events[1:-1], events[-1]
+    assert created["model"] == done["model"] == MODEL[lane][0]
+    assert [d["seq"] for d in deltas] == list(range(len(deltas)))
+    assert all(d["id"] == created["id"] == done["id"] for d in deltas)
+    usage, timing = done["usage"], done["timing"]
+    assert usage["output_tokens"] == 16 == sum(d["tokens"] for d in deltas)
+    assert done["cost_units"] == pytest.approx(PRICE[lane] * usage["total_tokens"] / 1000)
+    assert 0 < timing["engine_ttft_s"] <= timing["ttft_s"] < timing["total_s"]
+    assert timing["decode_tokens_per_s"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lane", LANES)
+def test_closing_a_stream_frees_its_engine_sequence(app, lane):
+    a = app()
+    before = a.lane_stats(lane)["cancelled"]
+    with a.stream(**request(lane, "class Parser:\n", max_output_tokens=400)) as (status, events):
+        assert status == 200
+        assert next(events)["type"] == "created"
+        assert next(events)["type"] == "delta"
+        running = a.lane_stats(lane)
+        assert running["running"] == 1 and running["in_flight"] == 1, running
+    deadline = time.monotonic() + 30
+    while (stats := a.lane_stats(lane))["running"] or stats["in_flight"]:
+        assert time.monotonic() < deadline, f"the {lane} lane still holds the sequence: {stats}"
+        time.sleep(0.2)
+    assert stats["cancelled"] == before + 1

@@ -1,0 +1,45 @@
+"""Request validation: each bad field gets ``invalid_request`` naming it."""
+
+from __future__ import annotations
+
+import pytest
+
+from serve.errors import InvalidRequest
+from serve.request import GenerateRequest
+
+
+def test_defaults_and_prompt_forms():
+    r = GenerateRequest.parse({"model": "m", "input": "abc"})
+    assert (r.temperature, r.top_p, r.max_output_tokens, r.stop_list, r.allow_spill) == (1.0, 1.0, None, [], False)
+    chat = GenerateRequest.parse({"model": "m", "input": [{"role": "system", "content": "a"},
+                                                          {"role": "user", "content": "b"}], "stop": "x"})
+    assert chat.prompt == "a\nb" and chat.stop_list == ["x"]
+
+
+@pytest.mark.parametrize("body,field", [
+    ("not a dict", "JSON object"),
+    ({"input": "x"}, "model"),
+    ({"model": "m"}, "input"),
+    ({"model": "m", "input": 3}, "input"),
+    ({"model": "m", "input": [{"role": "robot", "content": "x"}]}, "role"),
+    ({"model": "m", "input": "x", "max_output_tokens": 0}, "max_output_tokens"),
+    ({"model": "m", "input": "x", "max_output_tokens": 2.5}, "max_output_tokens"),
+    ({"model": "m", "input": "x", "temperature": 2.5}, "temperature"),
+    ({"model": "m", "input": "x", "temperature": float("nan")}, "temperature"),
+    ({"model": "m", "input": "x", "top_p": 0}, "top_p"),
+    ({"model": "m", "input": "x", "seed": -1}, "seed"),
+    ({"model": "m", "input": "x", "stop": ["a", "b", "c", "d", "e"]}, "at most 4"),
+    ({"model": "m", "input": "x", "stop": [""]}, "stop"),
+    ({"model": "m", "input": "x", "metadata": {"k": 1}}, "metadata"),
+    ({"model": "m", "input": "x", "unknown": 1}, "unknown"),
+    ({"model": "m", "input": "x", "id": ""}, "id"),
+])
+def test_bad_fields_are_named(body, field):
+    with pytest.raises(InvalidRequest) as e:
+        GenerateRequest.parse(body)
+    assert field in str(e.value) and e.value.code == "invalid_request" and e.value.status == 400
+
+
+def test_empty_prompt():
+    with pytest.raises(InvalidRequest, match="empty"):
+        _ = GenerateRequest.parse({"model": "m", "input": ""}).prompt

@@ -1,0 +1,61 @@
+"""``TextStream`` against ``tokenizers``' own full decode, token by token, with stop strings."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from tokenizers import Tokenizer
+
+from models import FAST
+from serve.lanes.text import TextStream
+from tests.conftest import shipped
+
+TEXTS = ["def f(x):\n    return x  # ok\n", "naïve café — 東京 😀 done\n", "\t\r\nzero\u200bwidth\u00a0nbsp"]
+
+
+@pytest.fixture(scope="module")
+def tok() -> Tokenizer:
+    return Tokenizer.from_file(str(shipped(FAST) / "tokenizer.json"))
+
+
+def stream(tok: Tokenizer, ids: list[int], stop=None, chunk: int = 1) -> tuple[str, bool]:
+    ts = TextStream(tok, stop)
+    out = "".join(ts.push(ids[i:i + chunk]) for i in range(0, len(ids), chunk))
+    return out + ts.flush(), ts.stopped
+
+
+@pytest.mark.parametrize("text", TEXTS)
+@pytest.mark.parametrize("chunk", [1, 3])
+def test_incremental_text_equals_the_full_decode(tok, text, chunk):
+    ids = tok.encode(text).ids  # with <|bos|>, which is skipped like every special token
+    assert stream(tok, ids, chunk=chunk) == (tok.decode(ids, skip_special_tokens=True), False)
+
+
+def test_random_token_sequences(tok):
+    # Byte-level tokens need not form UTF-8. Like vLLM's detokenizer (also a DecodeStream), an
+    # incomplete character still pending when the sequence ends is not sent; everything else is.
+    rng = random.Random(0)
+    for _ in range(200):
+        ids = [rng.randrange(tok.get_vocab_size()) for _ in range(rng.randrange(1, 40))]
+        full = tok.decode(ids, skip_special_tokens=True)
+        got = stream(tok, ids)[0]
+        assert got == full or (full.endswith("\ufffd") and full.startswith(got) and
+                               set(full[len(got):]) == {"\ufffd"}), (got, full)
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_stop_strings_cut_before_the_first_one(tok, text):
+    ids = tok.encode(text, add_special_tokens=False).ids
+    full = tok.decode(ids)
+    for stop in (["\n"], ["(x", "return"], ["😀"], [full[-3:]], ["absent"]):
+        cut = min((full.index(s) for s in stop if s in full), default=None)
+        got, stopped = stream(tok, ids, stop)
+        assert got == (full if cut is None else full[:cut]) and stopped == (cut is not None), stop
+
+
+def test_held_back_text_is_never_retracted(tok):
+    ids = tok.encode("abc abd abe", add_special_tokens=False).ids
+    ts = TextStream(tok, ["abf"])
+    pieces = [ts.push([i]) for i in ids]
+    assert "".join(pieces) + ts.flush() == "abc abd abe"

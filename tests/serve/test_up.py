@@ -1,0 +1,39 @@
+"""``fastmode up``: health only once every engine has loaded, and a clean exit on Ctrl-C.
+
+Runs last in ``tests/serve`` (it stops the shared application)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+
+import pytest
+
+
+@pytest.mark.slow
+def test_health_is_ready_only_once_every_engine_has_loaded(app):
+    a = app()
+    loading = [(s, b) for s, b in a.health_before_ready if b is not None]
+    # The gateway answers within a second or two; vLLM takes tens of seconds to load.
+    assert any(s == 503 for s, _ in loading), a.health_before_ready
+    for status, body in loading:
+        lanes = body["lanes"]
+        assert (status == 200) == all(lane["ready"] for lane in lanes.values()), body
+        for lane in lanes.values():  # a lane is ready only with an engine to report on
+            assert lane["ready"] == ("running" in lane), lane
+    status, body = a.health()
+    assert status == 200 and body["status"] == "ok"
+    for lane in ("fast", "priority", "standard"):
+        assert body["lanes"][lane]["ready"] and body["lanes"][lane]["running"] == 0
+    models = a.client.get("/v1/models").json()
+    assert [m["id"] for m in models["data"]] == ["fastmode-full", "fastmode-fast", "auto"]
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_everything_it_started(app):
+    a = app()
+    assert a.stop(signal.SIGINT) == 0, "".join(a.output[-40:])
+    out = "".join(a.output)
+    assert "fastmode up: stopping" in out and "fastmode up: stopped" in out
+    left = subprocess.run(["pgrep", "-f", "ServeReplica:fastmode|VLLM::EngineCore"], capture_output=True, text=True)
+    assert left.stdout == "", f"processes left behind: {left.stdout}"
