@@ -49,7 +49,7 @@ class ModelsConfig(_Strict):
 class LaneCommon(_Strict):
     price: float = Field(default=1.0, ge=0, description="Cost multiplier: a response costs "
                          "price x (input + output tokens) / 1000 cost units.")
-    stream_interval_ms: float = Field(default=10.0, ge=0, le=1000, description="Tokens produced within this "
+    stream_interval_ms: float = Field(default=50.0, ge=0, le=1000, description="Tokens produced within this "
                                       "window after the previous chunk travel as one chunk (Ray Serve "
                                       "spends about 0.5 ms per streamed item). The first token is never held.")
     replicas: int = Field(default=1, ge=1, description="Serve replicas of this lane (each its own engine).")

@@ -1,0 +1,124 @@
+"""Single-stream speed of each lane through a running application's HTTP port, and of the same
+engines called directly in this process (``--direct``), to show what serving adds. A quick look:
+the load sweep with quality is ``bench``'s lanes benchmark (issue 8).
+
+Usage: python -m bench.lanes_quick [--url http://127.0.0.1:8000] [--tokens 256] [--runs 3]
+                                   [--direct] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import httpx
+
+LANES = {"fast": ("fastmode-fast", None), "priority": ("fastmode-full", "priority"),
+         "standard": ("fastmode-full", "default")}
+
+
+def one(client: httpx.Client, model: str, tier: str | None, tokens: int) -> dict:
+    body = {"model": model, "service_tier": tier, "input": "class Parser:\n", "max_output_tokens": tokens,
+            "ignore_eos": True, "temperature": 0}
+    start = time.perf_counter()
+    deltas, first = 0, None
+    with client.stream("POST", "/v1/generate", json=body) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            event = json.loads(line)
+            if event["type"] == "delta":
+                deltas += 1
+                first = first or time.perf_counter()
+            elif event["type"] == "done":
+                done = event
+            elif event["type"] == "error":
+                raise RuntimeError(event)
+    end = time.perf_counter()
+    n = done["usage"]["output_tokens"]
+    return {"client_ttft_s": first - start, "client_decode_tokens_per_s": (n - 1) / (end - first),
+            "engine_decode_tokens_per_s": done["timing"]["decode_tokens_per_s"], "chunks": deltas, "tokens": n}
+
+
+def direct(tokens: int, runs: int) -> dict:
+    """The lanes' engines without serving: vLLM AsyncLLM on the full model (the standard lane's
+    config) and the fast model as the default pp=2 pipeline over chip actors (actor calls)."""
+    import asyncio
+
+    import ray
+
+    from models import FAST, FULL
+    from serve.config import FastLaneConfig, StandardLaneConfig
+    from sharding.pipeline import ShardedModel
+    from sharding.sampling import SamplingParams
+
+    out = {}
+
+    async def vllm_runs() -> list[float]:
+        from serve.lanes.engine import EngineRequest
+        from serve.lanes.vllm_engine import VLLMLaneEngine
+
+        engine = VLLMLaneEngine(FULL, StandardLaneConfig())
+        rates = []
+        try:
+            for i in range(runs + 1):
+                n, first = 0, None
+                async for o in engine.generate(EngineRequest(f"d{i}", [0, 100, 200], tokens if i else 8,
+                                                             temperature=0, ignore_eos=True)):
+                    n += len(o.token_ids)
+                    first = first or time.perf_counter()
+                if i:
+                    rates.append((n - 1) / (time.perf_counter() - first))
+        finally:
+            engine.shutdown()
+        return rates
+
+    out["vllm_full"] = statistics.median(asyncio.run(vllm_runs()))
+    cfg = FastLaneConfig()
+    ray.init(resources={"chip": cfg.tp * cfg.pp}, include_dashboard=False, log_to_driver=False)
+    try:
+        with ShardedModel.from_pretrained(FAST, tp=cfg.tp, pp=cfg.pp, transport=cfg.transport) as m:
+            m.generate([[0, 100, 200]], SamplingParams(max_tokens=8))
+            rates = []
+            for _ in range(runs):
+                t = time.perf_counter()
+                m.generate([[0, 100, 200]], SamplingParams(max_tokens=tokens, ignore_eos=True))
+                rates.append(tokens / (time.perf_counter() - t))
+        out["sharded_fast"] = statistics.median(rates)
+    finally:
+        ray.shutdown()
+    print(f"direct    vLLM AsyncLLM, full model {out['vllm_full']:6.0f} tok/s   fastmode executor, fast model "
+          f"tp={cfg.tp} x pp={cfg.pp} ({cfg.transport}) {out['sharded_fast']:6.0f} tok/s", flush=True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--url", default="http://127.0.0.1:8000")
+    ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--direct", action="store_true", help="also time the engines without serving")
+    ap.add_argument("--json", help="write the results here")
+    args = ap.parse_args(argv)
+    results = {}
+    engines = direct(args.tokens, args.runs) if args.direct else None
+    with httpx.Client(base_url=args.url, timeout=300) as client:
+        for lane, (model, tier) in LANES.items():
+            one(client, model, tier, 8)  # warm-up
+            runs = [one(client, model, tier, args.tokens) for _ in range(args.runs)]
+            results[lane] = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+            r = results[lane]
+            print(f"{lane:<9} ttft {r['client_ttft_s'] * 1e3:6.1f} ms   decode {r['client_decode_tokens_per_s']:6.0f} "
+                  f"tok/s (engine side {r['engine_decode_tokens_per_s']:6.0f})   {r['chunks']:.0f} chunks "
+                  f"for {r['tokens']:.0f} tokens", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"tokens": args.tokens, "runs": args.runs, "lanes": results, "direct": engines,
+                       "date": time.strftime("%Y-%m-%d %H:%M"), "command": "python -m bench.lanes_quick "
+                       + " ".join(argv if argv is not None else __import__("sys").argv[1:])}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
