@@ -47,4 +47,4 @@ def build(config: AppConfig) -> Application:
     ).bind(config.model_dump(mode="json"), **handles)
     return serve.deployment(Gateway).options(
         name="gateway", ray_actor_options={"num_cpus": 0}, max_ongoing_requests=UNCAPPED,
-    ).bind(router)
+    ).bind(config.model_dump(mode="json"), router)

@@ -132,6 +132,33 @@ class HTTPConfig(_Strict):
     port: int = Field(default=8000, ge=1, le=65535, description="HTTP port.")
 
 
+class GatewayConfig(_Strict):
+    """Limits of the persistent WebSocket (``/v1/responses``)."""
+
+    max_frame_bytes: int = Field(default=2**20, ge=1024, description="Largest client frame; a bigger one "
+                                 "closes the connection with 1009.")
+    max_in_flight: int = Field(default=64, ge=1, description="Responses in flight per connection.")
+    send_queue_events: int = Field(default=256, ge=8, description="Events queued for a connection's "
+                                   "reader; while full, a response's deltas merge.")
+    max_pending_chars: int = Field(default=65536, ge=1, description="Merged delta text a response may hold "
+                                   "for a slow reader before it is cancelled with slow_consumer.")
+    slow_reader_timeout_s: float = Field(default=10.0, gt=0, description="How long a response may wait for "
+                                         "room in the send queue before it is cancelled with slow_consumer.")
+    idle_timeout_s: float = Field(default=300.0, gt=0, description="Close a connection with nothing in "
+                                  "flight and nothing received for this long (code 1000).")
+    max_connection_age_s: float = Field(default=3600.0, gt=0, description="After this long a connection "
+                                        "refuses new responses and closes (1001) once its last one ends.")
+
+
+class AuthConfig(_Strict):
+    """Where API keys come from (never from this file). Keys may be off only on a loopback bind."""
+
+    api_keys_env: str = Field(default="FASTMODE_API_KEYS", description="Environment variable holding "
+                              "comma-separated API keys (in the gateway's process).")
+    api_keys_file: str | None = Field(default=None, description="A file with one key per line, e.g. a "
+                                      "mounted Kubernetes secret.")
+
+
 class LanesConfig(_Strict):
     fast: FastLaneConfig = FastLaneConfig()
     priority: PriorityLaneConfig = PriorityLaneConfig()
@@ -146,6 +173,8 @@ class AppConfig(_Strict):
     lanes: LanesConfig = LanesConfig()
     router: RouterConfig = RouterConfig()
     http: HTTPConfig = HTTPConfig()
+    gateway: GatewayConfig = GatewayConfig()
+    auth: AuthConfig = AuthConfig()
 
 
 def load_config(source: str | Path | dict | AppConfig | None = None) -> AppConfig:

@@ -1,9 +1,14 @@
-"""``Gateway``: the application's HTTP ingress (FastAPI on Serve's HTTP proxy, one port).
+"""``Gateway``: the application's front door on one HTTP port (FastAPI on Serve's proxy).
 
-Routes today: ``GET /health`` (200 when every lane's engine answers, else 503, with per-lane
-detail), ``GET /v1/models``, and ``POST /v1/generate``, which streams the router's events as
-newline-delimited JSON (one event per line; the request body is a ``serve.request.GenerateRequest``).
-The persistent WebSocket and the OpenAI-compatible routes are added here (issue 5).
+- ``GET /health``: 200 when every lane's engine answers, else 503, with per-lane detail (no key
+  needed, for load balancers);
+- ``WS /v1/responses``: the persistent WebSocket (``serve.websocket``, ``docs/protocol.md``);
+- ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions``: OpenAI-compatible
+  (``serve.openai_api``);
+- ``POST /v1/generate``: the router's events as newline-delimited JSON (one event per line).
+
+With API keys configured (``serve.auth``), every route but ``/health`` needs
+``Authorization: Bearer KEY``: 401 on HTTP, close code 1008 on the WebSocket.
 """
 
 from __future__ import annotations
@@ -11,11 +16,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
 
+from . import openai_api
+from .auth import authorized, load_keys
+from .config import load_config
 from .errors import InvalidRequest, to_event
+from .websocket import CLOSE_POLICY, Session
 
 api = FastAPI(title="fastmode", docs_url=None, redoc_url=None)
 
@@ -25,26 +34,58 @@ def _error(event: dict[str, Any]) -> JSONResponse:
     return JSONResponse(event, status_code=event["status"], headers=headers)
 
 
+@api.middleware("http")
+async def _require_key(request: Request, call_next):
+    gateway = request.app.state.gateway
+    if request.url.path != "/health" and not authorized(gateway.keys, request.headers.get("authorization")):
+        return JSONResponse({"error": {"message": "missing or wrong API key (Authorization: Bearer KEY)",
+                                       "type": "authentication_error", "code": "unauthorized"}},
+                            status_code=401, headers={"WWW-Authenticate": "Bearer"})
+    return await call_next(request)
+
+
 @serve.ingress(api)
 class Gateway:
-    """HTTP front door over the router's handle."""
+    """HTTP and WebSocket front door over the router's handle.
 
-    def __init__(self, router) -> None:
+    Args:
+        config: the validated deployment config (as a dict).
+        router: the router deployment's handle.
+    """
+
+    def __init__(self, config: dict[str, Any], router) -> None:
+        self.config = load_config(config)
+        self.keys = load_keys(self.config)
         self.router = router
+        api.state.gateway = self
 
     @api.get("/health")
     async def health(self) -> JSONResponse:
         stats = await self.router.stats.remote()
         return JSONResponse(stats, status_code=200 if stats["status"] == "ok" else 503)
 
+    @api.websocket("/v1/responses")
+    async def responses(self, ws: WebSocket) -> None:
+        await ws.accept()
+        if not authorized(self.keys, ws.headers.get("authorization")):
+            await ws.close(CLOSE_POLICY, reason="missing or wrong API key")
+            return
+        await Session(ws, self.router, self.config.gateway).run()
+
     @api.get("/v1/models")
-    async def list_models(self) -> dict[str, Any]:
-        models = await self.router.models.remote()
-        return {"object": "list", "data": [{"id": m["id"], "object": "model", "owned_by": "fastmode",
-                                            "lanes": m["lanes"]} for m in models]}
+    async def list_models(self) -> JSONResponse:
+        return await openai_api.list_models(self.router)
+
+    @api.post("/v1/chat/completions")
+    async def chat_completions(self, request: Request):
+        return await openai_api.chat_completions(self.router, request)
+
+    @api.post("/v1/completions")
+    async def completions(self, request: Request):
+        return await openai_api.completions(self.router, request)
 
     @api.post("/v1/generate")
-    async def generate(self, request: Request) -> StreamingResponse:
+    async def generate(self, request: Request):
         try:
             body = await request.json()
         except ValueError as e:
@@ -68,4 +109,3 @@ class Gateway:
                 stream.cancel()  # a client that hung up: free the engine sequence
 
         return StreamingResponse(lines(), media_type="application/x-ndjson")
-

@@ -16,6 +16,7 @@ import time
 
 import yaml
 
+from .auth import load_keys
 from .config import AppConfig, dump_config, load_config
 from .errors import ConfigError
 
@@ -56,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         http = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
         if http:
             config = load_config(config.model_dump(mode="json") | {"http": config.http.model_dump() | http})
+        load_keys(config)  # refuse a non-loopback bind without keys before starting anything
     except ConfigError as e:
         print(f"fastmode up: {e}", file=sys.stderr)
         return 2

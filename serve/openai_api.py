@@ -1,0 +1,234 @@
+"""OpenAI-compatible routes over the router: ``GET /v1/models``, ``POST /v1/chat/completions``,
+``POST /v1/completions`` (called by ``serve.gateway``).
+
+Each request becomes one router stream (``serve.request`` events). Without ``stream`` the answer is
+one ``chat.completion`` / ``text_completion`` object; with it, server-sent events: one
+``data: {chunk}`` per coalesced ``delta`` (the first chat chunk carries ``role: "assistant"``), a
+last chunk with the ``finish_reason``, a usage chunk with empty ``choices`` if
+``stream_options.include_usage``, then ``data: [DONE]``.
+
+Every object has OpenAI's shape plus ``service_tier`` (``"priority"`` on the priority lane, else
+``"default"``); the answer's ``model`` is the model that served it (``auto`` names the one chosen).
+The last chunk, and a whole response, also carry a ``fastmode`` object: lane, route, timing,
+cost_units. Usage is always in a whole response.
+
+Errors use OpenAI's body, ``{"error": {message, type, param, code}}``, with the router's HTTP status
+and code (``Retry-After`` on 429). A request refused before anything streamed gets a plain HTTP
+error; an error after the stream started is sent as ``data: {"error": ...}`` and ends the stream.
+A client that goes away (or any early exit) cancels the router stream, freeing the engine sequence.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from .errors import to_event
+from .lanes.lane import PRIORITY
+from .openai_schema import ChatCompletionRequest, CompletionRequest, OpenAIRequestError, parse
+
+# HTTP status -> OpenAI's error ``type``.
+_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
+                429: "rate_limit_error"}
+# The router's field names (which start its ``invalid_request`` messages) -> this API's.
+_PARAMS = {"max_output_tokens": "max_tokens"}
+_CODE_PARAMS = {"unknown_model": "model", "unknown_service_tier": "service_tier"}
+
+
+async def list_models(router) -> JSONResponse:
+    models = await router.models.remote()
+    return JSONResponse({"object": "list", "data": [
+        {"id": m["id"], "object": "model", "created": 0, "owned_by": "fastmode", "lanes": m["lanes"]}
+        for m in models]})
+
+
+async def chat_completions(router, request: Request):
+    return await _complete(router, request, _Chat())
+
+
+async def completions(router, request: Request):
+    return await _complete(router, request, _Text())
+
+
+class _Chat:
+    """The chat API's objects."""
+
+    request_type = ChatCompletionRequest
+    prefix, object, chunk_object, input_param = "chatcmpl-", "chat.completion", "chat.completion.chunk", "messages"
+
+    def choice(self, text: str, finish_reason: str | None) -> dict[str, Any]:
+        return {"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
+                "logprobs": None, "finish_reason": finish_reason}
+
+    def chunk_choice(self, text: str | None, finish_reason: str | None, first: bool) -> dict[str, Any]:
+        delta: dict[str, Any] = {"role": "assistant"} if first else {}
+        if text is not None:
+            delta["content"] = text
+        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+
+
+class _Text:
+    """The (legacy) completions API's objects."""
+
+    request_type = CompletionRequest
+    prefix, object, chunk_object, input_param = "cmpl-", "text_completion", "text_completion", "prompt"
+
+    def choice(self, text: str, finish_reason: str | None) -> dict[str, Any]:
+        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+
+    def chunk_choice(self, text: str | None, finish_reason: str | None, first: bool) -> dict[str, Any]:
+        return self.choice(text or "", finish_reason)
+
+
+async def _complete(router, request: Request, api: _Chat | _Text):
+    """Run one request through the router; a JSON response, or an SSE stream if it asked for one."""
+    try:
+        data = await request.json()
+    except ValueError as e:
+        return _error_response(400, f"the body is not valid JSON: {e}", "invalid_request")
+    rid = f"{api.prefix}{uuid.uuid4().hex}"
+    try:
+        req = parse(api.request_type, data)
+        body = req.generate_request(rid)
+    except OpenAIRequestError as e:
+        return _error_response(400, e.message, "invalid_request", e.param)
+    reply = _Reply(api, rid, int(time.time()), req.include_usage)
+    stream = router.options(stream=True).generate.remote(body)
+    handed_off = False  # once the SSE body owns the stream, it cancels it
+    try:
+        try:
+            first = await stream.__anext__()
+        except Exception as e:  # noqa: BLE001 - the router failed outright: still a typed answer
+            first = to_event(e, rid)
+        if first["type"] == "error":  # refused before anything streamed: a plain HTTP error
+            return _event_response(first, api)
+        reply.created_event(first)
+        if req.stream:
+            handed_off = True
+            return StreamingResponse(_sse(reply, stream), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        texts, done = [], None
+        try:
+            async for event in stream:
+                if event["type"] == "delta":
+                    texts.append(event["text"])
+                elif event["type"] == "done":
+                    done = event
+                elif event["type"] == "error":
+                    return _event_response(event, api)
+        except Exception as e:  # noqa: BLE001
+            return _event_response(to_event(e, rid), api)
+        if done is None:
+            return _event_response(to_event(RuntimeError("the stream ended without 'done'"), rid), api)
+        return JSONResponse(reply.response("".join(texts), done))
+    finally:
+        if not handed_off:
+            stream.cancel()  # a client that hung up, or an error: free the engine sequence
+
+
+class _Reply:
+    """Builds the response objects of one request."""
+
+    def __init__(self, api: _Chat | _Text, rid: str, created: int, include_usage: bool) -> None:
+        self.api, self.id, self.created, self.include_usage = api, rid, created, include_usage
+        self.model, self.service_tier = None, "default"
+
+    def created_event(self, event: dict[str, Any]) -> None:
+        self.model = event["model"]
+        self.service_tier = "priority" if event["lane"] == PRIORITY else "default"
+
+    def _head(self, obj: str) -> dict[str, Any]:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                "service_tier": self.service_tier, "system_fingerprint": None}
+
+    def response(self, text: str, done: dict[str, Any]) -> dict[str, Any]:
+        """The whole (non-streamed) response object."""
+        self.model = done["model"]
+        return {**self._head(self.api.object), "choices": [self.api.choice(text, done["finish_reason"])],
+                "usage": _usage(done), "fastmode": _extension(done)}
+
+    def chunk(self, text: str | None, finish_reason: str | None = None, first: bool = False,
+              done: dict[str, Any] | None = None) -> str:
+        obj = {**self._head(self.api.chunk_object),
+               "choices": [self.api.chunk_choice(text, finish_reason, first)]}
+        if self.include_usage:
+            obj["usage"] = None
+        if done is not None:
+            obj["fastmode"] = _extension(done)
+        return _sse_data(obj)
+
+    def usage_chunk(self, done: dict[str, Any]) -> str:
+        return _sse_data({**self._head(self.api.chunk_object), "choices": [], "usage": _usage(done)})
+
+
+async def _sse(reply: _Reply, stream) -> AsyncIterator[str]:
+    """The SSE body: chunks from the router's events; an error event ends it without ``[DONE]``."""
+    first = True
+    try:
+        async for event in stream:
+            kind = event["type"]
+            if kind == "delta":
+                yield reply.chunk(event["text"], first=first)
+                first = False
+            elif kind == "done":
+                text = "" if first or isinstance(reply.api, _Text) else None  # chat: an empty delta
+                yield reply.chunk(text, event["finish_reason"], first, event)
+                if reply.include_usage:
+                    yield reply.usage_chunk(event)
+                yield "data: [DONE]\n\n"
+                return
+            elif kind == "error":
+                yield _sse_data({"error": _error_body(event, reply.api)})
+                return
+        yield _sse_data({"error": _error_body(to_event(RuntimeError("the stream ended without 'done'"),
+                                                       reply.id), reply.api)})
+    except Exception as e:  # noqa: BLE001 - mid-stream failure: the stream's last event says so
+        yield _sse_data({"error": _error_body(to_event(e, reply.id), reply.api)})
+    finally:
+        stream.cancel()  # a client that hung up: free the engine sequence
+
+
+def _sse_data(obj: dict[str, Any]) -> str:
+    return f"data: {json.dumps(obj)}\n\n"
+
+
+def _usage(done: dict[str, Any]) -> dict[str, int]:
+    u = done["usage"]
+    return {"prompt_tokens": u["input_tokens"], "completion_tokens": u["output_tokens"],
+            "total_tokens": u["total_tokens"]}
+
+
+def _extension(done: dict[str, Any]) -> dict[str, Any]:
+    return {"lane": done["lane"], "route": done.get("route"), "timing": done.get("timing"),
+            "cost_units": done.get("cost_units")}
+
+
+def _error_body(event: dict[str, Any], api: _Chat | _Text) -> dict[str, Any]:
+    """OpenAI's ``error`` object for a router ``error`` event."""
+    status, code, message = event["status"], event["code"], event["message"]
+    param = _CODE_PARAMS.get(code)
+    if code == "prompt_too_long":
+        param = api.input_param
+    elif code == "invalid_request" and (m := re.match(r"(\w+)[.:]", message)):
+        param = _PARAMS.get(m[1], api.input_param if m[1] == "input" else m[1])
+    return {"message": message, "type": _ERROR_TYPES.get(status, "server_error"), "param": param,
+            "code": code}
+
+
+def _event_response(event: dict[str, Any], api: _Chat | _Text) -> JSONResponse:
+    headers = {"Retry-After": str(max(1, round(event["retry_after"])))} if event.get("retry_after") is not None \
+        else None
+    return JSONResponse({"error": _error_body(event, api)}, status_code=event["status"], headers=headers)
+
+
+def _error_response(status: int, message: str, code: str, param: str | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": _ERROR_TYPES.get(status, "server_error"),
+                                   "param": param, "code": code}}, status_code=status)
+

@@ -1,0 +1,250 @@
+"""The persistent WebSocket at ``/v1/responses``: many requests per connection, multiplexed by id.
+
+Client -> server: ``response.create`` (the ``GenerateRequest`` fields plus ``type``; ``id``
+required) and ``response.cancel`` {id}. Server -> client: ``response.created``,
+``response.output_text.delta`` (``seq`` counts this response's deltas from 0),
+``response.completed``, ``response.cancelled``, ``error``. ``docs/protocol.md`` is the contract.
+
+One task per request reads the router's stream; one sender task writes frames. Bad input gets an
+``error`` event and the connection lives on. A slow reader never makes the gateway buffer
+without bound: the send queue is bounded, a request's deltas merge while it is full, and a
+request whose reader stays behind for ``slow_reader_timeout_s`` is cancelled with
+``slow_consumer``. A disconnect cancels every request of the connection, which frees their
+engine sequences.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+from fastapi import WebSocket
+
+from .config import GatewayConfig
+from .errors import to_event
+
+PROTOCOL_VERSION = "fastmode.responses.v1"
+
+# WebSocket close codes (RFC 6455 and the IANA registry).
+CLOSE_NORMAL, CLOSE_GOING_AWAY, CLOSE_POLICY, CLOSE_TOO_BIG = 1000, 1001, 1008, 1009
+
+
+class SlowConsumer(Exception):
+    pass
+
+
+def _error(code: str, message: str, rid: str | None = None, **extra) -> dict[str, Any]:
+    return {"type": "error", "id": rid, "code": code, "message": message, **extra}
+
+
+class Session:
+    """One accepted WebSocket connection."""
+
+    def __init__(self, ws: WebSocket, router, config: GatewayConfig) -> None:
+        self.ws, self.router, self.config = ws, router, config
+        self.out: asyncio.Queue = asyncio.Queue(maxsize=config.send_queue_events)
+        self.tasks: dict[str, asyncio.Task] = {}
+        self.opened = time.monotonic()
+        self.last_activity = self.opened
+        self.draining = False
+
+    async def run(self) -> None:
+        sender = asyncio.create_task(self._send_loop())
+        close_code = CLOSE_NORMAL
+        try:
+            close_code = await self._receive_loop()
+        finally:
+            for task in list(self.tasks.values()):
+                task.cancel()  # the client is gone or the connection is closing: free the engines
+            await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+            if close_code is not None:
+                await self._drain_outbox(timeout_s=2.0)
+            sender.cancel()
+            await asyncio.gather(sender, return_exceptions=True)
+            if close_code is not None:
+                try:
+                    await self.ws.close(close_code)
+                except Exception:  # noqa: BLE001 - already closed
+                    pass
+
+    # -- receiving ---------------------------------------------------------------------------
+    async def _receive_loop(self) -> int | None:
+        """Handle frames until the client leaves (``None``) or we close (the close code)."""
+        while True:
+            timeout = self._next_deadline()
+            if timeout <= 0:
+                if time.monotonic() - self.opened >= self.config.max_connection_age_s:
+                    if not self.tasks:
+                        return CLOSE_GOING_AWAY
+                    self.draining = True  # no new requests; close once the running ones finish
+                    await asyncio.sleep(0.05)
+                    continue
+                return CLOSE_NORMAL  # idle: nothing in flight and nothing received
+            try:
+                msg = await asyncio.wait_for(self.ws.receive(), timeout)
+            except TimeoutError:
+                continue
+            if msg["type"] == "websocket.disconnect":
+                return None
+            self.last_activity = time.monotonic()
+            if msg.get("bytes") is not None:
+                await self._emit(_error("binary_frame", "frames must be text (JSON); binary frames are not "
+                                        "accepted"))
+                continue
+            text = msg.get("text") or ""
+            if len(text.encode()) > self.config.max_frame_bytes:
+                await self._emit(_error("frame_too_large", f"a frame may carry at most "
+                                        f"{self.config.max_frame_bytes} bytes"))
+                return CLOSE_TOO_BIG
+            await self._handle(text)
+
+    def _next_deadline(self) -> float:
+        now = time.monotonic()
+        age_left = self.opened + self.config.max_connection_age_s - now
+        if self.draining:
+            return 0.0 if not self.tasks else 0.05
+        idle_left = float("inf") if self.tasks else self.last_activity + self.config.idle_timeout_s - now
+        return min(age_left, idle_left)
+
+    async def _handle(self, text: str) -> None:
+        try:
+            event = json.loads(text)
+        except ValueError as e:
+            await self._emit(_error("invalid_json", f"the frame is not JSON: {e}"))
+            return
+        if not isinstance(event, dict):
+            await self._emit(_error("invalid_event", "an event must be a JSON object"))
+            return
+        kind, rid = event.get("type"), event.get("id")
+        if kind == "response.create":
+            if not isinstance(rid, str) or not rid:
+                await self._emit(_error("invalid_request", "response.create needs an id (a non-empty string)"))
+            elif rid in self.tasks:
+                await self._emit(_error("duplicate_id", f"a response with id {rid!r} is already in flight on "
+                                        "this connection", rid))
+            elif self.draining:
+                await self._emit(_error("connection_draining", "this connection has reached its maximum age; "
+                                        "open a new one", rid))
+            elif len(self.tasks) >= self.config.max_in_flight:
+                await self._emit(_error("too_many_in_flight", f"at most {self.config.max_in_flight} responses "
+                                        "in flight per connection", rid))
+            else:
+                body = {k: v for k, v in event.items() if k != "type"}
+                self.tasks[rid] = asyncio.create_task(self._respond(rid, body))
+        elif kind == "response.cancel":
+            task = self.tasks.get(rid) if isinstance(rid, str) else None
+            if task is None:
+                await self._emit(_error("unknown_id", f"no response with id {rid!r} is in flight", rid
+                                        if isinstance(rid, str) else None))
+            else:
+                task.cancel()
+        else:
+            await self._emit(_error("unknown_event", f"unknown event type {kind!r}; expected "
+                                    "'response.create' or 'response.cancel'", rid if isinstance(rid, str) else None))
+
+    # -- one response ------------------------------------------------------------------------
+    async def _respond(self, rid: str, body: dict[str, Any]) -> None:
+        stream = self.router.options(stream=True).generate.remote(body)
+        seq, pending, finished = 0, None, False
+        try:
+            async for ev in stream:
+                kind = ev["type"]
+                if kind == "delta":
+                    if pending is None:
+                        pending = {"type": "response.output_text.delta", "id": rid, "seq": 0, "delta": ev["text"]}
+                    else:  # the reader is behind: merge into the delta still waiting
+                        pending["delta"] += ev["text"]
+                    if not self.out.full():
+                        pending["seq"], seq = seq, seq + 1
+                        self.out.put_nowait(pending)
+                        pending = None
+                    elif len(pending["delta"]) > self.config.max_pending_chars:
+                        raise SlowConsumer
+                    continue
+                if pending is not None:
+                    pending["seq"], seq = seq, seq + 1
+                    await self._put(pending)
+                    pending = None
+                if kind == "created":
+                    await self._put({"type": "response.created", "id": rid, "lane": ev["lane"], "model": ev["model"],
+                                     "input_tokens": ev["input_tokens"], "route": ev["route"],
+                                     "protocol": PROTOCOL_VERSION})
+                elif kind == "done":
+                    finished = True
+                    await self._put({"type": "response.completed", "id": rid, "finish_reason": ev["finish_reason"],
+                                     "usage": ev["usage"], "timing": ev["timing"], "cost_units": ev["cost_units"],
+                                     "lane": ev["lane"], "model": ev["model"]})
+                elif kind == "error":
+                    finished = True
+                    await self._put(_ws_error(ev, rid))
+        except asyncio.CancelledError:
+            stream.cancel()
+            if not finished:
+                self._put_nowait_or_drop({"type": "response.cancelled", "id": rid})
+            raise
+        except SlowConsumer:
+            stream.cancel()
+            self._put_nowait_or_drop(_error("slow_consumer", "the client did not read its deltas fast enough; "
+                                            "the response was cancelled", rid))
+        except Exception as e:  # noqa: BLE001 - reported on the connection, which lives on
+            stream.cancel()
+            self._put_nowait_or_drop(_ws_error(to_event(e, rid), rid))
+        finally:
+            self.tasks.pop(rid, None)
+
+    async def _put(self, event: dict[str, Any]) -> None:
+        try:
+            await asyncio.wait_for(self.out.put(event), self.config.slow_reader_timeout_s)
+        except TimeoutError:
+            raise SlowConsumer from None
+
+    def _put_nowait_or_drop(self, event: dict[str, Any]) -> None:
+        # A final event must not block a cancelled task; if the queue is full, make room for it
+        # by dropping a pending delta of the same response (the response ends anyway).
+        if self.out.full():
+            return self._force(event)
+        self.out.put_nowait(event)
+
+    def _force(self, event: dict[str, Any]) -> None:
+        kept = [e for e in _drain(self.out) if not (e.get("id") == event.get("id")
+                                                    and e["type"] == "response.output_text.delta")]
+        for e in kept[-(self.out.maxsize - 1):]:
+            self.out.put_nowait(e)
+        self.out.put_nowait(event)
+
+    async def _emit(self, event: dict[str, Any]) -> None:
+        """A connection-level event (bad input): queued like any other."""
+        try:
+            await asyncio.wait_for(self.out.put(event), self.config.slow_reader_timeout_s)
+        except TimeoutError:
+            pass
+
+    # -- sending -----------------------------------------------------------------------------
+    async def _send_loop(self) -> None:
+        while True:
+            event = await self.out.get()
+            await self.ws.send_text(json.dumps(event))
+            self.out.task_done()
+
+    async def _drain_outbox(self, timeout_s: float) -> None:
+        try:
+            await asyncio.wait_for(self.out.join(), timeout_s)
+        except TimeoutError:
+            pass
+
+
+def _drain(q: asyncio.Queue) -> list:
+    items = []
+    while not q.empty():
+        items.append(q.get_nowait())
+        q.task_done()
+    return items
+
+
+def _ws_error(ev: dict[str, Any], rid: str) -> dict[str, Any]:
+    out = {"type": "error", "id": rid, "code": ev["code"], "message": ev["message"]}
+    if ev.get("retry_after") is not None:
+        out["retry_after"] = ev["retry_after"]
+    return out

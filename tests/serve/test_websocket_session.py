@@ -1,0 +1,237 @@
+"""``serve.websocket.Session`` with a scripted socket and router: multiplexing, bad input,
+backpressure, idle timeout and maximum age, without starting Ray."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from serve.config import GatewayConfig
+from serve.websocket import CLOSE_GOING_AWAY, CLOSE_NORMAL, CLOSE_TOO_BIG, Session
+
+
+class FakeSocket:
+    """Frames in from a queue; frames out to a list (optionally slow to write)."""
+
+    def __init__(self, send_delay_s: float = 0.0) -> None:
+        self.incoming: asyncio.Queue = asyncio.Queue()
+        self.sent: list[dict] = []
+        self.closed: int | None = None
+        self.send_delay_s = send_delay_s
+
+    def client_sends(self, event) -> None:
+        self.incoming.put_nowait({"type": "websocket.receive", "text": event if isinstance(event, str)
+                                  else json.dumps(event)})
+
+    def client_leaves(self) -> None:
+        self.incoming.put_nowait({"type": "websocket.disconnect", "code": 1000})
+
+    async def receive(self) -> dict:
+        return await self.incoming.get()
+
+    async def send_text(self, text: str) -> None:
+        if self.send_delay_s:
+            await asyncio.sleep(self.send_delay_s)
+        self.sent.append(json.loads(text))
+
+    async def close(self, code: int = 1000, reason: str = "") -> None:
+        self.closed = code
+
+    def of(self, rid: str) -> list[dict]:
+        return [e for e in self.sent if e.get("id") == rid]
+
+
+class FakeStream:
+    def __init__(self, events: list[dict], every_s: float, log: list) -> None:
+        self.events, self.every_s, self.log = events, every_s, log
+
+    def cancel(self) -> None:
+        self.log.append("cancelled")
+
+    async def _gen(self):
+        for e in self.events:
+            await asyncio.sleep(self.every_s)
+            yield dict(e)
+        self.log.append("finished")
+
+    def __aiter__(self):
+        return self._gen()
+
+
+class FakeRouter:
+    """``generate`` streams created, ``n`` deltas of ``text`` each, done (or the body's error)."""
+
+    def __init__(self, n: int = 5, text: str = "ab", every_s: float = 0.0) -> None:
+        self.n, self.text, self.every_s = n, text, every_s
+        self.logs: dict[str, list] = {}
+        self.generate = self
+
+    def options(self, **_):
+        return self
+
+    def remote(self, body: dict) -> FakeStream:
+        rid = body["id"]
+        if body.get("model") == "nope":
+            events = [{"type": "error", "id": rid, "code": "unknown_model", "message": "no", "status": 404}]
+        else:
+            events = ([{"type": "created", "id": rid, "lane": "fast", "model": "m", "input_tokens": 1,
+                        "route": {"by": "model"}}]
+                      + [{"type": "delta", "id": rid, "seq": i, "text": self.text, "tokens": 1} for i in range(self.n)]
+                      + [{"type": "done", "id": rid, "finish_reason": "length", "lane": "fast", "model": "m",
+                          "usage": {"input_tokens": 1, "output_tokens": self.n, "total_tokens": self.n + 1},
+                          "timing": {}, "cost_units": 0.0}])
+        self.logs[rid] = []
+        return FakeStream(events, self.every_s, self.logs[rid])
+
+
+def run_session(ws: FakeSocket, router: FakeRouter, script, **config) -> None:
+    async def main():
+        session = Session(ws, router, GatewayConfig(**config))
+        task = asyncio.create_task(session.run())
+        await script(ws)
+        await asyncio.wait_for(task, 10)
+
+    asyncio.run(main())
+
+
+async def until(cond, timeout_s: float = 5.0) -> None:
+    for _ in range(int(timeout_s / 0.01)):
+        if cond():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("condition not reached")
+
+
+def test_many_responses_multiplex_on_one_connection():
+    ws, router = FakeSocket(), FakeRouter(n=5, every_s=0.001)
+
+    async def script(ws):
+        for i in range(10):
+            ws.client_sends({"type": "response.create", "id": f"r{i}", "model": "m", "input": "x"})
+        await until(lambda: sum(e["type"] == "response.completed" for e in ws.sent) == 10)
+        ws.client_leaves()
+
+    run_session(ws, router, script)
+    for i in range(10):
+        events = ws.of(f"r{i}")
+        assert [e["type"] for e in events] == (["response.created"] + ["response.output_text.delta"] * 5
+                                               + ["response.completed"])
+        assert [e["seq"] for e in events[1:-1]] == list(range(5))
+
+
+def test_bad_input_gets_error_events_and_the_connection_lives_on():
+    ws, router = FakeSocket(), FakeRouter(n=1)
+
+    async def script(ws):
+        ws.client_sends("{not json")
+        ws.incoming.put_nowait({"type": "websocket.receive", "bytes": b"\x00\x01"})
+        ws.client_sends([1, 2])
+        ws.client_sends({"type": "response.explode", "id": "a"})
+        ws.client_sends({"type": "response.create", "model": "m", "input": "x"})
+        ws.client_sends({"type": "response.cancel", "id": "ghost"})
+        ws.client_sends({"type": "response.create", "id": "bad", "model": "nope", "input": "x"})
+        ws.client_sends({"type": "response.create", "id": "ok", "model": "m", "input": "x"})
+        await until(lambda: any(e["type"] == "response.completed" for e in ws.sent))
+        ws.client_leaves()
+
+    run_session(ws, router, script)
+    codes = [e["code"] for e in ws.sent if e["type"] == "error"]
+    assert codes == ["invalid_json", "binary_frame", "invalid_event", "unknown_event", "invalid_request",
+                     "unknown_id", "unknown_model"]
+    assert ws.of("ok")[-1]["type"] == "response.completed"
+
+
+def test_duplicate_in_flight_id_and_cancel():
+    ws, router = FakeSocket(), FakeRouter(n=1000, every_s=0.005)
+
+    async def script(ws):
+        ws.client_sends({"type": "response.create", "id": "a", "model": "m", "input": "x"})
+        await until(lambda: any(e["type"] == "response.output_text.delta" for e in ws.sent))
+        ws.client_sends({"type": "response.create", "id": "a", "model": "m", "input": "x"})
+        await until(lambda: any(e.get("code") == "duplicate_id" for e in ws.sent))
+        ws.client_sends({"type": "response.cancel", "id": "a"})
+        await until(lambda: any(e["type"] == "response.cancelled" for e in ws.sent))
+        ws.client_leaves()
+
+    run_session(ws, router, script)
+    assert router.logs["a"] == ["cancelled"]  # the router stream was cancelled, not finished
+    assert ws.of("a")[-1]["type"] == "response.cancelled"
+
+
+def test_disconnect_cancels_every_response_of_the_connection():
+    ws, router = FakeSocket(), FakeRouter(n=1000, every_s=0.005)
+
+    async def script(ws):
+        for rid in ("a", "b", "c"):
+            ws.client_sends({"type": "response.create", "id": rid, "model": "m", "input": "x"})
+        await until(lambda: len({e["id"] for e in ws.sent if e["type"] == "response.output_text.delta"}) == 3)
+        ws.client_leaves()
+
+    run_session(ws, router, script)
+    assert all(router.logs[r] == ["cancelled"] for r in "abc")
+    assert ws.closed is None  # the client left; nothing to close
+
+
+def test_a_slow_reader_gets_merged_deltas_then_slow_consumer_and_memory_stays_bounded():
+    ws = FakeSocket(send_delay_s=0.2)  # 5 frames/s: far behind the stream
+    router = FakeRouter(n=20000, text="x" * 10, every_s=0.0001)
+    peak = []
+
+    async def script(ws):
+        ws.client_sends({"type": "response.create", "id": "a", "model": "m", "input": "x"})
+        await until(lambda: any(e.get("code") == "slow_consumer" for e in ws.sent), timeout_s=20)
+        ws.client_leaves()
+
+    async def main():
+        session = Session(ws, router, GatewayConfig(send_queue_events=8, max_pending_chars=2000))
+        task = asyncio.create_task(session.run())
+        watch = asyncio.create_task(_watch(session, peak))
+        await script(ws)
+        await asyncio.wait_for(task, 20)
+        watch.cancel()
+
+    asyncio.run(main())
+    deltas = [e for e in ws.of("a") if e["type"] == "response.output_text.delta"]
+    assert max(peak) <= 8
+    assert any(len(d["delta"]) > 10 for d in deltas)  # merged while the queue was full
+    assert [d["seq"] for d in deltas] == list(range(len(deltas)))
+    assert router.logs["a"] == ["cancelled"]
+
+
+async def _watch(session: Session, peak: list) -> None:
+    while True:
+        peak.append(session.out.qsize())
+        await asyncio.sleep(0.001)
+
+
+def test_an_oversized_frame_closes_with_1009():
+    ws, router = FakeSocket(), FakeRouter()
+
+    async def script(ws):
+        ws.client_sends({"type": "response.create", "id": "a", "model": "m", "input": "x" * 5000})
+
+    run_session(ws, router, script, max_frame_bytes=4096)
+    assert ws.closed == CLOSE_TOO_BIG
+    assert ws.sent[-1]["code"] == "frame_too_large"
+
+
+def test_idle_connections_close_and_old_ones_drain():
+    ws, router = FakeSocket(), FakeRouter()
+
+    async def nothing(ws):
+        pass
+
+    run_session(ws, router, nothing, idle_timeout_s=0.2)
+    assert ws.closed == CLOSE_NORMAL
+
+    ws, router = FakeSocket(), FakeRouter(n=40, every_s=0.01)
+
+    async def script(ws):
+        ws.client_sends({"type": "response.create", "id": "a", "model": "m", "input": "x"})
+        await asyncio.sleep(0.3)  # past the maximum age while "a" still runs
+        ws.client_sends({"type": "response.create", "id": "b", "model": "m", "input": "x"})
+
+    run_session(ws, router, script, max_connection_age_s=0.2)
+    assert ws.of("a")[-1]["type"] == "response.completed"  # the running response finished
+    assert ws.of("b")[-1]["code"] == "connection_draining"
+    assert ws.closed == CLOSE_GOING_AWAY
