@@ -19,6 +19,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 400
+API_KEY = "sk-fastmode-test"
+"""The shared app requires this key (FASTMODE_API_KEYS), so authentication is on in every test."""
 
 
 def free_port() -> int:
@@ -33,13 +35,15 @@ class App:
     def __init__(self, *args: str) -> None:
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
-        env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+        self.ws_url = f"ws://127.0.0.1:{self.port}/v1/responses"
+        self.key = API_KEY
+        env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"FASTMODE_API_KEYS": f"{API_KEY},sk-other"}
         self.proc = subprocess.Popen([sys.executable, "-m", "clients.cli", "up", "--port", str(self.port), *args],
                                      cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.output: list[str] = []
         self.ready = threading.Event()
         threading.Thread(target=self._read, daemon=True).start()
-        self.client = httpx.Client(base_url=self.base, timeout=120)
+        self.client = httpx.Client(base_url=self.base, timeout=120, headers={"Authorization": f"Bearer {API_KEY}"})
         self.health_before_ready: list[tuple[int | None, dict | None]] = []  # (status, body) while loading
         deadline = time.monotonic() + START_TIMEOUT_S
         while not self.ready.is_set():

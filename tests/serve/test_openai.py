@@ -1,0 +1,346 @@
+"""The OpenAI-compatible API (``serve.openai_api``): the official ``openai`` package and vLLM's
+benchmark client against a running ``fastmode up``, and the translation layer in process over a
+scripted router (request mapping, SSE framing, errors, cancellation)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import httpx
+import openai
+import pytest
+from fastapi import FastAPI, Request
+from fastapi.testclient import TestClient
+
+from serve import openai_api
+from tests.serve.conftest import REPO, text_of
+
+PROMPT = "def parse(text):\n"
+LANES = [("fastmode-fast", None, "fast", "default"),
+         ("fastmode-full", "priority", "priority", "priority"),
+         ("fastmode-full", None, "standard", "default")]
+
+
+def client(a) -> openai.OpenAI:
+    return openai.OpenAI(base_url=a.base + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+# --- against the running application -------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model,tier,lane,service_tier", LANES)
+def test_chat_streams_the_same_text_as_whole_responses_and_the_router(app, model, tier, lane, service_tier):
+    a = app()
+    oai = client(a)
+    args = {"model": model, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 24, "temperature": 0}
+    if tier:
+        args["service_tier"] = tier
+    whole = oai.chat.completions.create(**args)
+    chunks = list(oai.chat.completions.create(**args, stream=True, stream_options={"include_usage": True}))
+    status, events = a.generate(model=model, service_tier=tier, input=args["messages"], max_output_tokens=24,
+                                temperature=0)
+    assert status == 200, events
+    done = events[-1]
+
+    assert whole.object == "chat.completion" and whole.id.startswith("chatcmpl-")
+    assert (whole.model, whole.service_tier, whole.model_extra["fastmode"]["lane"]) == (model, service_tier, lane)
+    choice = whole.choices[0]
+    assert choice.message.role == "assistant" and choice.message.content == text_of(events)
+    assert choice.finish_reason == done["finish_reason"]
+    assert (whole.usage.prompt_tokens, whole.usage.completion_tokens, whole.usage.total_tokens) == (
+        done["usage"]["input_tokens"], done["usage"]["output_tokens"], done["usage"]["total_tokens"])
+
+    *content, usage = chunks
+    assert all(c.object == "chat.completion.chunk" and c.id == chunks[0].id for c in chunks)
+    assert content[0].choices[0].delta.role == "assistant"
+    assert all(c.choices[0].delta.role is None for c in content[1:])
+    assert "".join(c.choices[0].delta.content or "" for c in content) == choice.message.content
+    assert [c.choices[0].finish_reason for c in content][-1] == choice.finish_reason
+    assert all(c.choices[0].finish_reason is None for c in content[:-1])
+    assert {c.service_tier for c in chunks} == {service_tier} and {c.model for c in chunks} == {model}
+    assert usage.choices == [] and usage.usage == whole.usage
+    assert content[-1].model_extra["fastmode"]["cost_units"] > 0
+
+
+@pytest.mark.slow
+def test_text_completions_streamed_and_whole(app):
+    a = app()
+    oai = client(a)
+    args = {"model": "fastmode-full", "prompt": "import os\n", "max_tokens": 16, "temperature": 0}
+    whole = oai.completions.create(**args)
+    chunks = list(oai.completions.create(**args, stream=True, stream_options={"include_usage": True}))
+    status, events = a.generate(model="fastmode-full", input="import os\n", max_output_tokens=16, temperature=0)
+    assert status == 200, events
+
+    assert whole.object == "text_completion" and whole.id.startswith("cmpl-")
+    assert whole.choices[0].text == text_of(events) and whole.choices[0].finish_reason == events[-1]["finish_reason"]
+    assert whole.usage.completion_tokens == events[-1]["usage"]["output_tokens"]
+    assert whole.service_tier == "default"
+    *content, usage = chunks
+    assert "".join(c.choices[0].text for c in content) == whole.choices[0].text
+    assert content[-1].choices[0].finish_reason == whole.choices[0].finish_reason
+    assert usage.choices == [] and usage.usage == whole.usage
+
+
+@pytest.mark.slow
+def test_errors_raise_the_openai_packages_typed_exceptions(app):
+    oai = client(app())
+    chat = {"messages": [{"role": "user", "content": "x = 1\n"}], "max_tokens": 2}
+    with pytest.raises(openai.NotFoundError) as e:
+        oai.chat.completions.create(model="gpt-5", **chat)
+    assert e.value.code == "unknown_model" and e.value.param == "model" and "fastmode-full" in e.value.message
+    with pytest.raises(openai.NotFoundError):
+        oai.chat.completions.create(model="gpt-5", stream=True, **chat)  # refused before the stream starts
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.chat.completions.create(model="fastmode-fast", temperature=5, **chat)
+    assert e.value.param == "temperature" and "temperature" in e.value.message
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.chat.completions.create(model="fastmode-fast", n=2, **chat)
+    assert e.value.param == "n"
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.completions.create(model="fastmode-fast", prompt=[1, 2, 3], max_tokens=2)
+    assert e.value.param == "prompt" and "token-id" in e.value.message
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.completions.create(model="fastmode-fast", prompt="x", max_tokens=100000)
+    assert e.value.code == "prompt_too_long"
+    assert oai.chat.completions.create(model="fastmode-fast", **chat).choices[0].finish_reason  # still serving
+
+
+@pytest.mark.slow
+def test_overloaded_priority_lane_is_a_rate_limit_error_with_retry_after(app):
+    a = app()
+    oai = client(a)
+    long = {"model": "fastmode-full", "service_tier": "priority", "max_tokens": 480, "temperature": 0,
+            "messages": [{"role": "user", "content": "class Parser:\n"}], "extra_body": {"ignore_eos": True}}
+    first, second = (oai.chat.completions.create(**long, stream=True) for _ in range(2))
+    with first, second:
+        assert next(iter(first)).service_tier == next(iter(second)).service_tier == "priority"
+        with pytest.raises(openai.RateLimitError) as e:
+            oai.chat.completions.create(**long)
+        assert e.value.code == "overloaded" and int(e.value.response.headers["retry-after"]) >= 1
+        spilled = oai.chat.completions.create(**(long | {"max_tokens": 4, "extra_body": {"allow_spill": True}}))
+        assert spilled.service_tier == "default" and spilled.model_extra["fastmode"]["route"]["spilled_from"]
+
+
+@pytest.mark.slow
+def test_closing_a_stream_frees_its_engine_sequence(app):
+    a = app()
+    before = a.lane_stats("standard")["cancelled"]
+    body = {"model": "fastmode-full", "messages": [{"role": "user", "content": "class Parser:\n"}],
+            "max_tokens": 400, "stream": True}
+    with a.client.stream("POST", "/v1/chat/completions", json=body) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        line = next(x for x in r.iter_lines() if x)
+        assert json.loads(line.removeprefix("data: "))["choices"][0]["delta"]["role"] == "assistant"
+    deadline = time.monotonic() + 30
+    while (stats := a.lane_stats("standard"))["running"] or stats["in_flight"]:
+        assert time.monotonic() < deadline, f"the standard lane still holds the sequence: {stats}"
+        time.sleep(0.2)
+    assert stats["cancelled"] == before + 1
+
+
+def bench(a, *args: str) -> dict:
+    """vLLM's benchmark client (``tests/serve/vllm_bench_client.py``) against ``a``: its summary."""
+    cmd = [sys.executable, "-m", "tests.serve.vllm_bench_client", "--base-url", a.base, "--model", "fastmode-full",
+           "--tokenizer", str(REPO / "models" / "full"), "--dataset-name", "random", "--random-input-len", "32",
+           "--random-output-len", "16", "--num-prompts", "8", "--ignore-eos", "--temperature", "0",
+           "--disable-tqdm", "--save-detailed", *args]
+    run = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    result = [x for x in run.stdout.splitlines() if x.startswith("RESULT ")]
+    assert run.returncode == 0 and result, run.stdout[-3000:] + run.stderr[-3000:]
+    return json.loads(result[-1].removeprefix("RESULT "))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend,endpoint", [("openai-chat", "/v1/chat/completions"),
+                                              ("openai", "/v1/completions")])
+def test_vllm_benchmark_client(app, backend, endpoint):
+    result = bench(app(), "--backend", backend, "--endpoint", endpoint)
+    assert (result["completed"], result["failed"]) == (8, 0), result["errors"]
+    assert result["output_lens"] == [16] * 8 and result["total_output_tokens"] == 128  # our usage, ignore_eos
+    assert all(result["generated_texts"]) and all(t > 0 for t in result["ttfts"])
+
+
+# --- in process, over a scripted router ----------------------------------------------------------
+
+CREATED = {"type": "created", "id": "r", "lane": "priority", "model": "fastmode-full", "input_tokens": 3,
+           "route": {"by": "model"}}
+DELTAS = [{"type": "delta", "id": "r", "seq": 0, "text": "Hel", "tokens": 1},
+          {"type": "delta", "id": "r", "seq": 1, "text": "lo", "tokens": 1}]
+DONE = {"type": "done", "id": "r", "lane": "priority", "model": "fastmode-full", "finish_reason": "length",
+        "usage": {"input_tokens": 3, "output_tokens": 2, "total_tokens": 5}, "timing": {"ttft_s": 0.1},
+        "cost_units": 0.03, "route": {"by": "model"}}
+CHAT = {"model": "fastmode-full", "messages": [{"role": "user", "content": "hi"}]}
+
+
+class ScriptedStream:
+    """What ``router.options(stream=True).generate.remote`` returns: the script's events, then the end."""
+
+    def __init__(self, events: list) -> None:
+        self.events, self.cancelled = iter(events), False
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        event = next(self.events, None)
+        if event is None:
+            raise StopAsyncIteration
+        if isinstance(event, Exception):
+            raise event
+        return event
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class ScriptedRouter:
+    def __init__(self, events: list) -> None:
+        self.script, self.bodies, self.streams = events, [], []
+
+    def options(self, stream: bool):
+        assert stream
+        return self
+
+    @property
+    def generate(self):
+        return self
+
+    def remote(self, body: dict) -> ScriptedStream:
+        self.bodies.append(body)
+        self.streams.append(ScriptedStream(list(self.script)))
+        return self.streams[-1]
+
+
+def scripted(events: list) -> tuple[ScriptedRouter, TestClient]:
+    router, api = ScriptedRouter(events), FastAPI()
+
+    @api.post("/v1/chat/completions")
+    async def chat(request: Request):
+        return await openai_api.chat_completions(router, request)
+
+    @api.post("/v1/completions")
+    async def text(request: Request):
+        return await openai_api.completions(router, request)
+
+    return router, TestClient(api)
+
+
+def sse(r: httpx.Response) -> list:
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    assert r.text.endswith("\n\n")
+    frames = r.text.split("\n\n")[:-1]
+    assert all(f.startswith("data: ") for f in frames), frames
+    return [f.removeprefix("data: ") if f == "data: [DONE]" else json.loads(f.removeprefix("data: "))
+            for f in frames]
+
+
+def test_fields_map_onto_the_routers_request():
+    router, c = scripted([CREATED, *DELTAS, DONE])
+    body = {**CHAT, "max_tokens": 9, "max_completion_tokens": 7, "temperature": 0, "top_p": 0.5, "stop": ["\n"],
+            "seed": 3, "service_tier": "priority", "ignore_eos": True, "user": "u", "presence_penalty": 0,
+            "logprobs": False, "n": 1, "response_format": {"type": "text"},
+            "messages": [{"role": "system", "content": "a"},
+                         {"role": "user", "name": "x", "content": [{"type": "text", "text": "b"}, {"type": "text", "text": "c"}]}]}
+    assert c.post("/v1/chat/completions", json=body).status_code == 200
+    sent = router.bodies[0]
+    assert sent.pop("id").startswith("chatcmpl-")
+    assert sent == {"model": "fastmode-full", "input": [{"role": "system", "content": "a"}, {"role": "user", "content": "bc"}],
+                    "max_output_tokens": 7, "temperature": 0, "top_p": 0.5, "stop": ["\n"], "seed": 3,
+                    "service_tier": "priority", "ignore_eos": True}
+    assert c.post("/v1/completions", json={"model": "m", "prompt": ["x"], "max_tokens": 4, "logprobs": None}).status_code == 200
+    assert router.bodies[1]["input"] == "x" and router.bodies[1]["max_output_tokens"] == 4
+    assert all(s.cancelled for s in router.streams)
+
+
+def test_whole_chat_response_has_openais_shape_and_the_lane():
+    _, c = scripted([CREATED, *DELTAS, DONE])
+    r = c.post("/v1/chat/completions", json=CHAT).json()
+    assert r["object"] == "chat.completion" and r["model"] == "fastmode-full" and r["service_tier"] == "priority"
+    assert r["choices"] == [{"index": 0, "message": {"role": "assistant", "content": "Hello", "refusal": None},
+                             "logprobs": None, "finish_reason": "length"}]
+    assert r["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+    assert r["fastmode"] == {"lane": "priority", "route": {"by": "model"}, "timing": {"ttft_s": 0.1}, "cost_units": 0.03}
+
+
+def test_chat_stream_frames_role_first_then_usage_and_done():
+    router, c = scripted([CREATED, *DELTAS, DONE])
+    *chunks, usage, end = sse(c.post("/v1/chat/completions", json={**CHAT, "stream": True,
+                                                                   "stream_options": {"include_usage": True}}))
+    assert end == "[DONE]"
+    assert [ch["choices"][0]["delta"] for ch in chunks] == [{"role": "assistant", "content": "Hel"},
+                                                            {"content": "lo"}, {}]
+    assert [ch["choices"][0]["finish_reason"] for ch in chunks] == [None, None, "length"]
+    assert all(ch["usage"] is None and ch["object"] == "chat.completion.chunk" for ch in chunks)
+    assert usage["choices"] == [] and usage["usage"]["total_tokens"] == 5
+    assert chunks[-1]["fastmode"]["lane"] == "priority" and router.streams[0].cancelled
+    *chunks, end = sse(c.post("/v1/completions", json={"model": "m", "prompt": "x", "stream": True}))
+    assert [ch["choices"][0]["text"] for ch in chunks] == ["Hel", "lo", ""] and "usage" not in chunks[0]
+    assert chunks[-1]["object"] == "text_completion" and chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_an_error_mid_stream_is_the_streams_last_event():
+    router, c = scripted([CREATED, DELTAS[0], {"type": "error", "id": "r", "code": "kv_cache_full",
+                                               "message": "no room", "status": 503}])
+    *chunks, last = sse(c.post("/v1/chat/completions", json={**CHAT, "stream": True}))
+    assert chunks[0]["choices"][0]["delta"]["content"] == "Hel"
+    assert last == {"error": {"message": "no room", "type": "server_error", "param": None, "code": "kv_cache_full"}}
+    r = c.post("/v1/chat/completions", json=CHAT)
+    assert r.status_code == 503 and r.json()["error"]["code"] == "kv_cache_full"
+    router, c = scripted([CREATED, DELTAS[0], RuntimeError("replica died")])
+    *_, last = sse(c.post("/v1/completions", json={"model": "m", "prompt": "x", "stream": True}))
+    assert last["error"]["code"] == "internal_error" and "replica died" in last["error"]["message"]
+    assert all(s.cancelled for s in router.streams)
+
+
+def test_refused_requests_are_http_errors_in_openais_shape():
+    _, c = scripted([{"type": "error", "id": "r", "code": "overloaded", "message": "full", "status": 429,
+                      "retry_after": 0.4}])
+    r = c.post("/v1/chat/completions", json={**CHAT, "stream": True})
+    assert (r.status_code, r.headers["retry-after"]) == (429, "1")
+    assert r.json() == {"error": {"message": "full", "type": "rate_limit_error", "param": None, "code": "overloaded"}}
+    _, c = scripted([{"type": "error", "id": "r", "code": "invalid_request", "status": 400,
+                      "message": "max_output_tokens: Input should be greater than or equal to 1"}])
+    assert c.post("/v1/completions", json={"model": "m", "prompt": "x"}).json()["error"]["param"] == "max_tokens"
+
+
+@pytest.mark.parametrize("path,body,param,says", [
+    ("chat", {**CHAT, "n": 2}, "n", "one choice"),
+    ("chat", {**CHAT, "logprobs": True}, "logprobs", "not supported"),
+    ("chat", {**CHAT, "top_logprobs": 2}, "top_logprobs", "not supported"),
+    ("chat", {**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "tool calling"),
+    ("chat", {**CHAT, "response_format": {"type": "json_object"}}, "response_format", "json_object"),
+    ("chat", {**CHAT, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+     "messages[0].content[0].type", "image_url"),
+    ("chat", {**CHAT, "messages": [{"role": "tool", "content": "x"}]}, "messages[0].role", "tool"),
+    ("chat", {**CHAT, "messages": []}, "messages", "at least 1"),
+    ("chat", {**CHAT, "temperature": "hot"}, "temperature", "number"),
+    ("chat", {**CHAT, "max_tokens": 0}, "max_tokens", "greater than or equal to 1"),
+    ("chat", {"messages": CHAT["messages"]}, "model", "required"),
+    ("text", {"model": "m", "prompt": [1, 2]}, "prompt", "token-id"),
+    ("text", {"model": "m", "prompt": [[1, 2]]}, "prompt", "token-id"),
+    ("text", {"model": "m", "prompt": ["a", "b"]}, "prompt", "one prompt"),
+    ("text", {"model": "m", "prompt": "x", "logprobs": 1}, "logprobs", "not supported"),
+    ("text", {"model": "m", "prompt": "x", "echo": True}, "echo", "not supported"),
+    ("text", {"model": "m", "prompt": "x", "best_of": 2}, "best_of", "only 1"),
+    ("text", {"model": "m"}, "prompt", "string"),
+])
+def test_requests_that_cannot_be_honored_get_a_400_naming_the_field(path, body, param, says):
+    router, c = scripted([CREATED, DONE])
+    r = c.post("/v1/chat/completions" if path == "chat" else "/v1/completions", json=body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert (error["type"], error["code"], error["param"]) == ("invalid_request_error", "invalid_request", param)
+    assert says in error["message"]
+    assert router.bodies == []  # never reached the router
+
+
+def test_a_body_that_is_not_json_is_a_400():
+    _, c = scripted([CREATED, DONE])
+    for content in (b"{nope", b"[1]"):
+        r = c.post("/v1/chat/completions", content=content)
+        assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
