@@ -24,8 +24,9 @@ from fastapi import WebSocket
 
 from .config import GatewayConfig
 from .errors import to_event
+from .protocol import VERSION
 
-PROTOCOL_VERSION = "fastmode.responses.v1"
+PROTOCOL_VERSION = VERSION
 
 # WebSocket close codes (RFC 6455 and the IANA registry).
 CLOSE_NORMAL, CLOSE_GOING_AWAY, CLOSE_POLICY, CLOSE_TOO_BIG = 1000, 1001, 1008, 1009

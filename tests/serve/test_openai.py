@@ -5,6 +5,7 @@ scripted router (request mapping, SSE framing, errors, cancellation)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -25,7 +26,7 @@ LANES = [("fastmode-fast", None, "fast", "default"),
 
 
 def client(a) -> openai.OpenAI:
-    return openai.OpenAI(base_url=a.base + "/v1", api_key="unused", max_retries=0, timeout=120)
+    return openai.OpenAI(base_url=a.base + "/v1", api_key=a.key, max_retries=0, timeout=120)
 
 
 # --- against the running application -------------------------------------------------------------
@@ -149,7 +150,8 @@ def bench(a, *args: str) -> dict:
            "--tokenizer", str(REPO / "models" / "full"), "--dataset-name", "random", "--random-input-len", "32",
            "--random-output-len", "16", "--num-prompts", "8", "--ignore-eos", "--temperature", "0",
            "--disable-tqdm", "--save-detailed", *args]
-    run = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    env = os.environ | {"OPENAI_API_KEY": a.key}  # vLLM's client sends it as the bearer key
+    run = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     result = [x for x in run.stdout.splitlines() if x.startswith("RESULT ")]
     assert run.returncode == 0 and result, run.stdout[-3000:] + run.stderr[-3000:]
     return json.loads(result[-1].removeprefix("RESULT "))

@@ -13,6 +13,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from tests.serve.conftest import text_of
+from tests.serve.test_protocol import validate
 
 LANES = {"fast": ("fastmode-fast", None), "priority": ("fastmode-full", "priority"),
          "standard": ("fastmode-full", "default")}
@@ -33,6 +34,7 @@ async def collect(conn, ids: set[str]) -> dict[str, list[dict]]:
     events, open_ = defaultdict(list), set(ids)
     while open_:
         e = json.loads(await conn.recv())
+        validate(e)  # everything the server sends matches docs/protocol.schema.json
         events[e["id"]].append(e)
         if e["type"] in ("response.completed", "response.cancelled", "error"):
             open_.discard(e["id"])

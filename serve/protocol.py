@@ -1,0 +1,129 @@
+"""The WebSocket protocol's events as pydantic models: the source of ``docs/protocol.schema.json``.
+
+The gateway builds events as plain dicts on the hot path; tests validate what it actually sends
+against the schemas generated from these models, and check that the committed schema file is
+current (``python -m serve.protocol > docs/protocol.schema.json`` regenerates it).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .request import GenerateRequest
+
+VERSION = "fastmode.responses.v1"
+
+
+class _Event(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ResponseCreate(GenerateRequest):
+    """Client -> server: start a response. Every ``GenerateRequest`` field, plus ``type``; ``id`` is required."""
+
+    model_config = ConfigDict(extra="forbid", title="response.create")
+    type: Literal["response.create"]
+    id: str = Field(min_length=1, max_length=128, description="Client-chosen; unique among this "
+                    "connection's responses in flight.")
+
+
+class ResponseCancel(_Event):
+    """Client -> server: stop a response in flight (its engine sequence is freed)."""
+
+    model_config = ConfigDict(extra="forbid", title="response.cancel")
+    type: Literal["response.cancel"]
+    id: str
+
+
+class Route(_Event):
+    by: Literal["model", "auto"]
+    difficulty: float | None = Field(default=None, description="model=auto: the prompt's difficulty score.")
+    threshold: float | None = Field(default=None, description="model=auto: the fast lane's threshold.")
+    spilled_from: Literal["priority"] | None = Field(default=None, description="Served on standard because "
+                                                     "priority was full and allow_spill was set.")
+
+
+class ResponseCreated(_Event):
+    """Server -> client: the response was admitted to a lane."""
+
+    model_config = ConfigDict(extra="forbid", title="response.created")
+    type: Literal["response.created"]
+    id: str
+    lane: Literal["fast", "priority", "standard"]
+    model: str
+    input_tokens: int = Field(ge=1)
+    route: Route
+    protocol: Literal["fastmode.responses.v1"]
+
+
+class OutputTextDelta(_Event):
+    """Server -> client: new text. ``seq`` numbers this response's deltas 0, 1, 2, ... with no gap."""
+
+    model_config = ConfigDict(extra="forbid", title="response.output_text.delta")
+    type: Literal["response.output_text.delta"]
+    id: str
+    seq: int = Field(ge=0)
+    delta: str = Field(min_length=1)
+
+
+class Usage(_Event):
+    input_tokens: int = Field(ge=0)
+    output_tokens: int = Field(ge=0)
+    total_tokens: int = Field(ge=0)
+
+
+class Timing(_Event):
+    ttft_s: float | None = Field(description="Router entry to first text, seconds.")
+    engine_ttft_s: float | None = Field(description="Lane entry to first token, seconds.")
+    decode_tokens_per_s: float | None = Field(description="Output tokens after the first, per second.")
+    total_s: float = Field(description="Router entry to the end, seconds.")
+
+
+class ResponseCompleted(_Event):
+    """Server -> client: the response ended normally; the last event of its id."""
+
+    model_config = ConfigDict(extra="forbid", title="response.completed")
+    type: Literal["response.completed"]
+    id: str
+    finish_reason: Literal["stop", "length"]
+    usage: Usage
+    timing: Timing
+    cost_units: float = Field(ge=0, description="price x total tokens / 1000 (lane prices in the config).")
+    lane: Literal["fast", "priority", "standard"]
+    model: str
+
+
+class ResponseCancelled(_Event):
+    """Server -> client: the response was cancelled (``response.cancel``); the last event of its id."""
+
+    model_config = ConfigDict(extra="forbid", title="response.cancelled")
+    type: Literal["response.cancelled"]
+    id: str
+
+
+class ErrorEvent(_Event):
+    """Server -> client: a request failed (the last event of its id) or a frame was refused (``id`` null)."""
+
+    model_config = ConfigDict(extra="forbid", title="error")
+    type: Literal["error"]
+    id: str | None
+    code: str = Field(description="Stable error code (docs/protocol.md lists them).")
+    message: str
+    retry_after: float | None = Field(default=None, description="overloaded: seconds to wait before retrying.")
+
+
+CLIENT_EVENTS = (ResponseCreate, ResponseCancel)
+SERVER_EVENTS = (ResponseCreated, OutputTextDelta, ResponseCompleted, ResponseCancelled, ErrorEvent)
+
+
+def schema() -> dict[str, Any]:
+    """One JSON Schema per event type, keyed by ``type``."""
+    return {"protocol": VERSION, "client_to_server": {m.model_config["title"]: m.model_json_schema() for m in CLIENT_EVENTS},
+            "server_to_client": {m.model_config["title"]: m.model_json_schema() for m in SERVER_EVENTS}}
+
+
+if __name__ == "__main__":
+    print(json.dumps(schema(), indent=2))
