@@ -99,7 +99,9 @@ def run(config: AppConfig, *, address: str | None, chips: int, verbose: bool = F
         base = f"http://{config.http.host}:{config.http.port}"
         m = config.models
         print(f"fastmode up: ready in {time.perf_counter() - started:.0f} s\n"
-              f"  HTTP     {base}   GET /health   GET /v1/models   POST /v1/generate (NDJSON stream)\n"
+              f"  WS       {base.replace('http', 'ws', 1)}/v1/responses   (persistent WebSocket, docs/protocol.md)\n"
+              f"  HTTP     {base}/v1   (OpenAI API: chat/completions, completions, models)\n"
+              f"           {base}/health   {base}/v1/generate (NDJSON)\n"
               f"  models   {m.full.id} (lanes: standard; service_tier=priority: priority)\n"
               f"           {m.fast.id} (lane: fast, tp={config.lanes.fast.tp} x pp={config.lanes.fast.pp})\n"
               f"           auto (router: fast if the prompt's difficulty <= {config.router.auto_threshold})\n"
