@@ -1,8 +1,10 @@
 """The Serve application: ``build_app`` turns a deployment config into the deployment graph
 
-    Gateway (HTTP ingress) -> Router -> Lane "fast"     (ShardedLaneEngine, tp x pp chips)
-                                     -> Lane "priority" (VLLMLaneEngine, low max_num_seqs)
-                                     -> Lane "standard" (VLLMLaneEngine, high max_num_seqs)
+    Gateway (HTTP + WebSocket ingress) -> Router -> Lane "fast"     (ShardedLaneEngine, tp x pp chips)
+    GrpcServer (grpc.aio, own port)   ->        -> Lane "priority" (VLLMLaneEngine, low max_num_seqs)
+                                                -> Lane "standard" (VLLMLaneEngine, high max_num_seqs)
+
+(The gateway holds the gRPC server's handle only so that Serve deploys it with the application.)
 
 It is also the ``import_path`` for ``serve deploy`` / ``serve run``:
 ``serve.app:build_app`` with ``args: {config: <path or inline mapping>}`` (see docs/serving.md).
@@ -19,6 +21,7 @@ from .config import AppConfig, load_config
 from .gateway import Gateway
 from .lanes.lane import FAST, LANES, Lane
 from .router import Router
+from .rpc.server import GrpcServer
 
 # Serve's default max_ongoing_requests (5) would queue streams in front of an engine that has room.
 UNCAPPED = 10_000
@@ -45,6 +48,11 @@ def build(config: AppConfig) -> Application:
     router = serve.deployment(Router).options(
         name="router", num_replicas=1, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=UNCAPPED,
     ).bind(config.model_dump(mode="json"), **handles)
+    grpc_server = None
+    if config.grpc.enabled:
+        grpc_server = serve.deployment(GrpcServer).options(
+            name="grpc", num_replicas=1, ray_actor_options={"num_cpus": 0},
+        ).bind(config.model_dump(mode="json"), router)
     return serve.deployment(Gateway).options(
         name="gateway", ray_actor_options={"num_cpus": 0}, max_ongoing_requests=UNCAPPED,
-    ).bind(config.model_dump(mode="json"), router)
+    ).bind(config.model_dump(mode="json"), router, grpc_server)

@@ -132,6 +132,14 @@ class HTTPConfig(_Strict):
     port: int = Field(default=8000, ge=1, le=65535, description="HTTP port.")
 
 
+class GrpcConfig(_Strict):
+    """The internal gRPC API (``serve/rpc``)."""
+
+    enabled: bool = Field(default=True, description="Serve fastmode.v1.Inference, health and reflection.")
+    host: str = Field(default="127.0.0.1", description="Bind address of the gRPC port.")
+    port: int = Field(default=9000, ge=1, le=65535, description="gRPC port.")
+
+
 class GatewayConfig(_Strict):
     """Limits of the persistent WebSocket (``/v1/responses``)."""
 
@@ -173,6 +181,7 @@ class AppConfig(_Strict):
     lanes: LanesConfig = LanesConfig()
     router: RouterConfig = RouterConfig()
     http: HTTPConfig = HTTPConfig()
+    grpc: GrpcConfig = GrpcConfig()
     gateway: GatewayConfig = GatewayConfig()
     auth: AuthConfig = AuthConfig()
 

@@ -51,10 +51,12 @@ class Gateway:
     Args:
         config: the validated deployment config (as a dict).
         router: the router deployment's handle.
+        grpc_server: the gRPC server deployment's handle, if enabled.
     """
 
-    def __init__(self, config: dict[str, Any], router) -> None:
+    def __init__(self, config: dict[str, Any], router, grpc_server=None) -> None:
         self.config = load_config(config)
+        self.grpc_server = grpc_server  # held so that Serve deploys it with the application
         self.keys = load_keys(self.config)
         self.router = router
         api.state.gateway = self

@@ -61,7 +61,8 @@ class _Chat:
     """The chat API's objects."""
 
     request_type = ChatCompletionRequest
-    prefix, object, chunk_object, input_param = "chatcmpl-", "chat.completion", "chat.completion.chunk", "messages"
+    prefix, input_param = "chatcmpl-", "messages"
+    object, chunk_object = "chat.completion", "chat.completion.chunk"
 
     def choice(self, text: str, finish_reason: str | None) -> dict[str, Any]:
         return {"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
@@ -78,7 +79,8 @@ class _Text:
     """The (legacy) completions API's objects."""
 
     request_type = CompletionRequest
-    prefix, object, chunk_object, input_param = "cmpl-", "text_completion", "text_completion", "prompt"
+    prefix, input_param = "cmpl-", "prompt"
+    object, chunk_object = "text_completion", "text_completion"
 
     def choice(self, text: str, finish_reason: str | None) -> dict[str, Any]:
         return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
@@ -101,7 +103,7 @@ async def _complete(router, request: Request, api: _Chat | _Text):
         return _error_response(400, e.message, "invalid_request", e.param)
     reply = _Reply(api, rid, int(time.time()), req.include_usage)
     stream = router.options(stream=True).generate.remote(body)
-    handed_off = False  # once the SSE body owns the stream, it cancels it
+    handed_off = False  # once the SSE response owns the stream, it cancels it
     try:
         try:
             first = await stream.__anext__()
@@ -112,8 +114,7 @@ async def _complete(router, request: Request, api: _Chat | _Text):
         reply.created_event(first)
         if req.stream:
             handed_off = True
-            return StreamingResponse(_sse(reply, stream), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            return _EventStream(_sse(reply, stream), on_close=stream.cancel)
         texts, done = [], None
         try:
             async for event in stream:
@@ -168,6 +169,22 @@ class _Reply:
         return _sse_data({**self._head(self.api.chunk_object), "choices": [], "usage": _usage(done)})
 
 
+class _EventStream(StreamingResponse):
+    """A ``text/event-stream`` response that calls ``on_close`` however it ends: also when the
+    client hangs up before the body started, where the body generator's own ``finally`` never runs."""
+
+    def __init__(self, content: AsyncIterator[str], on_close) -> None:
+        super().__init__(content, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.on_close = on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_close()  # a client that hung up: free the engine sequence
+
+
 async def _sse(reply: _Reply, stream) -> AsyncIterator[str]:
     """The SSE body: chunks from the router's events; an error event ends it without ``[DONE]``."""
     first = True
@@ -191,12 +208,10 @@ async def _sse(reply: _Reply, stream) -> AsyncIterator[str]:
                                                        reply.id), reply.api)})
     except Exception as e:  # noqa: BLE001 - mid-stream failure: the stream's last event says so
         yield _sse_data({"error": _error_body(to_event(e, reply.id), reply.api)})
-    finally:
-        stream.cancel()  # a client that hung up: free the engine sequence
 
 
 def _sse_data(obj: dict[str, Any]) -> str:
-    return f"data: {json.dumps(obj)}\n\n"
+    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
 
 
 def _usage(done: dict[str, Any]) -> dict[str, int]:
@@ -223,8 +238,8 @@ def _error_body(event: dict[str, Any], api: _Chat | _Text) -> dict[str, Any]:
 
 
 def _event_response(event: dict[str, Any], api: _Chat | _Text) -> JSONResponse:
-    headers = {"Retry-After": str(max(1, round(event["retry_after"])))} if event.get("retry_after") is not None \
-        else None
+    retry = event.get("retry_after")
+    headers = None if retry is None else {"Retry-After": str(max(1, round(retry)))}
     return JSONResponse({"error": _error_body(event, api)}, status_code=event["status"], headers=headers)
 
 

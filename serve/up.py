@@ -41,6 +41,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--address", help="join this Ray cluster instead of starting one (or set RAY_ADDRESS)")
     ap.add_argument("--host", help="HTTP bind address (overrides http.host)")
     ap.add_argument("--port", type=int, help="HTTP port (overrides http.port)")
+    ap.add_argument("--grpc-port", type=int, help="gRPC port (overrides grpc.port)")
     ap.add_argument("--chips", type=int, default=os.cpu_count() or 1,
                     help="`chip` resources of a locally started Ray (default: CPU cores, %(default)s here)")
     ap.add_argument("--print-config", action="store_true", help="print the effective config and exit")
@@ -57,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
         http = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
         if http:
             config = load_config(config.model_dump(mode="json") | {"http": config.http.model_dump() | http})
+        if args.grpc_port is not None:
+            config = load_config(config.model_dump(mode="json") | {"grpc": config.grpc.model_dump() | {"port": args.grpc_port}})
         load_keys(config)  # refuse a non-loopback bind without keys before starting anything
     except ConfigError as e:
         print(f"fastmode up: {e}", file=sys.stderr)
@@ -102,6 +105,8 @@ def run(config: AppConfig, *, address: str | None, chips: int, verbose: bool = F
               f"  WS       {base.replace('http', 'ws', 1)}/v1/responses   (persistent WebSocket, docs/protocol.md)\n"
               f"  HTTP     {base}/v1   (OpenAI API: chat/completions, completions, models)\n"
               f"           {base}/health   {base}/v1/generate (NDJSON)\n"
+              + (f"  gRPC     {config.grpc.host}:{config.grpc.port}   (fastmode.v1.Inference, health, reflection)\n"
+                 if config.grpc.enabled else "") +
               f"  models   {m.full.id} (lanes: standard; service_tier=priority: priority)\n"
               f"           {m.fast.id} (lane: fast, tp={config.lanes.fast.tp} x pp={config.lanes.fast.pp})\n"
               f"           auto (router: fast if the prompt's difficulty <= {config.router.auto_threshold})\n"

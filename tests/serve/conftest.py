@@ -38,7 +38,10 @@ class App:
         self.ws_url = f"ws://127.0.0.1:{self.port}/v1/responses"
         self.key = API_KEY
         env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"FASTMODE_API_KEYS": f"{API_KEY},sk-other"}
-        self.proc = subprocess.Popen([sys.executable, "-m", "clients.cli", "up", "--port", str(self.port), *args],
+        self.grpc_port = free_port()
+        self.grpc_target = f"127.0.0.1:{self.grpc_port}"
+        self.proc = subprocess.Popen([sys.executable, "-m", "clients.cli", "up", "--port", str(self.port),
+                                      "--grpc-port", str(self.grpc_port), *args],
                                      cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.output: list[str] = []
         self.ready = threading.Event()

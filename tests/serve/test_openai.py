@@ -37,7 +37,8 @@ def client(a) -> openai.OpenAI:
 def test_chat_streams_the_same_text_as_whole_responses_and_the_router(app, model, tier, lane, service_tier):
     a = app()
     oai = client(a)
-    args = {"model": model, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 24, "temperature": 0}
+    args = {"model": model, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 24,
+            "temperature": 0}
     if tier:
         args["service_tier"] = tier
     whole = oai.chat.completions.create(**args)
@@ -48,7 +49,8 @@ def test_chat_streams_the_same_text_as_whole_responses_and_the_router(app, model
     done = events[-1]
 
     assert whole.object == "chat.completion" and whole.id.startswith("chatcmpl-")
-    assert (whole.model, whole.service_tier, whole.model_extra["fastmode"]["lane"]) == (model, service_tier, lane)
+    assert (whole.model, whole.service_tier) == (model, service_tier)
+    assert whole.model_extra["fastmode"]["lane"] == lane
     choice = whole.choices[0]
     assert choice.message.role == "assistant" and choice.message.content == text_of(events)
     assert choice.finish_reason == done["finish_reason"]
@@ -74,11 +76,13 @@ def test_text_completions_streamed_and_whole(app):
     args = {"model": "fastmode-full", "prompt": "import os\n", "max_tokens": 16, "temperature": 0}
     whole = oai.completions.create(**args)
     chunks = list(oai.completions.create(**args, stream=True, stream_options={"include_usage": True}))
-    status, events = a.generate(model="fastmode-full", input="import os\n", max_output_tokens=16, temperature=0)
+    status, events = a.generate(model="fastmode-full", input=args["prompt"], max_output_tokens=16,
+                                temperature=0)
     assert status == 200, events
 
     assert whole.object == "text_completion" and whole.id.startswith("cmpl-")
-    assert whole.choices[0].text == text_of(events) and whole.choices[0].finish_reason == events[-1]["finish_reason"]
+    assert whole.choices[0].text == text_of(events)
+    assert whole.choices[0].finish_reason == events[-1]["finish_reason"]
     assert whole.usage.completion_tokens == events[-1]["usage"]["output_tokens"]
     assert whole.service_tier == "default"
     *content, usage = chunks
@@ -108,7 +112,8 @@ def test_errors_raise_the_openai_packages_typed_exceptions(app):
     with pytest.raises(openai.BadRequestError) as e:
         oai.completions.create(model="fastmode-fast", prompt="x", max_tokens=100000)
     assert e.value.code == "prompt_too_long"
-    assert oai.chat.completions.create(model="fastmode-fast", **chat).choices[0].finish_reason  # still serving
+    served = oai.chat.completions.create(model="fastmode-fast", **chat)  # and the next request is served
+    assert served.choices[0].finish_reason in ("stop", "length")
 
 
 @pytest.mark.slow
@@ -123,7 +128,8 @@ def test_overloaded_priority_lane_is_a_rate_limit_error_with_retry_after(app):
         with pytest.raises(openai.RateLimitError) as e:
             oai.chat.completions.create(**long)
         assert e.value.code == "overloaded" and int(e.value.response.headers["retry-after"]) >= 1
-        spilled = oai.chat.completions.create(**(long | {"max_tokens": 4, "extra_body": {"allow_spill": True}}))
+        spilled = oai.chat.completions.create(**(long | {"max_tokens": 4,
+                                                         "extra_body": {"allow_spill": True}}))
         assert spilled.service_tier == "default" and spilled.model_extra["fastmode"]["route"]["spilled_from"]
 
 
@@ -146,8 +152,9 @@ def test_closing_a_stream_frees_its_engine_sequence(app):
 
 def bench(a, *args: str) -> dict:
     """vLLM's benchmark client (``tests/serve/vllm_bench_client.py``) against ``a``: its summary."""
-    cmd = [sys.executable, "-m", "tests.serve.vllm_bench_client", "--base-url", a.base, "--model", "fastmode-full",
-           "--tokenizer", str(REPO / "models" / "full"), "--dataset-name", "random", "--random-input-len", "32",
+    cmd = [sys.executable, "-m", "tests.serve.vllm_bench_client", "--base-url", a.base,
+           "--model", "fastmode-full", "--tokenizer", str(REPO / "models" / "full"),
+           "--dataset-name", "random", "--random-input-len", "32",
            "--random-output-len", "16", "--num-prompts", "8", "--ignore-eos", "--temperature", "0",
            "--disable-tqdm", "--save-detailed", *args]
     env = os.environ | {"OPENAI_API_KEY": a.key}  # vLLM's client sends it as the bearer key
@@ -243,18 +250,22 @@ def sse(r: httpx.Response) -> list:
 
 def test_fields_map_onto_the_routers_request():
     router, c = scripted([CREATED, *DELTAS, DONE])
-    body = {**CHAT, "max_tokens": 9, "max_completion_tokens": 7, "temperature": 0, "top_p": 0.5, "stop": ["\n"],
+    body = {**CHAT, "max_tokens": 9, "max_completion_tokens": 7, "temperature": 0, "top_p": 0.5,
+            "stop": ["\n"],
             "seed": 3, "service_tier": "priority", "ignore_eos": True, "user": "u", "presence_penalty": 0,
             "logprobs": False, "n": 1, "response_format": {"type": "text"},
             "messages": [{"role": "system", "content": "a"},
-                         {"role": "user", "name": "x", "content": [{"type": "text", "text": "b"}, {"type": "text", "text": "c"}]}]}
+                         {"role": "user", "name": "x",
+                          "content": [{"type": "text", "text": "b"}, {"type": "text", "text": "c"}]}]}
     assert c.post("/v1/chat/completions", json=body).status_code == 200
     sent = router.bodies[0]
     assert sent.pop("id").startswith("chatcmpl-")
-    assert sent == {"model": "fastmode-full", "input": [{"role": "system", "content": "a"}, {"role": "user", "content": "bc"}],
+    assert sent == {"model": "fastmode-full",
+                    "input": [{"role": "system", "content": "a"}, {"role": "user", "content": "bc"}],
                     "max_output_tokens": 7, "temperature": 0, "top_p": 0.5, "stop": ["\n"], "seed": 3,
                     "service_tier": "priority", "ignore_eos": True}
-    assert c.post("/v1/completions", json={"model": "m", "prompt": ["x"], "max_tokens": 4, "logprobs": None}).status_code == 200
+    text = {"model": "m", "prompt": ["x"], "max_tokens": 4, "logprobs": None}
+    assert c.post("/v1/completions", json=text).status_code == 200
     assert router.bodies[1]["input"] == "x" and router.bodies[1]["max_output_tokens"] == 4
     assert all(s.cancelled for s in router.streams)
 
@@ -262,17 +273,18 @@ def test_fields_map_onto_the_routers_request():
 def test_whole_chat_response_has_openais_shape_and_the_lane():
     _, c = scripted([CREATED, *DELTAS, DONE])
     r = c.post("/v1/chat/completions", json=CHAT).json()
-    assert r["object"] == "chat.completion" and r["model"] == "fastmode-full" and r["service_tier"] == "priority"
+    assert (r["object"], r["model"], r["service_tier"]) == ("chat.completion", "fastmode-full", "priority")
     assert r["choices"] == [{"index": 0, "message": {"role": "assistant", "content": "Hello", "refusal": None},
                              "logprobs": None, "finish_reason": "length"}]
     assert r["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
-    assert r["fastmode"] == {"lane": "priority", "route": {"by": "model"}, "timing": {"ttft_s": 0.1}, "cost_units": 0.03}
+    assert r["fastmode"] == {"lane": "priority", "route": {"by": "model"}, "timing": {"ttft_s": 0.1},
+                             "cost_units": 0.03}
 
 
 def test_chat_stream_frames_role_first_then_usage_and_done():
     router, c = scripted([CREATED, *DELTAS, DONE])
-    *chunks, usage, end = sse(c.post("/v1/chat/completions", json={**CHAT, "stream": True,
-                                                                   "stream_options": {"include_usage": True}}))
+    body = {**CHAT, "stream": True, "stream_options": {"include_usage": True}}
+    *chunks, usage, end = sse(c.post("/v1/chat/completions", json=body))
     assert end == "[DONE]"
     assert [ch["choices"][0]["delta"] for ch in chunks] == [{"role": "assistant", "content": "Hel"},
                                                             {"content": "lo"}, {}]
@@ -290,7 +302,8 @@ def test_an_error_mid_stream_is_the_streams_last_event():
                                                "message": "no room", "status": 503}])
     *chunks, last = sse(c.post("/v1/chat/completions", json={**CHAT, "stream": True}))
     assert chunks[0]["choices"][0]["delta"]["content"] == "Hel"
-    assert last == {"error": {"message": "no room", "type": "server_error", "param": None, "code": "kv_cache_full"}}
+    assert last == {"error": {"message": "no room", "type": "server_error", "param": None,
+                              "code": "kv_cache_full"}}
     r = c.post("/v1/chat/completions", json=CHAT)
     assert r.status_code == 503 and r.json()["error"]["code"] == "kv_cache_full"
     router, c = scripted([CREATED, DELTAS[0], RuntimeError("replica died")])
@@ -304,10 +317,12 @@ def test_refused_requests_are_http_errors_in_openais_shape():
                       "retry_after": 0.4}])
     r = c.post("/v1/chat/completions", json={**CHAT, "stream": True})
     assert (r.status_code, r.headers["retry-after"]) == (429, "1")
-    assert r.json() == {"error": {"message": "full", "type": "rate_limit_error", "param": None, "code": "overloaded"}}
+    assert r.json() == {"error": {"message": "full", "type": "rate_limit_error", "param": None,
+                                  "code": "overloaded"}}
     _, c = scripted([{"type": "error", "id": "r", "code": "invalid_request", "status": 400,
                       "message": "max_output_tokens: Input should be greater than or equal to 1"}])
-    assert c.post("/v1/completions", json={"model": "m", "prompt": "x"}).json()["error"]["param"] == "max_tokens"
+    r = c.post("/v1/completions", json={"model": "m", "prompt": "x"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
 
 
 @pytest.mark.parametrize("path,body,param,says", [
@@ -336,7 +351,8 @@ def test_requests_that_cannot_be_honored_get_a_400_naming_the_field(path, body, 
     r = c.post("/v1/chat/completions" if path == "chat" else "/v1/completions", json=body)
     assert r.status_code == 400, r.text
     error = r.json()["error"]
-    assert (error["type"], error["code"], error["param"]) == ("invalid_request_error", "invalid_request", param)
+    assert (error["type"], error["param"]) == ("invalid_request_error", param)
+    assert error["code"] == "invalid_request"
     assert says in error["message"]
     assert router.bodies == []  # never reached the router
 

@@ -1,0 +1,481 @@
+"""The asyncio client: one lazily opened WebSocket per client, many responses multiplexed on it.
+
+A reader task demultiplexes server events by response ``id`` into one queue per response. A
+connection that drops fails every response in flight on it with ``ConnectionLost`` (or the typed
+error the server gave as it closed: ``AuthenticationError`` for close code 1008, ...); the next
+call opens a new connection, retrying with capped, jittered exponential backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import uuid
+from dataclasses import asdict, dataclass, fields
+from typing import Any, AsyncIterator
+from urllib.parse import urlsplit, urlunsplit
+
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
+
+from .errors import (AuthenticationError, ConnectionDraining, ConnectionFailed, ConnectionLost, FastmodeError,
+                     from_code, from_event)
+
+DEFAULT_BASE_URL = "ws://127.0.0.1:8000"
+RESPONSES_PATH = "/v1/responses"
+CLOSE_POLICY = 1008
+_ENDS = ("response.completed", "response.cancelled", "error")
+_CLOSED = "__connection_closed__"  # the sentinel event a dropped connection puts in each queue
+
+
+# -- results -----------------------------------------------------------------------------------
+def _pick(cls, data: dict[str, Any] | None):
+    if not isinstance(data, dict):
+        return None
+    names = {f.name for f in fields(cls)}
+    return cls(**{k: v for k, v in data.items() if k in names})
+
+
+@dataclass
+class Usage:
+    """Token counts of one response."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    total_tokens: int = 0
+
+
+@dataclass
+class Timing:
+    """Server-side timing of one response (seconds; ``decode_tokens_per_s`` after the first token)."""
+
+    ttft_s: float | None = None
+    engine_ttft_s: float | None = None
+    decode_tokens_per_s: float | None = None
+    total_s: float | None = None
+
+
+@dataclass
+class Response:
+    """A finished response. ``finish_reason`` is ``"stop"``, ``"length"`` or, for a response
+    cancelled by the client, ``"cancelled"`` (then ``usage`` and ``timing`` are ``None``)."""
+
+    id: str
+    text: str = ""
+    lane: str | None = None
+    model: str | None = None
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    timing: Timing | None = None
+    cost_units: float | None = None
+    route: dict[str, Any] | None = None
+    input_tokens: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict of every field."""
+        return asdict(self)
+
+
+# -- one WebSocket -----------------------------------------------------------------------------
+class _Connection:
+    """One open WebSocket and the reader task that routes its events to per-response queues."""
+
+    def __init__(self, ws: ClientConnection) -> None:
+        self.ws = ws
+        self.queues: dict[str, asyncio.Queue] = {}
+        self.closed = False
+        self.draining = False  # the server refused a create as ``connection_draining``: open a new one
+        self.closed_by_client = False
+        self.last_error: FastmodeError | None = None  # the last error event without an id
+        self.close_code: int | None = None
+        self.close_reason = ""
+        self._tasks: set[asyncio.Task] = set()
+        self.reader = asyncio.get_running_loop().create_task(self._read())
+
+    @property
+    def usable(self) -> bool:
+        return not self.closed and not self.draining
+
+    async def _read(self) -> None:
+        try:
+            async for raw in self.ws:
+                try:
+                    event = json.loads(raw)
+                except (TypeError, ValueError):
+                    continue
+                if not isinstance(event, dict):
+                    continue
+                rid = event.get("id")
+                queue = self.queues.get(rid) if isinstance(rid, str) else None
+                if queue is not None:
+                    queue.put_nowait(event)
+                    if event.get("type") in _ENDS:
+                        self.queues.pop(rid, None)
+                elif event.get("type") == "error" and rid is None:
+                    self.last_error = from_event(event)
+        except ConnectionClosed as e:
+            frame = e.rcvd or e.sent
+            if frame is not None:
+                self.close_code, self.close_reason = frame.code, frame.reason
+        except Exception:  # noqa: BLE001 - a broken transport: treated as a drop
+            pass
+        finally:
+            if self.close_code is None and self.ws.close_code is not None:
+                self.close_code, self.close_reason = self.ws.close_code, self.ws.close_reason or ""
+            self.closed = True
+            queues, self.queues = self.queues, {}
+            for rid, queue in queues.items():
+                queue.put_nowait({"type": _CLOSED, "id": rid})
+
+    def close_error(self, rid: str | None = None) -> FastmodeError:
+        """The error for a response that was in flight when this connection closed."""
+        if self.close_code == CLOSE_POLICY:
+            return AuthenticationError("unauthorized", self.close_reason or "the server closed the connection "
+                                       "(code 1008): the API key is missing or wrong", None, rid)
+        if self.last_error is not None:
+            e = self.last_error
+            return type(e)(e.code, e.message, e.retry_after, rid)
+        if self.closed_by_client:
+            return ConnectionLost("connection_lost", "the client was closed while the response was in flight",
+                                  None, rid)
+        code = f" (code {self.close_code})" if self.close_code is not None else ""
+        return ConnectionLost("connection_lost", f"the connection closed{code} while the response was in "
+                              "flight", None, rid)
+
+    def register(self, rid: str) -> asyncio.Queue:
+        queue: asyncio.Queue = asyncio.Queue()
+        self.queues[rid] = queue
+        return queue
+
+    async def send(self, event: dict[str, Any]) -> None:
+        try:
+            await self.ws.send(json.dumps(event))
+        except ConnectionClosed:
+            await asyncio.wait([self.reader], timeout=5)
+            raise self.close_error(event.get("id")) from None
+
+    def send_soon(self, event: dict[str, Any]) -> None:
+        """Send ``event`` from a task (for callers that cannot await, such as a closing generator)."""
+        if self.closed:
+            return
+
+        async def send() -> None:
+            try:
+                await self.ws.send(json.dumps(event))
+            except Exception:  # noqa: BLE001 - the connection is gone, and with it the response
+                pass
+
+        task = asyncio.get_running_loop().create_task(send())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def close(self) -> None:
+        self.closed_by_client = True
+        await self.ws.close()
+        await asyncio.wait([self.reader], timeout=5)
+
+
+# -- one response ------------------------------------------------------------------------------
+class ResponseStream:
+    """One response as it streams. Iterate it for text deltas (``async for text in stream``);
+    afterwards ``stream.result`` (or ``await stream.final()``) is the ``Response``.
+
+    Leaving the loop early (``break``), leaving ``async with``, or ``await stream.cancel()`` cancels
+    the response on the server. Iterating raises the typed ``FastmodeError`` the response ended with.
+    """
+
+    def __init__(self, conn: _Connection, rid: str, queue: asyncio.Queue) -> None:
+        self.id = rid
+        self.lane: str | None = None
+        self.model: str | None = None
+        self.route: dict[str, Any] | None = None
+        self.input_tokens: int | None = None
+        self.result: Response | None = None
+        """The finished ``Response`` (``None`` until the response has ended without an error)."""
+        self.error: FastmodeError | None = None
+        """The error the response ended with, if any."""
+        self._conn, self._queue = conn, queue
+        self._parts: list[str] = []
+        self._cancel_sent = False
+
+    @property
+    def text(self) -> str:
+        """The text received so far."""
+        return "".join(self._parts)
+
+    @property
+    def done(self) -> bool:
+        """Whether the response has ended (completed, cancelled or failed)."""
+        return self.result is not None or self.error is not None
+
+    async def _next_event(self) -> dict[str, Any] | None:
+        """Apply the next event; return it, or ``None`` once ended (raising the error it ended with)."""
+        if self.error is not None:
+            raise self.error
+        if self.result is not None:
+            return None
+        event = await self._queue.get()
+        kind = event.get("type")
+        if kind == "response.created":
+            self.lane, self.model = event.get("lane"), event.get("model")
+            self.route, self.input_tokens = event.get("route"), event.get("input_tokens")
+        elif kind == "response.output_text.delta":
+            self._parts.append(event.get("delta", ""))
+        elif kind == "response.completed":
+            self.lane, self.model = event.get("lane", self.lane), event.get("model", self.model)
+            self.result = Response(id=self.id, text=self.text, lane=self.lane, model=self.model,
+                                   finish_reason=event.get("finish_reason"), usage=_pick(Usage, event.get("usage")),
+                                   timing=_pick(Timing, event.get("timing")), cost_units=event.get("cost_units"),
+                                   route=self.route, input_tokens=self.input_tokens)
+        elif kind == "response.cancelled":
+            self.result = Response(id=self.id, text=self.text, lane=self.lane, model=self.model,
+                                   finish_reason="cancelled", route=self.route, input_tokens=self.input_tokens)
+        elif kind == "error":
+            self.error = from_event(event)
+            raise self.error
+        elif kind == _CLOSED:
+            self.error = self._conn.close_error(self.id)
+            raise self.error
+        return event
+
+    async def _next_text(self) -> str | None:
+        while (event := await self._next_event()) is not None:
+            if event.get("type") == "response.output_text.delta":
+                return event.get("delta", "")
+        return None
+
+    async def _wait_created(self) -> None:
+        while self.lane is None and not self.done:
+            event = await self._next_event()
+            if event is not None and event.get("type") == "response.output_text.delta":
+                break
+
+    def __aiter__(self) -> AsyncIterator[str]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[str]:
+        try:
+            while (text := await self._next_text()) is not None:
+                yield text
+        finally:
+            if not self.done:
+                self._cancel_soon()
+
+    def _cancel_soon(self) -> None:
+        if not self._cancel_sent and not self.done:
+            self._cancel_sent = True
+            self._conn.send_soon({"type": "response.cancel", "id": self.id})
+
+    async def cancel(self, timeout_s: float = 10.0) -> None:
+        """Cancel the response and wait (up to ``timeout_s``) for the server to confirm it; then
+        ``result.finish_reason`` is ``"cancelled"`` (or ``"stop"``/``"length"`` if it had finished)."""
+        if self.done:
+            return
+        if not self._cancel_sent:
+            self._cancel_sent = True
+            try:
+                await self._conn.send({"type": "response.cancel", "id": self.id})
+            except FastmodeError:
+                pass  # the connection is gone; the next event says so
+        try:
+            async with asyncio.timeout(timeout_s):
+                while await self._next_event() is not None:
+                    pass
+        except FastmodeError:
+            pass
+        except TimeoutError:
+            self.result = Response(id=self.id, text=self.text, lane=self.lane, model=self.model,
+                                   finish_reason="cancelled", route=self.route, input_tokens=self.input_tokens)
+
+    async def final(self) -> Response:
+        """Read the rest of the response and return it (raises the error it ended with)."""
+        while await self._next_event() is not None:
+            pass
+        assert self.result is not None
+        return self.result
+
+    async def __aenter__(self) -> ResponseStream:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        if not self.done:
+            await self.cancel()
+
+
+class _StreamOpener:
+    """What ``responses.stream(...)`` returns: ``await`` it, or use it with ``async with``."""
+
+    def __init__(self, client: AsyncClient, body: dict[str, Any]) -> None:
+        self._client, self._body = client, body
+        self._stream: ResponseStream | None = None
+
+    def __await__(self):
+        return self.open().__await__()
+
+    async def open(self) -> ResponseStream:
+        self._stream = await self._client._start(self._body)
+        return self._stream
+
+    async def __aenter__(self) -> ResponseStream:
+        return await self.open()
+
+    async def __aexit__(self, *exc) -> None:
+        if self._stream is not None and not self._stream.done:
+            await self._stream.cancel()
+
+
+class AsyncResponses:
+    """``client.responses``: start responses."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self._client = client
+
+    def stream(self, *, model: str, input: str | list[dict[str, str]], service_tier: str | None = None,
+               max_output_tokens: int | None = None, temperature: float | None = None,
+               top_p: float | None = None, stop: str | list[str] | None = None, seed: int | None = None,
+               ignore_eos: bool | None = None, allow_spill: bool | None = None,
+               metadata: dict[str, str] | None = None, id: str | None = None, **extra: Any) -> _StreamOpener:
+        """Start a response and stream it: ``stream = await client.responses.stream(model=..., input=...)``
+        (or ``async with client.responses.stream(...) as stream``). Returns once the server has
+        admitted it (``stream.lane`` is set), raising its typed error if refused.
+
+        ``input`` is a prompt string or a list of ``{"role", "content"}`` messages. Every other
+        parameter is passed through as the ``response.create`` field of the same name (``None``
+        leaves it to the server's default); ``extra`` carries fields this SDK does not name.
+        ``id`` defaults to a fresh unique id.
+        """
+        if not isinstance(model, str):
+            raise TypeError(f"model must be a string, got {type(model).__name__}")
+        if not isinstance(input, (str, list)):
+            raise TypeError(f"input must be a string or a list of messages, got {type(input).__name__}")
+        body = {"model": model, "input": input, "service_tier": service_tier, "max_output_tokens": max_output_tokens,
+                "temperature": temperature, "top_p": top_p, "stop": stop, "seed": seed, "ignore_eos": ignore_eos,
+                "allow_spill": allow_spill, "metadata": metadata, **extra}
+        body = {k: v for k, v in body.items() if v is not None}
+        body["id"] = id or f"resp_{uuid.uuid4().hex}"
+        return _StreamOpener(self._client, body)
+
+    async def create(self, **params: Any) -> Response:
+        """Run a response to its end and return it (same parameters as ``stream``)."""
+        stream = await self.stream(**params)
+        try:
+            return await stream.final()
+        finally:
+            if not stream.done:  # interrupted (e.g. the caller's task was cancelled)
+                stream._cancel_soon()
+
+
+# -- the client --------------------------------------------------------------------------------
+def responses_url(base_url: str) -> str:
+    """The WebSocket URL of ``/v1/responses`` for ``base_url`` (``ws://``, ``wss://``, ``http(s)://``;
+    a URL without a path gets ``/v1/responses`` appended, one with a path is used as is)."""
+    parts = urlsplit(base_url)
+    scheme = {"http": "ws", "https": "wss"}.get(parts.scheme, parts.scheme)
+    path = parts.path if parts.path not in ("", "/") else RESPONSES_PATH
+    return urlunsplit((scheme, parts.netloc, path, parts.query, ""))
+
+
+class AsyncClient:
+    """The asyncio fastmode client (see the package docstring for an example).
+
+    ``base_url``: the server (``ws://host:port``; ``/v1/responses`` is appended when there is no path).
+    ``api_key``: sent as ``Authorization: Bearer``; default ``$FASTMODE_API_KEY`` (none if unset).
+    ``max_attempts``: how many times to try opening the connection before ``ConnectionFailed``;
+    between tries it waits ``backoff_initial_s * 2**n`` capped at ``backoff_max_s``, times a random
+    jitter in [0.5, 1]. ``open_timeout_s``: per try. ``ping_interval_s``: keepalive (``None``: off).
+    """
+
+    def __init__(self, base_url: str = DEFAULT_BASE_URL, api_key: str | None = None, *, max_attempts: int = 5,
+                 backoff_initial_s: float = 0.25, backoff_max_s: float = 8.0, open_timeout_s: float = 10.0,
+                 ping_interval_s: float | None = 20.0) -> None:
+        if max_attempts < 1:
+            raise ValueError("max_attempts must be at least 1")
+        self.url = responses_url(base_url)
+        self.api_key = api_key if api_key is not None else os.environ.get("FASTMODE_API_KEY")
+        self.max_attempts, self.open_timeout_s, self.ping_interval_s = max_attempts, open_timeout_s, ping_interval_s
+        self.backoff_initial_s, self.backoff_max_s = backoff_initial_s, backoff_max_s
+        self.responses = AsyncResponses(self)
+        self.connects = 0
+        """How many connections this client has opened (reconnects included)."""
+        self._conn: _Connection | None = None
+        self._lock = asyncio.Lock()
+        self._closed = False
+
+    def backoff_s(self, attempt: int) -> float:
+        """The wait after failed try number ``attempt`` (1-based): capped exponential, jittered."""
+        return min(self.backoff_max_s, self.backoff_initial_s * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
+
+    async def _connection(self) -> _Connection:
+        if self._closed:
+            raise FastmodeError("client_closed", "this client has been closed")
+        if self._conn is not None and self._conn.usable:
+            return self._conn
+        async with self._lock:
+            if self._conn is None or not self._conn.usable:
+                self._conn = await self._open()
+            return self._conn
+
+    async def _open(self) -> _Connection:
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        last: BaseException | None = None
+        for attempt in range(1, self.max_attempts + 1):
+            try:
+                ws = await connect(self.url, additional_headers=headers, max_size=None, open_timeout=self.open_timeout_s,
+                                   ping_interval=self.ping_interval_s)
+            except InvalidURI as e:
+                raise ConnectionFailed("connection_failed", f"invalid URL {self.url!r}: {e}") from e
+            except InvalidStatus as e:
+                if e.response.status_code in (401, 403):
+                    raise AuthenticationError("unauthorized", f"the server refused the API key "
+                                              f"(HTTP {e.response.status_code})") from e
+                last = e
+            except (OSError, InvalidHandshake, TimeoutError) as e:
+                last = e
+            else:
+                self.connects += 1
+                return _Connection(ws)
+            if attempt < self.max_attempts:
+                await asyncio.sleep(self.backoff_s(attempt))
+        raise ConnectionFailed("connection_failed", f"could not connect to {self.url} after {self.max_attempts} "
+                               f"attempt(s): {type(last).__name__}: {last}") from last
+
+    async def _start(self, body: dict[str, Any]) -> ResponseStream:
+        for _ in range(3):  # a draining connection refuses new responses: retry on a new one
+            conn = await self._connection()
+            queue = conn.register(body["id"])
+            stream = ResponseStream(conn, body["id"], queue)
+            try:
+                await conn.send({"type": "response.create", **body})
+                await stream._wait_created()
+            except ConnectionDraining:
+                conn.draining = True
+                continue
+            except ConnectionLost:
+                if conn.closed_by_client or conn.close_code not in (1000, 1001) or stream.lane is not None:
+                    raise
+                continue  # the server closed an idle or aged connection just as we sent: nothing was lost
+            except BaseException:
+                conn.queues.pop(body["id"], None)
+                if not stream.done:
+                    stream._cancel_soon()
+                raise
+            return stream
+        raise ConnectionDraining("connection_draining", "every new connection was draining")
+
+    async def close(self) -> None:
+        """Close the connection; responses still in flight fail with ``ConnectionLost``."""
+        self._closed = True
+        if self._conn is not None:
+            await self._conn.close()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+
+__all__ = ["AsyncClient", "AsyncResponses", "ResponseStream", "Response", "Usage", "Timing", "responses_url",
+           "DEFAULT_BASE_URL"]

@@ -1,0 +1,160 @@
+"""``GrpcServer``: the internal gRPC API, a ``grpc.aio`` server inside a Serve deployment.
+
+Why not Ray Serve's own gRPC ingress: it serves Serve's health and routing services, not the
+standard ``grpc.health.v1`` health service or server reflection that stock tools (grpcurl,
+grpc_health_probe, Kubernetes gRPC probes) expect, and it routes by an ``application`` metadata
+key our callers should not need. A ``grpc.aio`` server in a one-replica deployment gives full
+control of statuses, deadlines, trailers and metadata, and costs one extra process hop exactly
+like the HTTP gateway (see docs/grpc.md).
+
+The servicer relays the router's events: deltas become chunks (``seq`` from 0), ``done`` the last
+chunk, ``error`` a status with the WebSocket error code in the details.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from ..auth import authorized, load_keys
+from ..config import load_config
+from ..lanes.lane import LANES
+from . import inference_pb2 as pb
+from . import inference_pb2_grpc as pb_grpc
+
+SERVICE = pb.DESCRIPTOR.services_by_name["Inference"].full_name  # "fastmode.v1.Inference"
+HEALTH_INTERVAL_S = 2.0
+
+# The WebSocket error codes that are the caller's fault map to INVALID_ARGUMENT.
+_STATUS = {"overloaded": grpc.StatusCode.RESOURCE_EXHAUSTED, "lane_unavailable": grpc.StatusCode.UNAVAILABLE,
+           "internal_error": grpc.StatusCode.INTERNAL, "kv_cache_full": grpc.StatusCode.UNAVAILABLE,
+           "not_enough_chips": grpc.StatusCode.UNAVAILABLE}
+
+
+def lane_service(lane: str) -> str:
+    """The health-check service name of one lane, e.g. ``fastmode.v1.Inference/fast``."""
+    return f"{SERVICE}/{lane}"
+
+
+def to_request(req: pb.GenerateRequest, metadata: dict[str, str]) -> dict[str, Any]:
+    """The router's request dict (``serve.request.GenerateRequest`` fields) for a proto request."""
+    body: dict[str, Any] = {"model": req.model, "stop": list(req.stop) or None, "ignore_eos": req.ignore_eos,
+                            "allow_spill": req.allow_spill}
+    if req.id:
+        body["id"] = req.id
+    if req.WhichOneof("input") == "messages":
+        body["input"] = [{"role": m.role, "content": m.content} for m in req.messages.messages]
+    else:
+        body["input"] = req.text
+    for field, key in (("service_tier", "service_tier"), ("max_output_tokens", "max_output_tokens"),
+                       ("temperature", "temperature"), ("top_p", "top_p"), ("seed", "seed")):
+        if req.HasField(field):
+            body[key] = getattr(req, field)
+    meta = dict(req.metadata)
+    if "traceparent" in metadata:  # the call's own trace context wins
+        meta["traceparent"] = metadata["traceparent"]
+    if meta:
+        body["metadata"] = meta
+    return body
+
+
+class InferenceServicer(pb_grpc.InferenceServicer):
+    def __init__(self, router, keys: frozenset[str]) -> None:
+        self.router, self.keys = router, keys
+
+    async def _check_key(self, context: grpc.aio.ServicerContext) -> dict[str, str]:
+        metadata = {k: v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
+        if not authorized(self.keys, metadata.get("authorization")):
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong API key "
+                                "(metadata authorization: Bearer KEY)")
+        return metadata
+
+    async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
+        metadata = await self._check_key(context)
+        stream = self.router.options(stream=True).generate.remote(to_request(request, metadata))
+        seq, lane, model, finished = 0, "", "", False
+        try:
+            async for ev in stream:
+                kind = ev["type"]
+                if kind == "created":
+                    lane, model = ev["lane"], ev["model"]
+                    rid = ev["id"]
+                elif kind == "delta":
+                    chunk = pb.GenerateChunk(id=ev["id"], seq=seq, delta=ev["text"])
+                    if seq == 0:
+                        chunk.lane, chunk.model = lane, model
+                    seq += 1
+                    yield chunk
+                elif kind == "done":
+                    finished = True
+                    t = ev["timing"]
+                    timing = pb.Timing(total_s=t["total_s"], **{k: t[k] for k in ("ttft_s", "engine_ttft_s",
+                                                                                  "decode_tokens_per_s")
+                                                               if t.get(k) is not None})
+                    yield pb.GenerateChunk(id=rid, seq=seq, last=True, lane=ev["lane"], model=ev["model"],
+                                           usage=pb.Usage(**ev["usage"]), timing=timing,
+                                           finish_reason=ev["finish_reason"], cost_units=ev["cost_units"])
+                elif kind == "error":
+                    finished = True
+                    trailers = [("fastmode-error-code", ev["code"])]
+                    if ev.get("retry_after") is not None:
+                        trailers.append(("retry-after", f"{ev['retry_after']:g}"))
+                    context.set_trailing_metadata(tuple(trailers))
+                    await context.abort(_STATUS.get(ev["code"], grpc.StatusCode.INVALID_ARGUMENT),
+                                        f"{ev['code']}: {ev['message']}")
+        finally:
+            if not finished:  # cancelled, deadline exceeded, or the client went away
+                stream.cancel()
+
+    async def ListModels(self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext):
+        await self._check_key(context)
+        models = await self.router.models.remote()
+        return pb.ListModelsResponse(models=[pb.Model(id=m["id"], lanes=m["lanes"]) for m in models])
+
+
+class GrpcServer:
+    """A Serve deployment (one replica) that runs the gRPC server on ``grpc.host:grpc.port``.
+
+    Args:
+        config: the validated deployment config (as a dict).
+        router: the router deployment's handle.
+    """
+
+    async def __init__(self, config: dict[str, Any], router) -> None:
+        self.config = load_config(config)
+        self.router = router
+        self.server = grpc.aio.server()
+        pb_grpc.add_InferenceServicer_to_server(InferenceServicer(router, load_keys(self.config)), self.server)
+        self.health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        reflection.enable_server_reflection((SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server)
+        address = f"{self.config.grpc.host}:{self.config.grpc.port}"
+        if self.server.add_insecure_port(address) == 0:
+            raise RuntimeError(f"cannot bind the gRPC port {address}")
+        await self.server.start()
+        await self._set_health(await self.router.stats.remote())
+        self._watch = asyncio.get_running_loop().create_task(self._watch_health())
+
+    async def _set_health(self, stats: dict[str, Any]) -> None:
+        serving, not_serving = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
+        for lane in LANES:
+            ok = stats["lanes"][lane]["ready"]
+            await self.health.set(lane_service(lane), serving if ok else not_serving)
+        ok = stats["status"] == "ok"
+        for name in ("", SERVICE):  # "" is the overall health
+            await self.health.set(name, serving if ok else not_serving)
+
+    async def _watch_health(self) -> None:
+        while True:
+            await asyncio.sleep(HEALTH_INTERVAL_S)
+            with contextlib.suppress(Exception):
+                await self._set_health(await self.router.stats.remote())
+
+    async def check_health(self) -> None:
+        if self._watch.done():
+            raise RuntimeError("the gRPC health watcher stopped")
