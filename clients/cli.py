@@ -12,6 +12,7 @@ import sys
 # name -> ("module:function", one-line help). Each function takes argv (list[str]) and returns an exit code.
 COMMANDS: dict[str, tuple[str, str]] = {
     "up": ("serve.up:main", "run every lane, the router and HTTP on Ray Serve until Ctrl-C"),
+    "grpc-chat": ("clients.grpc_chat:main", "stream a completion over the gRPC API"),
     "demo": ("models.demo:main", "generate with both shipped models, without serving"),
     "eval": ("models.eval.run:main", "quality eval: bits per byte, next-line exact match, agreement"),
     "plan": ("sharding.planner:main", "choose tp x pp for a model on a kind of chip; predict tokens/s"),

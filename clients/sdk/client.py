@@ -25,7 +25,7 @@ from .errors import (AuthenticationError, ConnectionDraining, ConnectionFailed, 
 
 DEFAULT_BASE_URL = "ws://127.0.0.1:8000"
 RESPONSES_PATH = "/v1/responses"
-CLOSE_POLICY = 1008
+CLOSE_POLICY, CLOSE_TOO_BIG = 1008, 1009
 _ENDS = ("response.completed", "response.cancelled", "error")
 _CLOSED = "__connection_closed__"  # the sentinel event a dropped connection puts in each queue
 
@@ -134,8 +134,9 @@ class _Connection:
         if self.close_code == CLOSE_POLICY:
             return AuthenticationError("unauthorized", self.close_reason or "the server closed the connection "
                                        "(code 1008): the API key is missing or wrong", None, rid)
-        if self.last_error is not None:
-            e = self.last_error
+        if self.close_code == CLOSE_TOO_BIG:  # the server said why just before closing
+            e = self.last_error or from_code("frame_too_large", "the server closed the connection (code 1009): "
+                                             "a frame was too large")
             return type(e)(e.code, e.message, e.retry_after, rid)
         if self.closed_by_client:
             return ConnectionLost("connection_lost", "the client was closed while the response was in flight",

@@ -150,6 +150,15 @@ def test_closing_a_stream_frees_its_engine_sequence(app):
     assert stats["cancelled"] == before + 1
 
 
+@pytest.mark.slow
+def test_models_list_and_auto_names_the_model_that_served(app):
+    oai = client(app())
+    assert {m.id for m in oai.models.list()} == {"fastmode-full", "fastmode-fast", "auto"}
+    easy = [{"role": "user", "content": "import os\n" * 12}]  # routed to the fast lane (test_router)
+    r = oai.chat.completions.create(model="auto", messages=easy, max_tokens=4)
+    assert r.model == "fastmode-fast" and r.model_extra["fastmode"]["route"]["by"] == "auto"
+
+
 def bench(a, *args: str) -> dict:
     """vLLM's benchmark client (``tests/serve/vllm_bench_client.py``) against ``a``: its summary."""
     cmd = [sys.executable, "-m", "tests.serve.vllm_bench_client", "--base-url", a.base,
@@ -274,8 +283,8 @@ def test_whole_chat_response_has_openais_shape_and_the_lane():
     _, c = scripted([CREATED, *DELTAS, DONE])
     r = c.post("/v1/chat/completions", json=CHAT).json()
     assert (r["object"], r["model"], r["service_tier"]) == ("chat.completion", "fastmode-full", "priority")
-    assert r["choices"] == [{"index": 0, "message": {"role": "assistant", "content": "Hello", "refusal": None},
-                             "logprobs": None, "finish_reason": "length"}]
+    message = {"role": "assistant", "content": "Hello", "refusal": None}
+    assert r["choices"] == [{"index": 0, "message": message, "logprobs": None, "finish_reason": "length"}]
     assert r["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
     assert r["fastmode"] == {"lane": "priority", "route": {"by": "model"}, "timing": {"ttft_s": 0.1},
                              "cost_units": 0.03}

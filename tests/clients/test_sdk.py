@@ -1,0 +1,340 @@
+"""The SDK: against a local dummy server (reconnects, backoff, typed close errors; fast) and against
+the running application (every lane, 20 concurrent streams, sync client, typed errors, cancel)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+from websockets.asyncio.server import serve
+
+from clients.sdk import (AsyncClient, AuthenticationError, Client, ConnectionFailed, ConnectionLost, FastmodeError,
+                         InternalError, InvalidRequest, LaneUnavailable, Overloaded, SlowConsumer, UnknownModel,
+                         from_code, responses_url)
+from tests.serve.conftest import free_port, text_of
+
+LANES = {"fast": ("fastmode-fast", None), "priority": ("fastmode-full", "priority"),
+         "standard": ("fastmode-full", None)}
+PROMPT = "def main():\n"
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 300))
+
+
+# -- a dummy server ----------------------------------------------------------------------------
+class Dummy:
+    """Speaks just enough of the protocol: each create gets created, two deltas and completed. With
+    ``drop_first``, the first connection is dropped (no close handshake) after the first delta;
+    with ``close_code``, every connection is closed with that code at once."""
+
+    def __init__(self, drop_first: bool = False, close_code: int | None = None) -> None:
+        self.drop_first, self.close_code = drop_first, close_code
+        self.connections = 0
+        self.creates: list[dict] = []
+        self.headers: list[str | None] = []
+
+    async def handler(self, ws) -> None:
+        self.connections += 1
+        n = self.connections
+        self.headers.append(ws.request.headers.get("Authorization"))
+        if self.close_code is not None:
+            await ws.close(self.close_code, "bad key")
+            return
+        async for raw in ws:
+            event = json.loads(raw)
+            if event["type"] == "response.cancel":
+                await ws.send(json.dumps({"type": "response.cancelled", "id": event["id"]}))
+                continue
+            self.creates.append(event)
+            rid = event["id"]
+            await ws.send(json.dumps({"type": "response.created", "id": rid, "lane": "fast", "model": event["model"],
+                                      "input_tokens": 3, "route": {"by": "model"}, "protocol": "fastmode.responses.v1"}))
+            await ws.send(json.dumps({"type": "response.output_text.delta", "id": rid, "seq": 0, "delta": "hello"}))
+            if self.drop_first and n == 1:
+                ws.transport.abort()
+                return
+            if event["model"] == "slow":
+                continue  # never ends unless cancelled
+            await ws.send(json.dumps({"type": "response.output_text.delta", "id": rid, "seq": 1, "delta": " world"}))
+            await ws.send(json.dumps({
+                "type": "response.completed", "id": rid, "finish_reason": "length",
+                "usage": {"input_tokens": 3, "output_tokens": 2, "total_tokens": 5},
+                "timing": {"ttft_s": 0.01, "engine_ttft_s": 0.005, "decode_tokens_per_s": 100.0, "total_s": 0.02},
+                "cost_units": 0.001, "lane": "fast", "model": event["model"]}))
+
+    async def __aenter__(self) -> str:
+        self.server = await serve(self.handler, "127.0.0.1", 0)
+        return f"ws://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def __aexit__(self, *exc) -> None:
+        self.server.close()
+        await self.server.wait_closed()
+
+
+def test_url_and_error_mapping():
+    assert responses_url("ws://h:1") == "ws://h:1/v1/responses"
+    assert responses_url("http://h:1/") == "ws://h:1/v1/responses"
+    assert responses_url("wss://h/custom") == "wss://h/custom"
+    for code, cls in [("invalid_request", InvalidRequest), ("invalid_json", InvalidRequest),
+                      ("prompt_too_long", InvalidRequest), ("duplicate_id", InvalidRequest),
+                      ("unknown_model", UnknownModel), ("overloaded", Overloaded), ("lane_unavailable", LaneUnavailable),
+                      ("slow_consumer", SlowConsumer), ("internal_error", InternalError)]:
+        assert type(from_code(code, "m")) is cls and from_code(code).code == code
+    e = from_code("something_new", "why", 1.5)
+    assert type(e) is FastmodeError and (e.code, e.message, e.retry_after) == ("something_new", "why", 1.5)
+    assert isinstance(UnknownModel(), InvalidRequest)
+
+
+def test_stream_create_cancel_and_key_on_a_dummy_server(monkeypatch):
+    monkeypatch.setenv("FASTMODE_API_KEY", "sk-env")
+    dummy = Dummy()
+
+    async def main():
+        async with dummy as url, AsyncClient(url) as client:
+            stream = await client.responses.stream(model="m", input="x", temperature=0, max_output_tokens=2)
+            assert stream.lane == "fast"
+            texts = [t async for t in stream]
+            r = await client.responses.create(model="m", input="x")
+            slow = await client.responses.stream(model="slow", input="x")
+            await slow.cancel()
+            broken = await client.responses.stream(model="slow", input="x")
+            async for _ in broken:
+                break  # leaving the loop sends response.cancel
+            assert (await broken.final()).finish_reason == "cancelled"
+            return texts, stream.result, r, slow.result, client.connects
+
+    texts, streamed, created, cancelled, connects = run(main())
+    assert texts == ["hello", " world"] and streamed.text == created.text == "hello world"
+    assert streamed.usage.output_tokens == 2 and streamed.timing.decode_tokens_per_s == 100.0
+    assert streamed.finish_reason == "length" and streamed.route == {"by": "model"} and streamed.cost_units == 0.001
+    assert cancelled.finish_reason == "cancelled" and cancelled.text == "hello"
+    assert connects == 1 and dummy.connections == 1  # one connection for every call
+    assert dummy.headers == ["Bearer sk-env"]
+    assert dummy.creates[0]["temperature"] == 0 and "top_p" not in dummy.creates[0]  # None: the server's default
+
+
+def test_a_dropped_connection_fails_in_flight_responses_and_the_next_call_reconnects():
+    dummy = Dummy(drop_first=True)
+
+    async def main():
+        async with dummy as url, AsyncClient(url, backoff_initial_s=0.01) as client:
+            stream = await client.responses.stream(model="m", input="x")
+            got = []
+            with pytest.raises(ConnectionLost) as lost:
+                async for text in stream:
+                    got.append(text)
+            after = await client.responses.create(model="m", input="x")
+            return got, lost.value, after, client.connects
+
+    got, lost, after, connects = run(main())
+    assert got == ["hello"] and lost.code == "connection_lost" and lost.response_id
+    assert after.text == "hello world" and after.finish_reason == "length"
+    assert connects == 2 and dummy.connections == 2
+
+
+def test_a_closed_port_is_retried_with_backoff_then_fails_typed():
+    port = free_port()
+    waits = []
+
+    class Counting(AsyncClient):
+        def backoff_s(self, attempt):
+            waits.append(super().backoff_s(attempt))
+            return waits[-1]
+
+    async def main():
+        client = Counting(f"ws://127.0.0.1:{port}", max_attempts=4, backoff_initial_s=0.01, backoff_max_s=0.02)
+        with pytest.raises(ConnectionFailed) as failed:
+            await client.responses.create(model="m", input="x")
+        await client.close()
+        return failed.value
+
+    t0 = time.monotonic()
+    failed = run(main())
+    assert isinstance(failed, ConnectionLost) and failed.code == "connection_failed" and "4 attempt" in failed.message
+    assert len(waits) == 3 and all(0.005 <= w <= 0.02 for w in waits), waits  # capped, jittered
+    assert time.monotonic() - t0 < 5
+    c = AsyncClient(backoff_initial_s=1, backoff_max_s=4)
+    assert [c.backoff_s(n) <= cap for n, cap in [(1, 1), (2, 2), (3, 4), (9, 4)]] == [True] * 4
+    assert all(c.backoff_s(3) >= 2 for _ in range(20))
+
+
+def test_a_server_that_comes_up_during_backoff_is_reached():
+    dummy, port = Dummy(), free_port()
+
+    async def main():
+        client = AsyncClient(f"ws://127.0.0.1:{port}", max_attempts=20, backoff_initial_s=0.05, backoff_max_s=0.1)
+        call = asyncio.ensure_future(client.responses.create(model="m", input="x"))
+        await asyncio.sleep(0.3)
+        async with serve(dummy.handler, "127.0.0.1", port):
+            r = await call
+            await client.close()
+        return r
+
+    assert run(main()).text == "hello world"
+
+
+def test_close_code_1008_is_an_authentication_error():
+    async def main():
+        async with Dummy(close_code=1008) as url, AsyncClient(url, api_key="sk-wrong") as client:
+            with pytest.raises(AuthenticationError) as e:
+                await client.responses.create(model="m", input="x")
+            return e.value
+
+    assert run(main()).code == "unauthorized"
+
+
+def test_sync_client_on_a_dummy_server():
+    dummy = Dummy()
+
+    async def serve_forever(started, stop):
+        async with dummy as url:
+            started.set_result(url)
+            await stop
+
+    import threading
+    loop = asyncio.new_event_loop()
+    started, stop = loop.create_future(), loop.create_future()
+    thread = threading.Thread(target=loop.run_until_complete, args=(serve_forever(started, stop),))
+    thread.start()
+    try:
+        url = asyncio.run_coroutine_threadsafe(asyncio.wait_for(asyncio.shield(started), 10), loop).result()
+        with Client(url, api_key="k") as client:
+            stream = client.responses.stream(model="m", input="x")
+            assert list(stream) == ["hello", " world"] and stream.result.text == "hello world"
+            assert client.responses.create(model="m", input="x").usage.total_tokens == 5
+            slow = client.responses.stream(model="slow", input="x")
+            for _ in slow:
+                break  # leaving the loop cancels
+            assert slow.result.finish_reason == "cancelled"
+    finally:
+        loop.call_soon_threadsafe(stop.set_result, None)
+        thread.join(10)
+    assert dummy.connections == 1
+
+
+# -- against the running application -----------------------------------------------------------
+def reference(a, lane: str, n: int = 24) -> str:
+    model, tier = LANES[lane]
+    status, events = a.generate(model=model, service_tier=tier, input=PROMPT, max_output_tokens=n, temperature=0)
+    assert status == 200, events
+    return text_of(events)
+
+
+@pytest.mark.slow
+def test_every_lane_streams_the_text_create_returns(app):
+    a = app()
+
+    async def main():
+        out = {}
+        async with AsyncClient(a.base, api_key=a.key) as client:
+            for lane, (model, tier) in LANES.items():
+                stream = await client.responses.stream(model=model, service_tier=tier, input=PROMPT,
+                                                       max_output_tokens=24, temperature=0)
+                texts = [t async for t in stream]
+                created = await client.responses.create(model=model, service_tier=tier, input=PROMPT,
+                                                        max_output_tokens=24, temperature=0)
+                out[lane] = texts, stream.result, created
+            return out, client.connects
+
+    out, connects = run(main())
+    assert connects == 1
+    for lane, (texts, streamed, created) in out.items():
+        assert streamed.lane == created.lane == lane, (lane, streamed)
+        assert "".join(texts) == streamed.text == created.text == reference(a, lane)
+        assert streamed.usage.output_tokens == 24 and streamed.usage.total_tokens == 24 + streamed.usage.input_tokens
+        assert streamed.timing.ttft_s > 0 and streamed.timing.decode_tokens_per_s > 0 and streamed.timing.total_s > 0
+        assert streamed.cost_units > 0 and streamed.finish_reason == "length" and streamed.route["by"] == "model"
+        assert streamed.model == LANES[lane][0]
+
+
+@pytest.mark.slow
+def test_twenty_concurrent_streams_share_one_connection(app):
+    a = app()
+    refs = {lane: reference(a, lane, 40) for lane in ("fast", "standard")}
+
+    async def one(client, lane):
+        model, tier = LANES[lane]
+        stream = await client.responses.stream(model=model, service_tier=tier, input=PROMPT, max_output_tokens=40,
+                                               temperature=0)
+        return lane, "".join([t async for t in stream]), stream.result
+
+    async def main():
+        async with AsyncClient(a.ws_url, api_key=a.key) as client:
+            results = await asyncio.gather(*(one(client, ["fast", "standard"][i % 2]) for i in range(20)))
+            return results, client.connects
+
+    results, connects = run(main())
+    assert connects == 1 and len(results) == 20
+    for lane, text, r in results:
+        assert r.finish_reason == "length" and r.lane == lane and text == r.text == refs[lane]
+    assert len({r.id for _, _, r in results}) == 20
+
+
+@pytest.mark.slow
+def test_sync_client_streams_and_creates(app):
+    a = app()
+    ref = reference(a, "fast")
+    with Client(a.base, api_key=a.key) as client:
+        stream = client.responses.stream(model="fastmode-fast", input=PROMPT, max_output_tokens=24, temperature=0)
+        assert stream.lane == "fast"
+        assert "".join(stream) == stream.result.text == ref
+        r = client.responses.create(model="fastmode-fast", input=PROMPT, max_output_tokens=24, temperature=0)
+        assert r.text == ref and r.usage.output_tokens == 24 and r.timing.ttft_s > 0
+
+
+@pytest.mark.slow
+def test_server_errors_are_typed_and_the_client_serves_on(app):
+    a = app()
+
+    async def main():
+        async with AsyncClient(a.base, api_key=a.key) as client:
+            with pytest.raises(UnknownModel) as unknown:
+                await client.responses.create(model="nope", input="x")
+            with pytest.raises(InvalidRequest) as bad:
+                await client.responses.create(model="fastmode-fast", input="x", temperature=9)
+            ok = await client.responses.create(model="fastmode-fast", input=PROMPT, max_output_tokens=4)
+            connects = client.connects
+            with pytest.raises(InvalidRequest) as big:  # the server closes with 1009 after saying why
+                await client.responses.create(model="fastmode-fast", input="x" * (2**20 + 10))
+            again = await client.responses.create(model="fastmode-fast", input=PROMPT, max_output_tokens=4)
+            return unknown.value, bad.value, ok, connects, big.value, again, client.connects
+
+    unknown, bad, ok, connects, big, again, reconnects = run(main())
+    assert unknown.code == "unknown_model" and "fastmode-fast" in unknown.message
+    assert bad.code == "invalid_request" and "temperature" in bad.message
+    assert ok.finish_reason == "length" and ok.usage.output_tokens == 4 and connects == 1
+    assert big.code == "frame_too_large" and again.text == ok.text and reconnects == 2
+
+    async def wrong_key():
+        async with AsyncClient(a.base, api_key="sk-wrong") as client:
+            with pytest.raises(AuthenticationError) as e:
+                await client.responses.create(model="fastmode-fast", input="x")
+            return e.value
+
+    assert run(wrong_key()).code == "unauthorized"
+
+
+@pytest.mark.slow
+def test_leaving_the_loop_early_cancels_on_the_server(app):
+    a = app()
+    before = a.lane_stats("fast")["cancelled"]
+
+    async def main():
+        async with AsyncClient(a.base, api_key=a.key) as client:
+            stream = await client.responses.stream(model="fastmode-fast", input=PROMPT, max_output_tokens=400,
+                                                   ignore_eos=True)
+            async for _ in stream:
+                break
+            await asyncio.sleep(0)
+            deadline = time.monotonic() + 30
+            while (s := a.lane_stats("fast"))["running"] or s["in_flight"]:
+                assert time.monotonic() < deadline, s
+                await asyncio.sleep(0.2)
+            return await stream.final(), s  # the rest: the deltas already sent, then response.cancelled
+
+    final, stats = run(main())
+    assert stats["cancelled"] == before + 1, stats
+    assert final.finish_reason == "cancelled" and final.usage is None

@@ -1,0 +1,160 @@
+"""The gRPC API against the running application: stubs match the proto, streaming from each lane,
+every status code the issue names, health and reflection, and cancellation freeing the sequence."""
+
+from __future__ import annotations
+
+import filecmp
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from google.protobuf import descriptor_pool
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+
+from clients.grpc_client import GrpcClient, error_code, retry_after
+from serve.rpc.codegen import generate
+from tests.serve.conftest import REPO, text_of
+
+LANES = {"fast": ("fastmode-fast", None), "priority": ("fastmode-full", "priority"),
+         "standard": ("fastmode-full", "default")}
+
+
+def test_committed_stubs_match_the_proto(tmp_path):
+    generate(tmp_path)
+    for name in ("inference_pb2.py", "inference_pb2.pyi", "inference_pb2_grpc.py"):
+        assert filecmp.cmp(tmp_path / "serve" / "rpc" / name, REPO / "serve" / "rpc" / name, shallow=False), name
+
+
+@pytest.fixture
+def client(app):
+    a = app()
+    with GrpcClient(a.grpc_target, api_key=a.key) as c:
+        yield c
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lane", list(LANES))
+def test_each_lane_streams_what_http_streams(app, client, lane):
+    model, tier = LANES[lane]
+    chunks = list(client.stream(model, "def main():\n", service_tier=tier, max_output_tokens=24, temperature=0))
+    _, ref = app().generate(model=model, service_tier=tier, input="def main():\n", max_output_tokens=24, temperature=0)
+    assert "".join(c.delta for c in chunks) == text_of(ref)
+    texts = [c for c in chunks if not c.last]
+    assert [c.seq for c in texts] == list(range(len(texts)))
+    assert chunks[0].lane == lane and chunks[-1].last and chunks[-1].lane == lane
+    assert chunks[-1].usage.output_tokens == 24 and chunks[-1].finish_reason == "length"
+    assert chunks[-1].timing.total_s > 0 and chunks[-1].cost_units > 0
+
+
+@pytest.mark.slow
+def test_list_models(client):
+    assert [m["id"] for m in client.models()] == ["fastmode-full", "fastmode-fast", "auto"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("params,code", [
+    ({"model": "fastmode-fast", "temperature": 9.0}, "invalid_request"),
+    ({"model": "nope"}, "unknown_model"),
+    ({"model": "fastmode-full", "service_tier": "flex"}, "unknown_service_tier"),
+    ({"model": "fastmode-fast", "max_output_tokens": 100000}, "prompt_too_long"),
+])
+def test_bad_requests_are_invalid_argument_with_the_websocket_code(client, params, code):
+    model = params.pop("model")
+    with pytest.raises(grpc.RpcError) as e:
+        list(client.stream(model, "x = 1\n", **params))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error_code(e.value) == code and code in e.value.details()
+
+
+@pytest.mark.slow
+def test_a_missing_key_is_unauthenticated(app):
+    with GrpcClient(app().grpc_target, api_key="") as c, pytest.raises(grpc.RpcError) as e:
+        list(c.stream("fastmode-fast", "x"))
+    assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+@pytest.mark.slow
+def test_an_overloaded_priority_lane_is_resource_exhausted_with_a_retry_hint(client):
+    long = {"service_tier": "priority", "max_output_tokens": 480, "ignore_eos": True, "temperature": 0}
+    calls = [client.stream("fastmode-full", "class Parser:\n", **long) for _ in range(2)]
+    try:
+        for call in calls:
+            next(call)  # admitted and decoding
+        with pytest.raises(grpc.RpcError) as e:
+            list(client.stream("fastmode-full", "class Parser:\n", **long))
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert error_code(e.value) == "overloaded" and retry_after(e.value) > 0
+    finally:
+        for call in calls:
+            call.cancel()
+
+
+def wait_idle(a, lane: str, before: int) -> dict:
+    deadline = time.monotonic() + 30
+    while (s := a.lane_stats(lane))["running"] or s["in_flight"]:
+        assert time.monotonic() < deadline, s
+        time.sleep(0.2)
+    assert s["cancelled"] == before + 1, s
+    return s
+
+
+@pytest.mark.slow
+def test_the_deadline_is_honored_and_frees_the_sequence(app, client):
+    a = app()
+    before = a.lane_stats("standard")["cancelled"]
+    start = time.monotonic()
+    with pytest.raises(grpc.RpcError) as e:
+        list(client.stream("fastmode-full", "class Parser:\n", max_output_tokens=480, ignore_eos=True, timeout=1.0))
+    assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED and time.monotonic() - start < 5
+    wait_idle(a, "standard", before)
+
+
+@pytest.mark.slow
+def test_a_cancelled_call_frees_the_sequence(app, client):
+    a = app()
+    before = a.lane_stats("fast")["cancelled"]
+    call = client.stream("fastmode-fast", "class Parser:\n", max_output_tokens=480, ignore_eos=True)
+    next(call)
+    assert a.lane_stats("fast")["running"] == 1
+    call.cancel()
+    wait_idle(a, "fast", before)
+
+
+@pytest.mark.slow
+def test_health_per_lane_and_overall(app):
+    with grpc.insecure_channel(app().grpc_target) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        for service in ("", "fastmode.v1.Inference", "fastmode.v1.Inference/fast",
+                        "fastmode.v1.Inference/priority", "fastmode.v1.Inference/standard"):
+            resp = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
+            assert resp.status == health_pb2.HealthCheckResponse.SERVING, service
+        with pytest.raises(grpc.RpcError) as e:
+            stub.Check(health_pb2.HealthCheckRequest(service="fastmode.v1.Inference/turbo"), timeout=10)
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+@pytest.mark.slow
+def test_reflection_describes_the_service(app):
+    with grpc.insecure_channel(app().grpc_target) as channel:
+        db = ProtoReflectionDescriptorDatabase(channel)
+        services = set(db.get_services())
+        assert {"fastmode.v1.Inference", "grpc.health.v1.Health"} <= services
+        pool = descriptor_pool.DescriptorPool(db)
+        method = pool.FindServiceByName("fastmode.v1.Inference").FindMethodByName("Generate")
+        assert method.server_streaming and method.output_type.full_name == "fastmode.v1.GenerateChunk"
+
+
+@pytest.mark.slow
+def test_grpc_chat_command(app):
+    a = app()
+    out = subprocess.run([sys.executable, "-m", "clients.cli", "grpc-chat", "def main():\n", "--model", "fastmode-fast",
+                          "--max-tokens", "8", "--target", a.grpc_target, "--api-key", a.key, "--json"],
+                         capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["lane"] == "fast" and result["usage"]["output_tokens"] == 8 and result["text"]
