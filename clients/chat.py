@@ -21,8 +21,9 @@ from clients.sdk import AsyncClient, FastmodeError, Response
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="fastmode chat", description="Stream one completion to the terminal, then "
-                                "print its lane, model, tokens, time to first token and tokens/s to stderr.")
+    p = argparse.ArgumentParser(prog="fastmode chat",
+                                description="Stream one completion to the terminal, then print its lane, "
+                                "model, tokens, time to first token and tokens/s to stderr.")
     p.add_argument("prompt", help="the prompt ('-' reads it from stdin)")
     p.add_argument("--model", default="fastmode-full", help="model id: fastmode-full, fastmode-fast or auto "
                    "(default: %(default)s)")

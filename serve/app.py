@@ -44,7 +44,7 @@ def build(config: AppConfig) -> Application:
         handles[lane] = serve.deployment(Lane).options(
             name=f"{lane}-lane", num_replicas=cfg.replicas, ray_actor_options=dict(cfg.ray_actor_options),
             max_ongoing_requests=cap, health_check_timeout_s=60, graceful_shutdown_timeout_s=5,
-        ).bind(lane, model.id, model.path, cfg.model_dump(mode="json"))
+        ).bind(lane, model.id, model.path, cfg.model_dump(mode="json"), config.telemetry.model_dump(mode="json"))
     router = serve.deployment(Router).options(
         name="router", num_replicas=1, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=UNCAPPED,
     ).bind(config.model_dump(mode="json"), **handles)

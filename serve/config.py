@@ -132,6 +132,16 @@ class HTTPConfig(_Strict):
     port: int = Field(default=8000, ge=1, le=65535, description="HTTP port.")
 
 
+class TelemetryConfig(_Strict):
+    """Which engine steps of the fast lane get spans (with their chip-to-chip hops) when tracing is
+    on (``serve.telemetry``: the OpenTelemetry environment variables turn it on)."""
+
+    step_spans_first: int = Field(default=8, ge=0, description="Spans for a request's prefill and its "
+                                  "first N decode steps...")
+    step_spans_every: int = Field(default=64, ge=1, description="...and every k-th decode step after. Hop "
+                                  "totals (count, bytes, seconds, p50, p99) cover every step regardless.")
+
+
 class GrpcConfig(_Strict):
     """The internal gRPC API (``serve/rpc``)."""
 
@@ -182,6 +192,7 @@ class AppConfig(_Strict):
     router: RouterConfig = RouterConfig()
     http: HTTPConfig = HTTPConfig()
     grpc: GrpcConfig = GrpcConfig()
+    telemetry: TelemetryConfig = TelemetryConfig()
     gateway: GatewayConfig = GatewayConfig()
     auth: AuthConfig = AuthConfig()
 

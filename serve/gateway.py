@@ -20,7 +20,7 @@ from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
 
-from . import openai_api
+from . import openai_api, telemetry
 from .auth import authorized, load_keys
 from .config import load_config
 from .errors import InvalidRequest, to_event
@@ -55,6 +55,7 @@ class Gateway:
     """
 
     def __init__(self, config: dict[str, Any], router, grpc_server=None) -> None:
+        telemetry.setup("gateway")
         self.config = load_config(config)
         self.grpc_server = grpc_server  # held so that Serve deploys it with the application
         self.keys = load_keys(self.config)
@@ -92,6 +93,7 @@ class Gateway:
             body = await request.json()
         except ValueError as e:
             return _error(to_event(InvalidRequest(f"the body is not JSON: {e}")))
+        body = telemetry.with_traceparent(body, request.headers)
         stream = self.router.options(stream=True).generate.remote(body)
         try:
             first = await stream.__anext__()

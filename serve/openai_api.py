@@ -31,6 +31,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from .errors import to_event
+from .telemetry import with_traceparent
 from .lanes.lane import PRIORITY
 from .openai_schema import ChatCompletionRequest, CompletionRequest, OpenAIRequestError, parse
 
@@ -98,7 +99,7 @@ async def _complete(router, request: Request, api: _Chat | _Text):
     rid = f"{api.prefix}{uuid.uuid4().hex}"
     try:
         req = parse(api.request_type, data)
-        body = req.generate_request(rid)
+        body = with_traceparent(req.generate_request(rid), request.headers)
     except OpenAIRequestError as e:
         return _error_response(400, e.message, "invalid_request", e.param)
     reply = _Reply(api, rid, int(time.time()), req.include_usage)

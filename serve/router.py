@@ -21,6 +21,9 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from . import telemetry
 from .config import AppConfig, load_config
 from .difficulty import DifficultyScorer
 from .errors import Overloaded, UnknownModel, UnknownServiceTier, to_event
@@ -40,6 +43,7 @@ class Router:
     """
 
     def __init__(self, config: dict[str, Any], fast, priority, standard) -> None:
+        telemetry.setup("router")
         self.config: AppConfig = load_config(config)
         self.handles = {FAST: fast, PRIORITY: priority, STANDARD: standard}
         self.ids = {FAST: self.config.models.fast.id, PRIORITY: self.config.models.full.id,
@@ -87,7 +91,33 @@ class Router:
         return lane
 
     async def generate(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        """Stream ``created``, ``delta``s and ``done`` for one request, or an ``error`` event."""
+        """Stream ``created``, ``delta``s and ``done`` for one request, or an ``error`` event.
+
+        Each request is one trace span (OpenTelemetry GenAI conventions), continuing the caller's
+        ``traceparent`` from ``metadata``; the lane's spans are its children.
+        """
+        meta = request.get("metadata") if isinstance(request, dict) else None
+        chat = isinstance(request, dict) and isinstance(request.get("input"), list)
+        op = "chat" if chat else "text_completion"
+        model = request.get("model") if isinstance(request, dict) else None
+        span = telemetry.tracer().start_span(
+            f"{op} {model}", kind=SpanKind.SERVER, context=telemetry.extract(meta if isinstance(meta, dict) else None),
+            attributes={"gen_ai.operation.name": op, "gen_ai.provider.name": "fastmode",
+                        "gen_ai.request.model": str(model)})
+        events = self._generate(request, span)
+        try:
+            async for event in events:
+                if span.is_recording():
+                    _record(span, event)
+                yield event
+        except BaseException:
+            span.set_attribute("fastmode.cancelled", True)
+            raise
+        finally:
+            await events.aclose()
+            span.end()
+
+    async def _generate(self, request: dict[str, Any], span) -> AsyncIterator[dict[str, Any]]:
         arrived = time.perf_counter()
         rid = request.get("id") if isinstance(request, dict) and isinstance(request.get("id"), str) else None
         lane = None
@@ -96,7 +126,8 @@ class Router:
             rid = req.id or f"resp_{uuid.uuid4().hex}"
             lane_request = {"prompt": req.prompt, "max_tokens": req.max_output_tokens,
                             "temperature": req.temperature, "top_p": req.top_p, "seed": req.seed,
-                            "stop": req.stop_list, "ignore_eos": req.ignore_eos, "request_id": rid}
+                            "stop": req.stop_list, "ignore_eos": req.ignore_eos, "request_id": rid,
+                            "trace": telemetry.inject(span) if span.is_recording() else None}
             lane, route = await self.pick(req)
             lane = self.admit(lane, req, route)
         except Exception as e:  # noqa: BLE001 - every failure becomes the stream's one error event
@@ -151,3 +182,26 @@ class Router:
         for name in LANES:
             lanes[name]["router_in_flight"] = self.in_flight[name]
         return {"status": "ok" if all(v["ready"] for v in lanes.values()) else "degraded", "lanes": lanes}
+
+
+def _record(span, event: dict[str, Any]) -> None:
+    """Put what ``event`` tells about the request on its span."""
+    kind = event["type"]
+    if kind == "created":
+        span.set_attributes({"gen_ai.response.id": event["id"], "fastmode.lane": event["lane"],
+                             "gen_ai.response.model": event["model"], "fastmode.route.by": event["route"]["by"],
+                             "gen_ai.usage.input_tokens": event["input_tokens"]})
+        if "difficulty" in event["route"]:
+            span.set_attribute("fastmode.route.difficulty", event["route"]["difficulty"])
+    elif kind == "done":
+        timing = event["timing"]
+        span.set_attributes({"gen_ai.usage.output_tokens": event["usage"]["output_tokens"],
+                             "gen_ai.response.finish_reasons": [event["finish_reason"]],
+                             "fastmode.cost_units": event["cost_units"]})
+        if timing.get("ttft_s") is not None:
+            span.set_attribute("gen_ai.server.time_to_first_token", timing["ttft_s"])
+        if timing.get("decode_tokens_per_s") is not None:
+            span.set_attribute("fastmode.decode_tokens_per_s", timing["decode_tokens_per_s"])
+    elif kind == "error":
+        span.set_attributes({"error.type": event["code"]})
+        span.set_status(Status(StatusCode.ERROR, event["message"][:200]))

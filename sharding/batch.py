@@ -97,6 +97,8 @@ class Hop:
     seconds: float
     transport: str
     """``"compiled_graph"`` or ``"actor_calls"`` (``"local"`` for the in-process executor)."""
+    received_at: int = 0
+    """``time.time_ns()`` when the receiver got it (so the hop spans ``[received_at - seconds, received_at]``)."""
 
 
 @dataclass

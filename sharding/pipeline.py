@@ -135,7 +135,7 @@ class PipelineExecutor:
         n_tokens = len(result.prefill) + len(result.decode)
         result.hops += [h for d in done for h in d.hops]
         result.hops.append(Hop(last, DRIVER, self.pp - 1, DRIVER_STAGE, 8 * n_tokens,
-                               (back - result.sent_at) / 1e9, self.transport))
+                               (back - result.sent_at) / 1e9, self.transport, back))
         return result
 
     def shutdown(self) -> None:

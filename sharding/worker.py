@@ -112,11 +112,11 @@ class ChipWorker:
             batch, x, hops, stage_seconds = inp, None, [], []
             sent = Hop(DRIVER, self.chip, DRIVER_STAGE, self.stage,
                        payload_bytes([t for r in inp.parts() for t in (r.tokens, r.positions, r.slots, r.last)]),
-                       (arrived - inp.sent_at) / 1e9, self.transport)
+                       (arrived - inp.sent_at) / 1e9, self.transport, arrived)
         else:
             batch, x, hops, stage_seconds = inp.batch, inp.hidden, inp.hops, inp.stage_seconds
             sent = Hop(inp.src_chip, self.chip, inp.src_stage, self.stage, payload_bytes(inp.hidden),
-                       (arrived - inp.sent_at) / 1e9, self.transport)
+                       (arrived - inp.sent_at) / 1e9, self.transport, arrived)
         start = time.perf_counter()
         parts = batch.parts()
         hidden = self.runner.forward(parts, x)

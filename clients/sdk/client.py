@@ -14,7 +14,8 @@ import os
 import random
 import uuid
 from dataclasses import asdict, dataclass, fields
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from websockets.asyncio.client import ClientConnection, connect
@@ -132,11 +133,12 @@ class _Connection:
     def close_error(self, rid: str | None = None) -> FastmodeError:
         """The error for a response that was in flight when this connection closed."""
         if self.close_code == CLOSE_POLICY:
-            return AuthenticationError("unauthorized", self.close_reason or "the server closed the connection "
-                                       "(code 1008): the API key is missing or wrong", None, rid)
+            reason = self.close_reason or "the server closed the connection (code 1008): the API key is " \
+                "missing or wrong"
+            return AuthenticationError("unauthorized", reason, None, rid)
         if self.close_code == CLOSE_TOO_BIG:  # the server said why just before closing
-            e = self.last_error or from_code("frame_too_large", "the server closed the connection (code 1009): "
-                                             "a frame was too large")
+            e = self.last_error or from_code("frame_too_large", "the server closed the connection "
+                                             "(code 1009): a frame was too large")
             return type(e)(e.code, e.message, e.retry_after, rid)
         if self.closed_by_client:
             return ConnectionLost("connection_lost", "the client was closed while the response was in flight",
@@ -199,6 +201,7 @@ class ResponseStream:
         """The error the response ended with, if any."""
         self._conn, self._queue = conn, queue
         self._parts: list[str] = []
+        self._early: list[str] = []  # deltas read before ``response.created`` (none from our server)
         self._cancel_sent = False
 
     @property
@@ -210,6 +213,10 @@ class ResponseStream:
     def done(self) -> bool:
         """Whether the response has ended (completed, cancelled or failed)."""
         return self.result is not None or self.error is not None
+
+    def _response(self, finish_reason: str | None, **more: Any) -> Response:
+        return Response(id=self.id, text=self.text, lane=self.lane, model=self.model,
+                        finish_reason=finish_reason, route=self.route, input_tokens=self.input_tokens, **more)
 
     async def _next_event(self) -> dict[str, Any] | None:
         """Apply the next event; return it, or ``None`` once ended (raising the error it ended with)."""
@@ -226,13 +233,11 @@ class ResponseStream:
             self._parts.append(event.get("delta", ""))
         elif kind == "response.completed":
             self.lane, self.model = event.get("lane", self.lane), event.get("model", self.model)
-            self.result = Response(id=self.id, text=self.text, lane=self.lane, model=self.model,
-                                   finish_reason=event.get("finish_reason"), usage=_pick(Usage, event.get("usage")),
-                                   timing=_pick(Timing, event.get("timing")), cost_units=event.get("cost_units"),
-                                   route=self.route, input_tokens=self.input_tokens)
+            self.result = self._response(event.get("finish_reason"), usage=_pick(Usage, event.get("usage")),
+                                         timing=_pick(Timing, event.get("timing")),
+                                         cost_units=event.get("cost_units"))
         elif kind == "response.cancelled":
-            self.result = Response(id=self.id, text=self.text, lane=self.lane, model=self.model,
-                                   finish_reason="cancelled", route=self.route, input_tokens=self.input_tokens)
+            self.result = self._response("cancelled")
         elif kind == "error":
             self.error = from_event(event)
             raise self.error
@@ -242,6 +247,8 @@ class ResponseStream:
         return event
 
     async def _next_text(self) -> str | None:
+        if self._early:
+            return self._early.pop(0)
         while (event := await self._next_event()) is not None:
             if event.get("type") == "response.output_text.delta":
                 return event.get("delta", "")
@@ -251,7 +258,7 @@ class ResponseStream:
         while self.lane is None and not self.done:
             event = await self._next_event()
             if event is not None and event.get("type") == "response.output_text.delta":
-                break
+                self._early.append(event.get("delta", ""))  # not expected: the server sends created first
 
     def __aiter__(self) -> AsyncIterator[str]:
         return self._iterate()
@@ -287,8 +294,7 @@ class ResponseStream:
         except FastmodeError:
             pass
         except TimeoutError:
-            self.result = Response(id=self.id, text=self.text, lane=self.lane, model=self.model,
-                                   finish_reason="cancelled", route=self.route, input_tokens=self.input_tokens)
+            self.result = self._response("cancelled")
 
     async def final(self) -> Response:
         """Read the rest of the response and return it (raises the error it ended with)."""
@@ -350,10 +356,11 @@ class AsyncResponses:
         if not isinstance(model, str):
             raise TypeError(f"model must be a string, got {type(model).__name__}")
         if not isinstance(input, (str, list)):
-            raise TypeError(f"input must be a string or a list of messages, got {type(input).__name__}")
-        body = {"model": model, "input": input, "service_tier": service_tier, "max_output_tokens": max_output_tokens,
-                "temperature": temperature, "top_p": top_p, "stop": stop, "seed": seed, "ignore_eos": ignore_eos,
-                "allow_spill": allow_spill, "metadata": metadata, **extra}
+            raise TypeError(f"input must be a string or a list of messages, not {type(input).__name__}")
+        body = {"model": model, "input": input, "service_tier": service_tier,
+                "max_output_tokens": max_output_tokens, "temperature": temperature, "top_p": top_p,
+                "stop": stop, "seed": seed, "ignore_eos": ignore_eos, "allow_spill": allow_spill,
+                "metadata": metadata, **extra}
         body = {k: v for k, v in body.items() if v is not None}
         body["id"] = id or f"resp_{uuid.uuid4().hex}"
         return _StreamOpener(self._client, body)
@@ -395,7 +402,8 @@ class AsyncClient:
             raise ValueError("max_attempts must be at least 1")
         self.url = responses_url(base_url)
         self.api_key = api_key if api_key is not None else os.environ.get("FASTMODE_API_KEY")
-        self.max_attempts, self.open_timeout_s, self.ping_interval_s = max_attempts, open_timeout_s, ping_interval_s
+        self.max_attempts, self.open_timeout_s = max_attempts, open_timeout_s
+        self.ping_interval_s = ping_interval_s
         self.backoff_initial_s, self.backoff_max_s = backoff_initial_s, backoff_max_s
         self.responses = AsyncResponses(self)
         self.connects = 0
@@ -423,8 +431,8 @@ class AsyncClient:
         last: BaseException | None = None
         for attempt in range(1, self.max_attempts + 1):
             try:
-                ws = await connect(self.url, additional_headers=headers, max_size=None, open_timeout=self.open_timeout_s,
-                                   ping_interval=self.ping_interval_s)
+                ws = await connect(self.url, additional_headers=headers, max_size=None,
+                                   open_timeout=self.open_timeout_s, ping_interval=self.ping_interval_s)
             except InvalidURI as e:
                 raise ConnectionFailed("connection_failed", f"invalid URL {self.url!r}: {e}") from e
             except InvalidStatus as e:
@@ -439,8 +447,8 @@ class AsyncClient:
                 return _Connection(ws)
             if attempt < self.max_attempts:
                 await asyncio.sleep(self.backoff_s(attempt))
-        raise ConnectionFailed("connection_failed", f"could not connect to {self.url} after {self.max_attempts} "
-                               f"attempt(s): {type(last).__name__}: {last}") from last
+        raise ConnectionFailed("connection_failed", f"could not connect to {self.url} after "
+                               f"{self.max_attempts} attempt(s): {type(last).__name__}: {last}") from last
 
     async def _start(self, body: dict[str, Any]) -> ResponseStream:
         for _ in range(3):  # a draining connection refuses new responses: retry on a new one

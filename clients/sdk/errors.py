@@ -90,8 +90,9 @@ class InternalError(FastmodeError):
 
 CODES: dict[str, type[FastmodeError]] = {
     **dict.fromkeys(["invalid_request", "invalid_json", "invalid_event", "unknown_event", "prompt_too_long",
-                     "binary_frame", "frame_too_large", "duplicate_id", "unknown_id", "invalid_sampling_params",
-                     "empty_prompt", "token_out_of_range", "duplicate_request"], InvalidRequest),
+                     "binary_frame", "frame_too_large", "duplicate_id", "unknown_id",
+                     "invalid_sampling_params", "empty_prompt", "token_out_of_range", "duplicate_request"],
+                    InvalidRequest),
     "unknown_model": UnknownModel,
     "unknown_service_tier": UnknownServiceTier,
     **dict.fromkeys(["overloaded", "too_many_in_flight"], Overloaded),
@@ -114,4 +115,5 @@ def from_code(code: str | None, message: str = "", retry_after: float | None = N
 
 def from_event(event: dict) -> FastmodeError:
     """The typed error for a server ``error`` event."""
-    return from_code(event.get("code"), str(event.get("message", "")), event.get("retry_after"), event.get("id"))
+    return from_code(event.get("code"), str(event.get("message", "")), event.get("retry_after"),
+                     event.get("id"))

@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from .client import DEFAULT_BASE_URL, AsyncClient, Response, ResponseStream
 

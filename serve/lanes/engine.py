@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,8 @@ class EngineRequest:
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
+    trace: Any = None
+    """The lane span's OpenTelemetry context when tracing is on (the engine adds step spans under it)."""
 
 
 @dataclass(frozen=True)

@@ -14,12 +14,15 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from opentelemetry import trace
+from opentelemetry.trace import Status, StatusCode
 from tokenizers import Tokenizer
 
 from sharding.errors import PromptTooLong
 
-from ..config import LANE_CONFIGS, FastLaneConfig, VLLMLaneConfig
-from ..errors import Overloaded
+from .. import telemetry
+from ..config import LANE_CONFIGS, FastLaneConfig, TelemetryConfig, VLLMLaneConfig
+from ..errors import Overloaded, to_event
 from ..stream import coalesce
 from .engine import EngineOutput, EngineRequest, LaneEngine
 
@@ -37,16 +40,20 @@ class Lane:
         model_id: the id the model is served under.
         model_path: its checkpoint directory.
         config: the lane's config section (a dict, as Serve passes it).
+        telemetry: the config's ``telemetry`` section (step spans of the fast lane).
     """
 
-    def __init__(self, lane: str, model_id: str, model_path: str, config: dict[str, Any]) -> None:
+    def __init__(self, lane: str, model_id: str, model_path: str, config: dict[str, Any],
+                 telemetry_config: dict[str, Any] | None = None) -> None:
+        telemetry.setup(f"{lane}-lane")
         self.lane, self.model_id = lane, model_id
         self.tokenizer = Tokenizer.from_file(str(Path(model_path) / "tokenizer.json"))
         self.config: FastLaneConfig | VLLMLaneConfig = LANE_CONFIGS[lane].model_validate(config)
         if lane == FAST:
             from .sharded_engine import ShardedLaneEngine
 
-            self.engine: LaneEngine = ShardedLaneEngine(model_path, self.config, self.tokenizer)
+            self.engine: LaneEngine = ShardedLaneEngine(model_path, self.config, self.tokenizer,
+                                                        TelemetryConfig.model_validate(telemetry_config or {}))
             self.cap = None
         else:
             from .vllm_engine import VLLMLaneEngine
@@ -66,6 +73,23 @@ class Lane:
         ``temperature``, ``top_p``, ``seed``, ``stop``, ``ignore_eos``; optional ``request_id``.
         """
         arrived = time.perf_counter()
+        span = telemetry.tracer().start_span(f"fastmode.lane {self.lane}", context=telemetry.extract(
+            request.get("trace")), attributes={"fastmode.lane": self.lane, "gen_ai.request.model": self.model_id})
+        events = self._generate(request, arrived, span)
+        try:
+            async for event in events:
+                yield event
+        except BaseException as e:
+            if isinstance(e, Exception):
+                span.set_status(Status(StatusCode.ERROR, to_event(e)["code"]))
+            else:
+                span.set_attribute("fastmode.cancelled", True)
+            raise
+        finally:
+            await events.aclose()  # closed early by the caller: run its cleanup now, not at GC
+            span.end()
+
+    async def _generate(self, request: dict[str, Any], arrived: float, span) -> AsyncIterator[dict[str, Any]]:
         if self.cap is not None and self.in_flight >= self.cap:
             raise Overloaded(f"the {self.lane} lane's batch is full ({self.cap} sequences)",
                              retry_after=self.config.retry_after_s)
@@ -79,7 +103,8 @@ class Lane:
             request_id=request.get("request_id") or f"{self.lane}-{uuid.uuid4().hex}", prompt_ids=ids,
             max_tokens=max_tokens, temperature=request.get("temperature", 1.0),
             top_p=request.get("top_p", 1.0), seed=request.get("seed"), stop=list(request.get("stop") or []),
-            ignore_eos=bool(request.get("ignore_eos")))
+            ignore_eos=bool(request.get("ignore_eos")),
+            trace=trace.set_span_in_context(span) if span.is_recording() else None)
         self.in_flight += 1
         done = False
         try:
@@ -97,7 +122,10 @@ class Lane:
                     yield {"type": "delta", "seq": seq, "text": text, "tokens": tokens}
                     seq += 1
             done = True
-            yield self._done(n_prompt, n_out, reason, arrived, first, last)
+            event = self._done(n_prompt, n_out, reason, arrived, first, last)
+            if span.is_recording():
+                self._record(span, event, arrived, first, last)
+            yield event
         finally:
             self.in_flight -= 1
             self.cancelled += not done
@@ -114,6 +142,23 @@ class Lane:
             "timing": {"ttft_s": ttft, "decode_tokens_per_s": decode, "total_s": time.perf_counter() - arrived},
             "cost_units": self.config.price * (n_prompt + n_out) / 1000,
         }
+
+    def _record(self, span, done: dict[str, Any], arrived: float, first: float | None, last: float | None) -> None:
+        usage, timing = done["usage"], done["timing"]
+        span.set_attributes({"gen_ai.usage.input_tokens": usage["input_tokens"],
+                             "gen_ai.usage.output_tokens": usage["output_tokens"],
+                             "gen_ai.response.finish_reasons": [done["finish_reason"]],
+                             "fastmode.engine_ttft_s": timing["ttft_s"] or 0.0})
+        if self.lane != FAST and first is not None:
+            # vLLM's steps are not visible from here: the lane-side view of prefill and decode.
+            # (vLLM's own tracing adds its spans: engine_args {otlp_traces_endpoint: ...}.)
+            now_ns, now = time.time_ns(), time.perf_counter()
+            at = lambda t: now_ns - int((now - t) * 1e9)  # noqa: E731 - perf_counter -> epoch ns
+            ctx = trace.set_span_in_context(span)
+            for name, a, b in (("fastmode.prefill", arrived, first), ("fastmode.decode", first, last)):
+                s = telemetry.tracer().start_span(name, context=ctx, start_time=at(a),
+                                                  attributes={"fastmode.engine": "vllm"})
+                s.end(end_time=at(b))
 
     def stats(self) -> dict[str, Any]:
         """This replica's load: requests in the engine (``running``), streams open here, and streams

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -21,9 +22,10 @@ from sharding.engine import Engine, StepOutput
 from sharding.pipeline import ShardedModel
 from sharding.sampling import SamplingParams
 
-from ..config import FastLaneConfig
+from ..config import FastLaneConfig, TelemetryConfig
 from ..errors import LaneUnavailable
 from .engine import EngineOutput, EngineRequest
+from .step_spans import StepInfo, StepSpans
 from .text import TextStream
 
 _STOP = ("stop",)
@@ -38,7 +40,10 @@ class ShardedLaneEngine:
         tokenizer: the checkpoint's tokenizer (for detokenization and stop strings).
     """
 
-    def __init__(self, path: str | Path, config: FastLaneConfig, tokenizer: Tokenizer) -> None:
+    def __init__(self, path: str | Path, config: FastLaneConfig, tokenizer: Tokenizer,
+                 telemetry: TelemetryConfig | None = None) -> None:
+        self.telemetry = telemetry or TelemetryConfig()
+        self.layout = {"fastmode.tp": config.tp, "fastmode.pp": config.pp, "fastmode.transport": config.transport}
         dtype = getattr(torch, config.dtype)
         if config.tp * config.pp == 1:
             self.engine: Engine = Engine.from_pretrained(path, num_slots=config.num_slots, max_len=config.max_len,
@@ -68,9 +73,11 @@ class ShardedLaneEngine:
                     self._apply(cmd)
                     cmd = self._poll()
                 if self.engine.has_work:
+                    start = time.time_ns()
                     outputs = self.engine.step()
                     if outputs and self._loop is not None:
-                        self._loop.call_soon_threadsafe(self._deliver, outputs)
+                        info = StepInfo(start, time.time_ns(), self.engine.last_hops, len(outputs))
+                        self._loop.call_soon_threadsafe(self._deliver, outputs, info)
         except BaseException as e:  # noqa: BLE001 - reported to every waiting request and to health checks
             self._error = e
             if self._loop is not None:
@@ -93,11 +100,11 @@ class ShardedLaneEngine:
             self.engine.abort(cmd[1])
 
     # -- the event loop ----------------------------------------------------------------------
-    def _deliver(self, outputs: list[StepOutput]) -> None:
+    def _deliver(self, outputs: list[StepOutput], info: StepInfo) -> None:
         for o in outputs:
             sink = self._sinks.get(o.request_id)
             if sink is not None:
-                sink.put_nowait(o)
+                sink.put_nowait((o, info))
 
     def _fail(self, rid: str, exc: BaseException) -> None:
         sink = self._sinks.get(rid)
@@ -121,13 +128,20 @@ class ShardedLaneEngine:
         self._sinks[rid] = sink
         self._commands.put(("add", rid, request.prompt_ids, params))
         text = TextStream(self.tokenizer, request.stop)
+        spans = None
+        if request.trace is not None:
+            spans = StepSpans(request.trace, self.telemetry.step_spans_first, self.telemetry.step_spans_every,
+                              self.layout)
         finished = False
         try:
             while True:
-                out = await sink.get()
-                if isinstance(out, BaseException):
+                item = await sink.get()
+                if isinstance(item, BaseException):
                     finished = True  # never added, or the engine is gone
-                    raise out
+                    raise item
+                out, info = item
+                if spans is not None:
+                    spans.step(info)
                 delta = text.push(out.token_ids)
                 if text.stopped or out.finished:
                     finished = out.finished
@@ -140,6 +154,8 @@ class ShardedLaneEngine:
             self._sinks.pop(rid, None)
             if not finished:  # closed early, or ended by a stop string: free the slot
                 self._commands.put(("abort", rid))
+            if spans is not None:
+                spans.finish()
 
     def num_unfinished(self) -> int:
         return self.engine.num_unfinished

@@ -21,6 +21,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from .. import telemetry
 from ..auth import authorized, load_keys
 from ..config import load_config
 from ..lanes.lane import LANES
@@ -126,6 +127,7 @@ class GrpcServer:
     """
 
     async def __init__(self, config: dict[str, Any], router) -> None:
+        telemetry.setup("grpc")
         self.config = load_config(config)
         self.router = router
         self.server = grpc.aio.server()

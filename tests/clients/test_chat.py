@@ -17,7 +17,8 @@ def chat(a, *args: str, key: str | None = None) -> subprocess.CompletedProcess:
 
 
 def test_usage_errors_exit_2():
-    p = subprocess.run([sys.executable, "-m", "clients.cli", "chat"], cwd=REPO, capture_output=True, text=True)
+    p = subprocess.run([sys.executable, "-m", "clients.cli", "chat"], cwd=REPO, capture_output=True,
+                       text=True)
     assert p.returncode == 2 and "prompt" in p.stderr
     p = subprocess.run([sys.executable, "-m", "clients.cli", "chat", "x", "--max-tokens", "many"], cwd=REPO,
                        capture_output=True, text=True)
@@ -36,7 +37,8 @@ def test_nothing_listening_exits_1_with_the_code():
 @pytest.mark.slow
 def test_json_prints_the_complete_response(app):
     a = app()
-    p = chat(a, "def main():\n", "--model", "fastmode-fast", "--max-tokens", "16", "--temperature", "0", "--json")
+    p = chat(a, "def main():\n", "--model", "fastmode-fast", "--max-tokens", "16", "--temperature", "0",
+             "--json")
     assert p.returncode == 0, p.stderr
     r = json.loads(p.stdout)  # one JSON object and nothing else
     _, ref = a.generate(model="fastmode-fast", input="def main():\n", max_output_tokens=16, temperature=0)
@@ -50,8 +52,8 @@ def test_plain_mode_streams_text_then_a_stats_line(app):
     a = app()
     p = chat(a, "def main():\n", "--service-tier", "priority", "--max-tokens", "12", "--temperature", "0")
     assert p.returncode == 0, p.stderr
-    _, ref = a.generate(model="fastmode-full", service_tier="priority", input="def main():\n", max_output_tokens=12,
-                        temperature=0)
+    _, ref = a.generate(model="fastmode-full", service_tier="priority", input="def main():\n",
+                        max_output_tokens=12, temperature=0)
     assert p.stdout.rstrip("\n") == text_of(ref).rstrip("\n")
     line = p.stderr.strip()
     assert line.startswith("lane priority · model fastmode-full · 12 tokens · ttft "), line
@@ -74,9 +76,9 @@ def test_ctrl_c_cancels_the_response_and_exits_130(app):
 
     a = app()
     before = a.lane_stats("fast")["cancelled"]
-    p = subprocess.Popen([sys.executable, "-m", "clients.cli", "chat", "def main():\n", "--model", "fastmode-fast",
-                          "--max-tokens", "400", "--url", a.base, "--api-key", a.key], cwd=REPO,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen([sys.executable, "-m", "clients.cli", "chat", "def main():\n", "--model",
+                          "fastmode-fast", "--max-tokens", "400", "--url", a.base, "--api-key", a.key],
+                         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert p.stdout.read(1)  # streaming has begun
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=60)

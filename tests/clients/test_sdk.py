@@ -10,9 +10,9 @@ import time
 import pytest
 from websockets.asyncio.server import serve
 
-from clients.sdk import (AsyncClient, AuthenticationError, Client, ConnectionFailed, ConnectionLost, FastmodeError,
-                         InternalError, InvalidRequest, LaneUnavailable, Overloaded, SlowConsumer, UnknownModel,
-                         from_code, responses_url)
+from clients.sdk import (AsyncClient, AuthenticationError, Client, ConnectionFailed, ConnectionLost,
+                         FastmodeError, InternalError, InvalidRequest, LaneUnavailable, Overloaded,
+                         SlowConsumer, UnknownModel, from_code, responses_url)
 from tests.serve.conftest import free_port, text_of
 
 LANES = {"fast": ("fastmode-fast", None), "priority": ("fastmode-full", "priority"),
@@ -50,19 +50,23 @@ class Dummy:
                 continue
             self.creates.append(event)
             rid = event["id"]
-            await ws.send(json.dumps({"type": "response.created", "id": rid, "lane": "fast", "model": event["model"],
-                                      "input_tokens": 3, "route": {"by": "model"}, "protocol": "fastmode.responses.v1"}))
-            await ws.send(json.dumps({"type": "response.output_text.delta", "id": rid, "seq": 0, "delta": "hello"}))
+            await ws.send(json.dumps({"type": "response.created", "id": rid, "lane": "fast",
+                                      "model": event["model"], "input_tokens": 3, "route": {"by": "model"},
+                                      "protocol": "fastmode.responses.v1"}))
+            await ws.send(json.dumps({"type": "response.output_text.delta", "id": rid, "seq": 0,
+                                      "delta": "hello"}))
             if self.drop_first and n == 1:
                 ws.transport.abort()
                 return
             if event["model"] == "slow":
                 continue  # never ends unless cancelled
-            await ws.send(json.dumps({"type": "response.output_text.delta", "id": rid, "seq": 1, "delta": " world"}))
+            await ws.send(json.dumps({"type": "response.output_text.delta", "id": rid, "seq": 1,
+                                      "delta": " world"}))
             await ws.send(json.dumps({
                 "type": "response.completed", "id": rid, "finish_reason": "length",
                 "usage": {"input_tokens": 3, "output_tokens": 2, "total_tokens": 5},
-                "timing": {"ttft_s": 0.01, "engine_ttft_s": 0.005, "decode_tokens_per_s": 100.0, "total_s": 0.02},
+                "timing": {"ttft_s": 0.01, "engine_ttft_s": 0.005, "decode_tokens_per_s": 100.0,
+                           "total_s": 0.02},
                 "cost_units": 0.001, "lane": "fast", "model": event["model"]}))
 
     async def __aenter__(self) -> str:
@@ -80,7 +84,8 @@ def test_url_and_error_mapping():
     assert responses_url("wss://h/custom") == "wss://h/custom"
     for code, cls in [("invalid_request", InvalidRequest), ("invalid_json", InvalidRequest),
                       ("prompt_too_long", InvalidRequest), ("duplicate_id", InvalidRequest),
-                      ("unknown_model", UnknownModel), ("overloaded", Overloaded), ("lane_unavailable", LaneUnavailable),
+                      ("unknown_model", UnknownModel), ("overloaded", Overloaded),
+                      ("lane_unavailable", LaneUnavailable),
                       ("slow_consumer", SlowConsumer), ("internal_error", InternalError)]:
         assert type(from_code(code, "m")) is cls and from_code(code).code == code
     e = from_code("something_new", "why", 1.5)
@@ -109,11 +114,13 @@ def test_stream_create_cancel_and_key_on_a_dummy_server(monkeypatch):
     texts, streamed, created, cancelled, connects = run(main())
     assert texts == ["hello", " world"] and streamed.text == created.text == "hello world"
     assert streamed.usage.output_tokens == 2 and streamed.timing.decode_tokens_per_s == 100.0
-    assert streamed.finish_reason == "length" and streamed.route == {"by": "model"} and streamed.cost_units == 0.001
+    assert streamed.finish_reason == "length" and streamed.route == {"by": "model"}
+    assert streamed.cost_units == 0.001
     assert cancelled.finish_reason == "cancelled" and cancelled.text == "hello"
     assert connects == 1 and dummy.connections == 1  # one connection for every call
     assert dummy.headers == ["Bearer sk-env"]
-    assert dummy.creates[0]["temperature"] == 0 and "top_p" not in dummy.creates[0]  # None: the server's default
+    assert dummy.creates[0]["temperature"] == 0
+    assert "top_p" not in dummy.creates[0]  # None: left to the server's default
 
 
 def test_a_dropped_connection_fails_in_flight_responses_and_the_next_call_reconnects():
@@ -145,7 +152,8 @@ def test_a_closed_port_is_retried_with_backoff_then_fails_typed():
             return waits[-1]
 
     async def main():
-        client = Counting(f"ws://127.0.0.1:{port}", max_attempts=4, backoff_initial_s=0.01, backoff_max_s=0.02)
+        client = Counting(f"ws://127.0.0.1:{port}", max_attempts=4, backoff_initial_s=0.01,
+                          backoff_max_s=0.02)
         with pytest.raises(ConnectionFailed) as failed:
             await client.responses.create(model="m", input="x")
         await client.close()
@@ -153,7 +161,8 @@ def test_a_closed_port_is_retried_with_backoff_then_fails_typed():
 
     t0 = time.monotonic()
     failed = run(main())
-    assert isinstance(failed, ConnectionLost) and failed.code == "connection_failed" and "4 attempt" in failed.message
+    assert isinstance(failed, ConnectionLost) and failed.code == "connection_failed"
+    assert "4 attempt" in failed.message
     assert len(waits) == 3 and all(0.005 <= w <= 0.02 for w in waits), waits  # capped, jittered
     assert time.monotonic() - t0 < 5
     c = AsyncClient(backoff_initial_s=1, backoff_max_s=4)
@@ -165,7 +174,8 @@ def test_a_server_that_comes_up_during_backoff_is_reached():
     dummy, port = Dummy(), free_port()
 
     async def main():
-        client = AsyncClient(f"ws://127.0.0.1:{port}", max_attempts=20, backoff_initial_s=0.05, backoff_max_s=0.1)
+        client = AsyncClient(f"ws://127.0.0.1:{port}", max_attempts=20, backoff_initial_s=0.05,
+                             backoff_max_s=0.1)
         call = asyncio.ensure_future(client.responses.create(model="m", input="x"))
         await asyncio.sleep(0.3)
         async with serve(dummy.handler, "127.0.0.1", port):
@@ -218,7 +228,8 @@ def test_sync_client_on_a_dummy_server():
 # -- against the running application -----------------------------------------------------------
 def reference(a, lane: str, n: int = 24) -> str:
     model, tier = LANES[lane]
-    status, events = a.generate(model=model, service_tier=tier, input=PROMPT, max_output_tokens=n, temperature=0)
+    status, events = a.generate(model=model, service_tier=tier, input=PROMPT, max_output_tokens=n,
+                                temperature=0)
     assert status == 200, events
     return text_of(events)
 
@@ -244,9 +255,11 @@ def test_every_lane_streams_the_text_create_returns(app):
     for lane, (texts, streamed, created) in out.items():
         assert streamed.lane == created.lane == lane, (lane, streamed)
         assert "".join(texts) == streamed.text == created.text == reference(a, lane)
-        assert streamed.usage.output_tokens == 24 and streamed.usage.total_tokens == 24 + streamed.usage.input_tokens
-        assert streamed.timing.ttft_s > 0 and streamed.timing.decode_tokens_per_s > 0 and streamed.timing.total_s > 0
-        assert streamed.cost_units > 0 and streamed.finish_reason == "length" and streamed.route["by"] == "model"
+        usage, timing = streamed.usage, streamed.timing
+        assert usage.output_tokens == 24 and usage.total_tokens == 24 + usage.input_tokens
+        assert timing.ttft_s > 0 and timing.decode_tokens_per_s > 0 and timing.total_s > 0
+        assert streamed.cost_units > 0 and streamed.finish_reason == "length"
+        assert streamed.route["by"] == "model"
         assert streamed.model == LANES[lane][0]
 
 
@@ -257,8 +270,8 @@ def test_twenty_concurrent_streams_share_one_connection(app):
 
     async def one(client, lane):
         model, tier = LANES[lane]
-        stream = await client.responses.stream(model=model, service_tier=tier, input=PROMPT, max_output_tokens=40,
-                                               temperature=0)
+        stream = await client.responses.stream(model=model, service_tier=tier, input=PROMPT,
+                                               max_output_tokens=40, temperature=0)
         return lane, "".join([t async for t in stream]), stream.result
 
     async def main():
@@ -278,7 +291,8 @@ def test_sync_client_streams_and_creates(app):
     a = app()
     ref = reference(a, "fast")
     with Client(a.base, api_key=a.key) as client:
-        stream = client.responses.stream(model="fastmode-fast", input=PROMPT, max_output_tokens=24, temperature=0)
+        stream = client.responses.stream(model="fastmode-fast", input=PROMPT, max_output_tokens=24,
+                                         temperature=0)
         assert stream.lane == "fast"
         assert "".join(stream) == stream.result.text == ref
         r = client.responses.create(model="fastmode-fast", input=PROMPT, max_output_tokens=24, temperature=0)
@@ -295,11 +309,13 @@ def test_server_errors_are_typed_and_the_client_serves_on(app):
                 await client.responses.create(model="nope", input="x")
             with pytest.raises(InvalidRequest) as bad:
                 await client.responses.create(model="fastmode-fast", input="x", temperature=9)
-            ok = await client.responses.create(model="fastmode-fast", input=PROMPT, max_output_tokens=4)
+            ok = await client.responses.create(model="fastmode-fast", input=PROMPT, max_output_tokens=4,
+                                               temperature=0)
             connects = client.connects
             with pytest.raises(InvalidRequest) as big:  # the server closes with 1009 after saying why
                 await client.responses.create(model="fastmode-fast", input="x" * (2**20 + 10))
-            again = await client.responses.create(model="fastmode-fast", input=PROMPT, max_output_tokens=4)
+            again = await client.responses.create(model="fastmode-fast", input=PROMPT, max_output_tokens=4,
+                                                  temperature=0)
             return unknown.value, bad.value, ok, connects, big.value, again, client.connects
 
     unknown, bad, ok, connects, big, again, reconnects = run(main())
