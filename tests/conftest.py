@@ -35,3 +35,21 @@ def tiny_models(tmp_path_factory) -> Path:
 def shipped_model(request) -> Path:
     """Each shipped checkpoint in turn."""
     return shipped({"full": FULL, "fast": FAST}[request.param])
+
+
+@pytest.fixture(scope="session")
+def app():
+    """A getter for the running application (``fastmode up``, embedded default config, API key
+    required) shared by ``tests/clients`` and ``tests/serve``; it restarts the app if a test stopped it."""
+    from tests.serve.conftest import App
+
+    holder: dict[str, App] = {}
+
+    def get() -> App:
+        if "app" not in holder or not holder["app"].running:
+            holder["app"] = App()
+        return holder["app"]
+
+    yield get
+    if "app" in holder:
+        holder["app"].stop()

@@ -1,5 +1,6 @@
-"""One running application (``fastmode up`` in a subprocess, the embedded default config) shared by
-every test in ``tests/serve``; tests talk to it over HTTP, as users do."""
+"""``App``: a ``fastmode up`` in a subprocess and clients for it. The shared instance is the
+session fixture ``app`` (``tests/conftest.py``); tests talk to it over HTTP, the WebSocket and gRPC,
+as users do."""
 
 from __future__ import annotations
 
@@ -32,12 +33,13 @@ def free_port() -> int:
 class App:
     """A ``fastmode up`` process and an HTTP client for it."""
 
-    def __init__(self, *args: str) -> None:
+    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.ws_url = f"ws://127.0.0.1:{self.port}/v1/responses"
         self.key = API_KEY
-        env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"FASTMODE_API_KEYS": f"{API_KEY},sk-other"}
+        env = ({k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+               | {"FASTMODE_API_KEYS": f"{API_KEY},sk-other"} | (env or {}))
         self.grpc_port = free_port()
         self.grpc_target = f"127.0.0.1:{self.grpc_port}"
         self.proc = subprocess.Popen([sys.executable, "-m", "clients.cli", "up", "--port", str(self.port),
@@ -105,21 +107,6 @@ class App:
                 self.proc.wait()
         self.client.close()
         return self.proc.returncode
-
-
-@pytest.fixture(scope="package")
-def app():
-    """The running application (restarted if a test stopped it)."""
-    holder: dict[str, App] = {}
-
-    def get() -> App:
-        if "app" not in holder or not holder["app"].running:
-            holder["app"] = App()
-        return holder["app"]
-
-    yield get
-    if "app" in holder:
-        holder["app"].stop()
 
 
 def text_of(events: list[dict]) -> str:
