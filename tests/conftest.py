@@ -53,3 +53,14 @@ def app():
     yield get
     if "app" in holder:
         holder["app"].stop()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Run ``tests/serve/test_up.py`` (whose last test stops the shared app with Ctrl-C) after every
+    other test in ``tests/serve``, and so after every test that uses the app (``tests/clients``
+    sorts first); the sharding tests after it start a Ray of their own."""
+    last = [i for i in items if i.nodeid.startswith("tests/serve/test_up.py")]
+    rest = [i for i in items if i not in last]
+    serve = [n for n, i in enumerate(rest) if i.nodeid.startswith("tests/serve/")]
+    at = serve[-1] + 1 if serve else len(rest)
+    items[:] = rest[:at] + last + rest[at:]

@@ -1,6 +1,6 @@
 """``fastmode up``: health only once every engine has loaded, and a clean exit on Ctrl-C.
 
-Runs last in ``tests/serve`` (it stops the shared application)."""
+Runs last in ``tests/serve`` (``tests/conftest.py`` orders it; it stops the shared application)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,150 @@
+"""A real OTLP round trip: an in-process OTLP/gRPC receiver, an application exporting to it (set up
+only by the OpenTelemetry environment variables), the fast lane at tp=2 x pp=2, one WebSocket
+request carrying the caller's ``traceparent``; the trace must have the right shape."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from concurrent import futures
+
+import grpc
+import pytest
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from websockets.asyncio.client import connect
+
+from tests.serve.conftest import App, free_port
+
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+CALLER_SPAN = "00f067aa0ba902b7"
+
+
+class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
+    def __init__(self) -> None:
+        self.spans: list[tuple[dict, object]] = []  # (resource attributes, span)
+
+    def Export(self, request, context):
+        for rs in request.resource_spans:
+            resource = {a.key: a.value.string_value for a in rs.resource.attributes}
+            for ss in rs.scope_spans:
+                self.spans += [(resource, s) for s in ss.spans]
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+
+@pytest.fixture(scope="module")
+def traced(tmp_path_factory):
+    receiver = Receiver()
+    server = grpc.server(futures.ThreadPoolExecutor(4))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(receiver, server)
+    port = free_port()
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    server.start()
+    config = tmp_path_factory.mktemp("telemetry") / "app.yaml"
+    config.write_text("lanes:\n  fast: {tp: 2, pp: 2}\n")
+    app = App("--config", str(config), "--chips", "4", env={
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+        "OTEL_BSP_SCHEDULE_DELAY": "200"})
+    try:
+        yield app, receiver
+    finally:
+        app.stop()
+        server.stop(0)
+
+
+def attrs(span) -> dict:
+    out = {}
+    for a in span.attributes:
+        v = a.value
+        kind = v.WhichOneof("value")
+        out[a.key] = [x.string_value for x in v.array_value.values] if kind == "array_value" else getattr(v, kind)
+    return out
+
+
+@pytest.mark.slow
+def test_one_trace_from_the_caller_down_to_each_hop(traced):
+    app, receiver = traced
+
+    async def main():
+        headers = {"Authorization": f"Bearer {app.key}"}
+        async with connect(app.ws_url, additional_headers=headers) as conn:
+            await conn.send(json.dumps({"type": "response.create", "id": "t1", "model": "fastmode-fast",
+                                        "input": "def main():\n", "max_output_tokens": 12, "temperature": 0,
+                                        "metadata": {"traceparent": f"00-{TRACE_ID}-{CALLER_SPAN}-01"}}))
+            while (e := json.loads(await conn.recv()))["type"] not in ("response.completed", "error"):
+                pass
+            return e
+
+    done = asyncio.run(main())
+    assert done["type"] == "response.completed", done
+    deadline = time.monotonic() + 30
+    while True:
+        spans = [(r, s) for r, s in receiver.spans if s.trace_id.hex() == TRACE_ID]
+        names = [s.name for _, s in spans]
+        if "text_completion fastmode-fast" in names and "fastmode.lane fast" in names \
+                and names.count("fastmode.decode") >= 8:
+            break
+        assert time.monotonic() < deadline, names
+        time.sleep(0.5)
+    by_id = {s.span_id: s for _, s in spans}
+    process = {s.span_id: r["fastmode.process"] for r, s in spans}
+
+    request = next(s for s in by_id.values() if s.name == "text_completion fastmode-fast")
+    assert request.parent_span_id.hex() == CALLER_SPAN  # continues the caller's trace
+    assert request.kind == request.SPAN_KIND_SERVER and process[request.span_id] == "router"
+    a = attrs(request)
+    assert a["gen_ai.operation.name"] == "text_completion" and a["gen_ai.request.model"] == "fastmode-fast"
+    assert a["gen_ai.usage.input_tokens"] == done["usage"]["input_tokens"]
+    assert a["gen_ai.usage.output_tokens"] == 12 and a["gen_ai.response.finish_reasons"] == ["length"]
+    assert a["gen_ai.server.time_to_first_token"] > 0 and a["fastmode.lane"] == "fast"
+
+    lane = next(s for s in by_id.values() if s.name == "fastmode.lane fast")
+    assert lane.parent_span_id == request.span_id and process[lane.span_id] == "fast-lane"
+    totals = attrs(lane)
+    steps = [s for s in by_id.values() if s.name in ("fastmode.prefill", "fastmode.decode")]
+    assert all(s.parent_span_id == lane.span_id for s in steps)
+    assert [s.name for s in steps].count("fastmode.prefill") == 1 and totals["fastmode.steps"] == 12
+    assert len(steps) == 9  # prefill + the first 8 decode steps (telemetry.step_spans_first); 12 < 64
+    for step in steps:
+        s = attrs(step)
+        assert (s["fastmode.tp"], s["fastmode.pp"]) == (2, 2)
+        hops = [h for h in by_id.values() if h.parent_span_id == step.span_id]
+        assert len(hops) == s["fastmode.hops.count"] >= 5  # driver->2 ranks, stage 0->2 ranks, ->driver
+        for hop in hops:
+            h = attrs(hop)
+            assert hop.name == f"fastmode.hop {h['fastmode.hop.src_chip']}->{h['fastmode.hop.dst_chip']}"
+            assert h["fastmode.hop.transport"] == "actor_calls" and h["fastmode.hop.bytes"] > 0
+            assert h["fastmode.hop.seconds"] > 0
+            assert step.start_time_unix_nano <= hop.end_time_unix_nano
+        stages = {(attrs(h)["fastmode.hop.src_stage"], attrs(h)["fastmode.hop.dst_stage"]) for h in hops}
+        assert {(-1, 0), (0, 1), (1, -1)} <= stages
+    assert totals["fastmode.hops.count"] >= 12 * 5 and totals["fastmode.hops.seconds_p99"] >= \
+        totals["fastmode.hops.seconds_p50"] > 0
+
+
+def request_span(receiver: Receiver, trace_id: str, timeout_s: float = 30):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = [s for _, s in receiver.spans if s.trace_id.hex() == trace_id and s.kind == s.SPAN_KIND_SERVER]
+        if found:
+            return found[0]
+        assert time.monotonic() < deadline, f"no request span in trace {trace_id}"
+        time.sleep(0.5)
+
+
+@pytest.mark.slow
+def test_http_headers_and_grpc_metadata_continue_the_callers_trace(traced):
+    from clients.grpc_client import GrpcClient
+
+    app, receiver = traced
+    http_trace, grpc_trace = "a" * 32, "b" * 32
+    r = app.client.post("/v1/chat/completions", headers={"traceparent": f"00-{http_trace}-{CALLER_SPAN}-01"},
+                        json={"model": "fastmode-full", "messages": [{"role": "user", "content": "x = 1"}],
+                              "max_tokens": 4})
+    assert r.status_code == 200, r.text
+    with GrpcClient(app.grpc_target, api_key=app.key) as client:
+        assert client.generate("fastmode-fast", "x = 1\n", max_output_tokens=4,
+                               traceparent=f"00-{grpc_trace}-{CALLER_SPAN}-01")["usage"]["output_tokens"] == 4
+    for trace_id, op in ((http_trace, "chat fastmode-full"), (grpc_trace, "text_completion fastmode-fast")):
+        span = request_span(receiver, trace_id)
+        assert span.name == op and span.parent_span_id.hex() == CALLER_SPAN
