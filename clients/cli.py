@@ -17,6 +17,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("models.eval.run:main", "quality eval: bits per byte, next-line exact match, agreement"),
     "plan": ("sharding.planner:main", "choose tp x pp for a model on a kind of chip; predict tokens/s"),
     "chat": ("clients.chat:main", "stream a completion to the terminal; ends with time to first token and tokens/s"),
+    "trace": ("clients.trace_report:main",
+              "per-hop cost table, chip-to-chip heatmap and step waterfall from exported spans"),
 }
 
 

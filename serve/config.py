@@ -130,6 +130,8 @@ class RouterConfig(_Strict):
 class HTTPConfig(_Strict):
     host: str = Field(default="127.0.0.1", description="Bind address of the HTTP port.")
     port: int = Field(default=8000, ge=1, le=65535, description="HTTP port.")
+    metrics_port: int = Field(default=8080, ge=1, le=65535, description="Prometheus metrics of a Ray that "
+                              "fastmode up starts (Ray's metrics export port; ray_serve_* and ray_fastmode_*).")
 
 
 class TelemetryConfig(_Strict):

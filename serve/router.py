@@ -23,7 +23,7 @@ from typing import Any
 
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from . import telemetry
+from . import metrics, telemetry
 from .config import AppConfig, load_config
 from .difficulty import DifficultyScorer
 from .errors import Overloaded, UnknownModel, UnknownServiceTier, to_event
@@ -105,15 +105,24 @@ class Router:
             attributes={"gen_ai.operation.name": op, "gen_ai.provider.name": "fastmode",
                         "gen_ai.request.model": str(model)})
         events = self._generate(request, span)
+        lane, outcome = None, "cancelled"
         try:
             async for event in events:
                 if span.is_recording():
                     _record(span, event)
+                kind = event["type"]
+                if kind == "created":
+                    lane = event["lane"]
+                elif kind == "done":
+                    outcome = "completed"
+                elif kind == "error":
+                    outcome = event["code"]
                 yield event
         except BaseException:
             span.set_attribute("fastmode.cancelled", True)
             raise
         finally:
+            metrics.request(lane, outcome)
             await events.aclose()
             span.end()
 

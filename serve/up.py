@@ -42,6 +42,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--host", help="HTTP bind address (overrides http.host)")
     ap.add_argument("--port", type=int, help="HTTP port (overrides http.port)")
     ap.add_argument("--grpc-port", type=int, help="gRPC port (overrides grpc.port)")
+    ap.add_argument("--metrics-port", type=int, help="Prometheus port of a local Ray (overrides http.metrics_port)")
     ap.add_argument("--chips", type=int, default=os.cpu_count() or 1,
                     help="`chip` resources of a locally started Ray (default: CPU cores, %(default)s here)")
     ap.add_argument("--print-config", action="store_true", help="print the effective config and exit")
@@ -55,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         config = load_config(args.config)
-        http = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
+        http = {k: v for k, v in (("host", args.host), ("port", args.port), ("metrics_port", args.metrics_port))
+                if v is not None}
         if http:
             config = load_config(config.model_dump(mode="json") | {"http": config.http.model_dump() | http})
         if args.grpc_port is not None:
@@ -89,7 +91,8 @@ def run(config: AppConfig, *, address: str | None, chips: int, verbose: bool = F
     if address:
         ray.init(address=address, include_dashboard=False, log_to_driver=verbose)
     else:
-        ray.init(resources={"chip": chips}, include_dashboard=False, log_to_driver=verbose)
+        ray.init(resources={"chip": chips}, include_dashboard=False, log_to_driver=verbose,
+                 _metrics_export_port=config.http.metrics_port)
     # After ray.init, which installs its own SIGTERM handler. SIGINT is set too because a shell
     # starts background jobs with SIGINT ignored, and Python then leaves it ignored.
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -105,6 +108,7 @@ def run(config: AppConfig, *, address: str | None, chips: int, verbose: bool = F
               f"  WS       {base.replace('http', 'ws', 1)}/v1/responses   (persistent WebSocket, docs/protocol.md)\n"
               f"  HTTP     {base}/v1   (OpenAI API: chat/completions, completions, models)\n"
               f"           {base}/health   {base}/v1/generate (NDJSON)\n"
+              + ("" if address else f"  metrics  http://127.0.0.1:{config.http.metrics_port}/metrics   (Prometheus)\n")
               + (f"  gRPC     {config.grpc.host}:{config.grpc.port}   (fastmode.v1.Inference, health, reflection)\n"
                  if config.grpc.enabled else "") +
               f"  models   {m.full.id} (lanes: standard; service_tier=priority: priority)\n"

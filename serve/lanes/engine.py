@@ -37,6 +37,10 @@ class EngineOutput:
     """New text (special tokens skipped; a stop string and what follows it never appear)."""
     finish_reason: str | None = None
     """``"stop"`` (eos or a stop string), ``"length"`` (max tokens), or ``None`` while running."""
+    queue_s: float | None = None
+    """On the first output: seconds from arrival at the engine to the step that started it."""
+    batch_size: int | None = None
+    """On the first output: sequences in the engine at that step."""
 
 
 class LaneEngine(Protocol):

@@ -20,7 +20,7 @@ from tokenizers import Tokenizer
 
 from sharding.errors import PromptTooLong
 
-from .. import telemetry
+from .. import metrics, telemetry
 from ..config import LANE_CONFIGS, FastLaneConfig, TelemetryConfig, VLLMLaneConfig
 from ..errors import Overloaded, to_event
 from ..stream import coalesce
@@ -109,7 +109,7 @@ class Lane:
         done = False
         try:
             yield {"type": "accepted", "input_tokens": n_prompt}
-            n_out, seq, first, last, reason = 0, 0, None, None, None
+            n_out, seq, first, last, reason, queue_s = 0, 0, None, None, None, None
             async for outs in coalesce(self.engine.generate(engine_request), self.config.stream_interval_ms / 1e3):
                 now = time.perf_counter()
                 first = first or now
@@ -118,11 +118,17 @@ class Lane:
                 tokens = sum(len(o.token_ids) for o in outs)
                 n_out += tokens
                 reason = outs[-1].finish_reason or reason
+                if n_out == tokens:  # the request's first output
+                    queue_s = outs[0].queue_s
+                    if self.lane != FAST and outs[0].batch_size is not None:
+                        metrics.batch_size(self.lane, outs[0].batch_size)
                 if text:
                     yield {"type": "delta", "seq": seq, "text": text, "tokens": tokens}
                     seq += 1
             done = True
             event = self._done(n_prompt, n_out, reason, arrived, first, last)
+            metrics.latency(self.lane, ttft=event["timing"]["ttft_s"], queue=queue_s,
+                            tpot=(last - first) / (n_out - 1) if first is not None and n_out > 1 else None)
             if span.is_recording():
                 self._record(span, event, arrived, first, last)
             yield event

@@ -22,6 +22,7 @@ from sharding.engine import Engine, StepOutput
 from sharding.pipeline import ShardedModel
 from sharding.sampling import SamplingParams
 
+from .. import metrics
 from ..config import FastLaneConfig, TelemetryConfig
 from ..errors import LaneUnavailable
 from .engine import EngineOutput, EngineRequest
@@ -63,6 +64,7 @@ class ShardedLaneEngine:
 
     # -- the engine thread -------------------------------------------------------------------
     def _run(self) -> None:
+        steps = 0
         try:
             while True:
                 # Idle: sleep until a command arrives. Busy: take whatever arrived during the step.
@@ -78,6 +80,10 @@ class ShardedLaneEngine:
                     if outputs and self._loop is not None:
                         info = StepInfo(start, time.time_ns(), self.engine.last_hops, len(outputs))
                         self._loop.call_soon_threadsafe(self._deliver, outputs, info)
+                        steps += 1
+                        metrics.batch_size("fast", len(outputs))
+                        if steps % metrics.HOP_EVERY == 0:
+                            metrics.hops(info.hops)
         except BaseException as e:  # noqa: BLE001 - reported to every waiting request and to health checks
             self._error = e
             if self._loop is not None:
@@ -126,6 +132,7 @@ class ShardedLaneEngine:
         self.engine.scheduler.validate(rid, request.prompt_ids, params)  # typed errors before queueing
         sink: asyncio.Queue = asyncio.Queue()
         self._sinks[rid] = sink
+        added_ns = time.time_ns()
         self._commands.put(("add", rid, request.prompt_ids, params))
         text = TextStream(self.tokenizer, request.stop)
         spans = None
@@ -142,14 +149,18 @@ class ShardedLaneEngine:
                 out, info = item
                 if spans is not None:
                     spans.step(info)
+                first = {}
+                if added_ns:  # this request's first output: its prefill step
+                    first = {"queue_s": max(0, info.start_ns - added_ns) / 1e9, "batch_size": info.batch_size}
+                    added_ns = 0
                 delta = text.push(out.token_ids)
                 if text.stopped or out.finished:
                     finished = out.finished
                     if not text.stopped:
                         delta += text.flush()
-                    yield EngineOutput(out.token_ids, delta, "stop" if text.stopped else out.finish_reason)
+                    yield EngineOutput(out.token_ids, delta, "stop" if text.stopped else out.finish_reason, **first)
                     return
-                yield EngineOutput(out.token_ids, delta)
+                yield EngineOutput(out.token_ids, delta, **first)
         finally:
             self._sinks.pop(rid, None)
             if not finished:  # closed early, or ended by a stop string: free the slot

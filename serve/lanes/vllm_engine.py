@@ -42,9 +42,17 @@ class VLLMLaneEngine:
                                 ignore_eos=request.ignore_eos,
                                 output_kind=RequestOutputKind.DELTA)
         prompt = TokensPrompt(prompt_token_ids=request.prompt_ids)
+        first = True
         async for out in self.engine.generate(prompt, params, request.request_id):
             c = out.outputs[0]
-            yield EngineOutput(list(c.token_ids), c.text, c.finish_reason if out.finished else None)
+            extra = {}
+            if first:
+                first = False
+                stats = getattr(out, "metrics", None)  # vLLM's RequestStateStats (engine-core clock)
+                queued, scheduled = getattr(stats, "queued_ts", 0.0), getattr(stats, "scheduled_ts", 0.0)
+                extra = {"queue_s": scheduled - queued if queued and scheduled else None,
+                         "batch_size": self.engine.get_num_unfinished_requests()}
+            yield EngineOutput(list(c.token_ids), c.text, c.finish_reason if out.finished else None, **extra)
 
     def num_unfinished(self) -> int:
         return self.engine.get_num_unfinished_requests()

@@ -47,11 +47,12 @@ class App:
         self.ws_url = f"ws://127.0.0.1:{self.port}/v1/responses"
         self.key = API_KEY
         env = ({k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-               | {"FASTMODE_API_KEYS": f"{API_KEY},sk-other"} | (env or {}))
+               | {"FASTMODE_API_KEYS": f"{API_KEY},sk-other", "RAY_metrics_report_interval_ms": "1000"} | (env or {}))
         self.grpc_port = free_port()
+        self.metrics_url = f"http://127.0.0.1:{(metrics_port := free_port())}/metrics"
         self.grpc_target = f"127.0.0.1:{self.grpc_port}"
         self.proc = subprocess.Popen([sys.executable, "-m", "clients.cli", "up", "--port", str(self.port),
-                                      "--grpc-port", str(self.grpc_port), *args],
+                                      "--grpc-port", str(self.grpc_port), "--metrics-port", str(metrics_port), *args],
                                      cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.output: list[str] = []
         self.ready = threading.Event()

@@ -1,0 +1,50 @@
+"""Prometheus metrics of the lanes and hops, scraped from the running application's Ray endpoint."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import httpx
+import pytest
+
+
+def scrape(url: str) -> dict[str, float]:
+    """``name{selected labels}`` -> value, summed over the labels Ray adds (worker, session, ...)."""
+    keep = ("lane", "outcome", "src_chip", "dst_chip", "transport", "le")
+    out: dict[str, float] = {}
+    for line in httpx.get(url, timeout=10).text.splitlines():
+        m = re.match(r"^(ray_fastmode_\w+)\{(.*)\} (\S+)$", line)
+        if not m:
+            continue
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2)))
+        key = m.group(1) + "{" + ",".join(f"{k}={labels[k]}" for k in keep if k in labels) + "}"
+        out[key] = out.get(key, 0.0) + float(m.group(3))
+    return out
+
+
+@pytest.mark.slow
+def test_lane_and_hop_metrics_are_exported(app):
+    a = app()
+    for model, tier in (("fastmode-fast", None), ("fastmode-full", "priority"), ("fastmode-full", None)):
+        status, _ = a.generate(model=model, service_tier=tier, input="def main():\n", max_output_tokens=16)
+        assert status == 200
+    assert a.generate(model="nope", input="x")[0] == 404
+    deadline = time.monotonic() + 60
+    while True:
+        m = scrape(a.metrics_url)
+        want = [f"ray_fastmode_{name}_count{{lane={lane}}}" for name in ("ttft_seconds", "tpot_seconds", "queue_seconds",
+                                                                        "batch_size")
+                for lane in ("fast", "priority", "standard")]
+        want += ["ray_fastmode_requests_total{lane=fast,outcome=completed}",
+                 "ray_fastmode_requests_total{lane=none,outcome=unknown_model}"]
+        if all(m.get(k, 0) > 0 for k in want) and any(k.startswith("ray_fastmode_hop_seconds_count") for k in m):
+            break
+        assert time.monotonic() < deadline, sorted(k for k in m if k.endswith("}") and "_bucket" not in k)
+        time.sleep(1)
+    hops = {k: v for k, v in m.items() if k.startswith("ray_fastmode_hop_seconds_count")}
+    assert any("src_chip=driver" in k for k in hops) and any("dst_chip=driver" in k for k in hops)
+    assert all("transport=actor_calls" in k for k in hops)
+    assert m["ray_fastmode_ttft_seconds_sum{lane=fast}"] > 0
+    # Buckets are cumulative: the +Inf bucket holds every observation.
+    assert m["ray_fastmode_ttft_seconds_bucket{lane=fast,le=+Inf}"] == m["ray_fastmode_ttft_seconds_count{lane=fast}"]
