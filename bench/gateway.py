@@ -51,16 +51,22 @@ async def ws_response(conn, rid: str, model: str, tier: str | None, tokens: int,
 
 
 def http_ttft(url: str, headers: dict, model: str, tier: str | None, tokens: int) -> float:
-    """Seconds to the first delta of a streamed request on a fresh connection (new TCP each time)."""
-    body = {"model": model, "service_tier": tier, "input": PROMPT, "max_output_tokens": tokens, "temperature": 0}
+    """Seconds to the first text of an OpenAI chat completion streamed over SSE, on a fresh
+    connection (a new TCP connection each time, as a client without keep-alive makes)."""
+    body = {"model": model, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": tokens,
+            "temperature": 0, "stream": True}
+    if tier:
+        body["service_tier"] = tier
     start = time.perf_counter()
     with httpx.Client(base_url=url, headers=headers, timeout=120) as client, \
-            client.stream("POST", "/v1/generate", json=body) as r:
+            client.stream("POST", "/v1/chat/completions", json=body) as r:
         r.raise_for_status()
         for line in r.iter_lines():
-            if json.loads(line)["type"] == "delta":
-                return time.perf_counter() - start
-    raise RuntimeError("no delta")
+            if line.startswith("data: ") and line != "data: [DONE]":
+                choices = json.loads(line[6:]).get("choices") or [{}]
+                if choices[0].get("delta", {}).get("content"):
+                    return time.perf_counter() - start
+    raise RuntimeError("no text")
 
 
 async def measure(url: str, key: str | None, tokens: int, trials: int) -> dict:
@@ -83,7 +89,7 @@ async def measure(url: str, key: str | None, tokens: int, trials: int) -> dict:
         async with connect(ws_url, additional_headers=headers) as conn:
             fresh_ws.append((await ws_response(conn, f"fresh-{i}", model, tier, 4, start))[0])
     fresh_http = [await asyncio.to_thread(http_ttft, url, headers, model, tier, 4) for _ in range(trials)]
-    for name, xs in (("warm_websocket", warm), ("fresh_http", fresh_http), ("fresh_websocket", fresh_ws)):
+    for name, xs in (("warm_websocket", warm), ("fresh_http_sse", fresh_http), ("fresh_websocket", fresh_ws)):
         xs = sorted(x * 1e3 for x in xs)
         out["ttft_ms"][name] = {"p50": statistics.median(xs), "p90": xs[int(0.9 * (len(xs) - 1))]}
     return out
