@@ -450,6 +450,59 @@ def choose_trace(report: Report, trace_id: str | None) -> str:
     raise TraceReportError(f"trace id prefix {trace_id!r} is ambiguous ({len(matches)} traces)")
 
 
+@dataclass
+class TimeAxis:
+    """The waterfall's x axis: true ms from the first step's start, with idle gaps between sampled
+    steps (prefill, decode 1..8, then every 64th) shortened to ``gap`` so the steps stay readable."""
+
+    groups: list[list[float]]
+    """[start, end] in true ms of each run of steps with no long gap inside."""
+    offsets: list[float]
+    gap: float
+
+    @classmethod
+    def of(cls, extents: list[tuple[float, float]]) -> TimeAxis:
+        durations = sorted(e - s for s, e in extents)
+        typical = max(durations[len(durations) // 2], 1e-3)
+        groups: list[list[float]] = []
+        for s, e in sorted(extents):
+            if groups and s - groups[-1][1] <= 4 * typical:
+                groups[-1][1] = max(groups[-1][1], e)
+            else:
+                groups.append([s, e])
+        gap = max(typical, 0.03 * sum(e - s for s, e in groups))
+        offsets, x = [], 0.0
+        for s, e in groups:
+            offsets.append(x)
+            x += (e - s) + gap
+        return cls(groups, offsets, gap)
+
+    def group(self, t: float) -> int:
+        return max((i for i, (s, _) in enumerate(self.groups) if s <= t), default=0)
+
+    def x(self, t: float, group: int) -> float:
+        return self.offsets[group] + (t - self.groups[group][0])
+
+    @property
+    def width(self) -> float:
+        return self.offsets[-1] + self.groups[-1][1] - self.groups[-1][0]
+
+    def ticks(self) -> tuple[list[float], list[str]]:
+        from matplotlib.ticker import MaxNLocator
+
+        pos: list[float] = []
+        labels: list[str] = []
+        for i, (s, e) in enumerate(self.groups):
+            n = max(1, round(8 * (e - s) / max(self.width, 1e-9)))
+            values = [v for v in MaxNLocator(nbins=n).tick_values(s, e) if s <= v <= e]
+            if i > 0 or not values:
+                values = [s] + [v for v in values if v - s > 0.25 * (e - s)]
+            for v in values:
+                pos.append(self.x(v, i))
+                labels.append(f"{v:.0f}" if abs(v) >= 10 or v == round(v) else f"{v:.1f}")
+        return pos, labels
+
+
 def plot_waterfall(report: Report, trace_id: str, path: Path) -> Path:
     from matplotlib import colormaps
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -474,31 +527,42 @@ def plot_waterfall(report: Report, trace_id: str, path: Path) -> Path:
     def ms(ns: int) -> float:
         return (ns - t0) / 1e6
 
+    extents = [(min([ms(s.start_ns)] + [ms(h.start_ns) for _, h in hops_of.get(i, [])]),
+                max([ms(s.end_ns)] + [ms(h.end_ns) for _, h in hops_of.get(i, [])]))
+               for i, s in enumerate(steps)]
+    axis = TimeAxis.of(extents)
     fig = Figure(figsize=(11, max(3.0, 0.42 * len(steps) + 1.8)))
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     k = max(1, len(pairs))
     for row, s in enumerate(steps):
-        ax.broken_barh([(ms(s.start_ns), (s.end_ns - s.start_ns) / 1e6)], (row - 0.42, 0.84),
+        g = axis.group(extents[row][0])
+        ax.broken_barh([(axis.x(ms(s.start_ns), g), (s.end_ns - s.start_ns) / 1e6)], (row - 0.42, 0.84),
                        facecolors="#dddddd", edgecolors="#888888", linewidth=0.6)
         for pair, h in hops_of.get(row, []):  # each pair its own thin lane inside the step's row
             y = row - 0.38 + 0.76 * lane[pair] / k
             width = max((h.end_ns - h.start_ns) / 1e6, 1e-4)
-            ax.broken_barh([(ms(h.start_ns), width)], (y, 0.76 / k), facecolors=[color[pair]])
+            ax.broken_barh([(axis.x(ms(h.start_ns), g), width)], (y, 0.76 / k), facecolors=[color[pair]])
+    for i in range(1, len(axis.groups)):  # the shortened idle gaps, hatched, with their true length
+        left = axis.offsets[i] - axis.gap
+        ax.axvspan(left, axis.offsets[i], facecolor="none", edgecolor="#bbbbbb", hatch="//", linewidth=0)
+        idle = axis.groups[i][0] - axis.groups[i - 1][1]
+        ax.text(left + axis.gap / 2, -0.5, f"+{idle:.0f} ms", ha="center", va="bottom", fontsize=7,
+                color="#666666", clip_on=False)
     labels = [("prefill" if s.name == "fastmode.prefill" else "decode")
               + f" {s.attributes.get('fastmode.step', '')}".rstrip() for s in steps]
     ax.set_yticks(range(len(steps)), labels)
     ax.set_ylim(len(steps) - 0.5, -0.5)
-    ax.set_xlabel("ms from the first step's start")
-    end = max(ms(s.end_ns) for s in steps)
-    ax.set_xlim(min(0.0, *(ms(h.start_ns) for hs in hops_of.values() for _, h in hs)) if hops_of else 0.0,
-                end * 1.02 if end > 0 else 1.0)
+    ax.set_xticks(*axis.ticks())
+    ax.set_xlim(-0.01 * axis.width, 1.01 * axis.width)
+    broken = " (hatched: idle time between sampled steps, shortened)" if len(axis.groups) > 1 else ""
+    ax.set_xlabel("ms from the first step's start" + broken)
     ax.grid(axis="x", alpha=0.3)
     lay = steps[0].attributes
     shown = f"{total} steps" if total == len(steps) else f"first {len(steps)} of {total} steps"
     ax.set_title(f"trace {trace_id} · {shown} · tp{lay.get('fastmode.tp', '?')} x "
                  f"pp{lay.get('fastmode.pp', '?')} {lay.get('fastmode.transport', '')}"
-                 + (f" · node {node}" if node else ""), fontsize=9)
+                 + (f" · node {node}" if node else ""), fontsize=9, pad=14)
     handles = [Patch(color="#dddddd", label="step span")]
     handles += [Patch(color=color[p], label=f"{short.get(p.src, p.src)} -> {short.get(p.dst, p.dst)}")
                 for p in pairs]

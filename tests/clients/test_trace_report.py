@@ -35,7 +35,8 @@ def walk_spans(path: Path):
             for rs in json.loads(line)["resourceSpans"]:
                 for ss in rs["scopeSpans"]:
                     for s in ss["spans"]:
-                        yield s, {kv["key"]: next(iter(kv["value"].values())) for kv in s.get("attributes", [])}
+                        yield s, {kv["key"]: next(iter(kv["value"].values()))
+                                  for kv in s.get("attributes", [])}
 
 
 def check_png(path: Path, min_px: int = 200) -> None:
@@ -105,8 +106,8 @@ def test_every_input_shape_gives_the_same_table(capsys, tmp_path):
 
     def to_hex(d):
         if isinstance(d, dict):
-            return {k: (base64.b64decode(v).hex() if k in ("traceId", "spanId", "parentSpanId") and v else to_hex(v))
-                    for k, v in d.items()}
+            ids = ("traceId", "spanId", "parentSpanId")
+            return {k: base64.b64decode(v).hex() if k in ids and v else to_hex(v) for k, v in d.items()}
         return [to_hex(x) for x in d] if isinstance(d, list) else d
 
     hexed = tmp_path / "hex.jsonl"
@@ -125,12 +126,13 @@ def test_trace_id_picks_the_waterfall_trace(capsys, tmp_path):
         if s["name"] in ("fastmode.prefill", "fastmode.decode"):
             traces[base64.b64decode(s["traceId"]).hex()] += 1
     fewest = min(traces, key=traces.get)
-    assert run_json(capsys, str(REAL), "--out", str(tmp_path))["waterfall_trace_id"] == max(traces, key=traces.get)
-    assert run_json(capsys, str(REAL), "--out", str(tmp_path), "--trace-id", fewest)["waterfall_trace_id"] == fewest
-    assert run_json(capsys, str(REAL), "--out", str(tmp_path), "--trace-id", fewest[:12].upper())[
-        "waterfall_trace_id"] == fewest
-    b64 = base64.b64encode(bytes.fromhex(fewest)).decode()
-    assert run_json(capsys, str(REAL), "--out", str(tmp_path), "--trace-id", b64)["waterfall_trace_id"] == fewest
+    def picked(*argv: str) -> str:
+        return run_json(capsys, str(REAL), "--out", str(tmp_path), *argv)["waterfall_trace_id"]
+
+    assert picked() == max(traces, key=traces.get)
+    assert picked("--trace-id", fewest) == fewest
+    assert picked("--trace-id", fewest[:12].upper()) == fewest  # a unique prefix
+    assert picked("--trace-id", base64.b64encode(bytes.fromhex(fewest)).decode()) == fewest
     assert main([str(REAL), "--out", str(tmp_path), "--trace-id", "f" * 32]) == 1
     assert "no step spans in trace" in capsys.readouterr().err
 
@@ -148,11 +150,14 @@ def _span(trace: str, span: str, parent: str, name: str, start_ms: float, end_ms
             return {"doubleValue": v}
         return {"stringValue": v}
 
+    def key(k: str) -> str:  # fastmode_hop_src_chip -> fastmode.hop.src_chip
+        return k.replace("fastmode_hop_", "fastmode.hop.").replace("fastmode_", "fastmode.")
+
     t0 = 1_700_000_000_000_000_000
     return {"traceId": trace, "spanId": span, "parentSpanId": parent, "name": name,
-            "startTimeUnixNano": str(t0 + int(start_ms * 1e6)), "endTimeUnixNano": str(t0 + int(end_ms * 1e6)),
-            "attributes": [{"key": k.replace("fastmode_hop_", "fastmode.hop.").replace("fastmode_", "fastmode."),
-                            "value": value(v)} for k, v in attrs.items()]}
+            "startTimeUnixNano": str(t0 + int(start_ms * 1e6)),
+            "endTimeUnixNano": str(t0 + int(end_ms * 1e6)),
+            "attributes": [{"key": key(k), "value": value(v)} for k, v in attrs.items()]}
 
 
 def _hop(trace, span, parent, src, dst, s_st, d_st, start_ms, ms, nbytes):
@@ -208,6 +213,18 @@ def test_handmade_numbers(capsys, tmp_path):
     check_png(Path(r["waterfall"]))
 
 
+def test_the_waterfall_shortens_idle_gaps_between_sampled_steps():
+    """Steps 0..8 back to back, then step 64 after 3 s: two runs, the gap drawn short, true ms on the
+    ticks."""
+    extents = [(10.0 * i, 10.0 * i + 9) for i in range(9)] + [(3000.0, 3009.0)]
+    axis = trace_report.TimeAxis.of(extents)
+    assert axis.groups == [[0.0, 89.0], [3000.0, 3009.0]]
+    assert axis.x(3000.0, 1) - axis.x(89.0, 0) == axis.gap < 100 and axis.width < 200
+    pos, labels = axis.ticks()
+    assert labels[0] == "0" and "3000" in labels and pos == sorted(pos)
+    assert trace_report.TimeAxis.of([(0.0, 5.0), (5.5, 9.0)]).groups == [[0.0, 9.0]]  # no gap: one run
+
+
 def test_ids_decode_from_hex_or_base64():
     raw = bytes(range(16))
     assert trace_report.normalize_id(raw.hex(), 16) == raw.hex()
@@ -219,8 +236,9 @@ def test_ids_decode_from_hex_or_base64():
 
 def test_attribute_values():
     av = trace_report.any_value
-    assert av({"intValue": "12"}) == 12 and av({"doubleValue": 0.5}) == 0.5 and av({"boolValue": True}) is True
-    assert av({"doubleValue": "NaN"}) != av({"doubleValue": "NaN"}) and av({"doubleValue": "Infinity"}) > 1e308
+    assert av({"intValue": "12"}) == 12 and av({"doubleValue": 0.5}) == 0.5
+    assert av({"boolValue": True}) is True and av({"doubleValue": "Infinity"}) > 1e308
+    assert av({"doubleValue": "NaN"}) != av({"doubleValue": "NaN"})
     assert av({"arrayValue": {"values": [{"stringValue": "length"}, {"intValue": "3"}]}}) == ["length", 3]
     assert av({"arrayValue": {}}) == [] and av({"string_value": "snake"}) == "snake" and av({}) is None
 
@@ -258,16 +276,16 @@ def test_errors_exit_1_with_a_message(capsys, tmp_path):
 
 def test_usage_errors_exit_2_through_the_cli():
     for argv in ([], [str(REAL), "--bogus"]):
-        p = subprocess.run([sys.executable, "-m", "clients.cli", "trace", *argv], cwd=REPO, capture_output=True,
-                           text=True, timeout=60)
+        p = subprocess.run([sys.executable, "-m", "clients.cli", "trace", *argv], cwd=REPO,
+                           capture_output=True, text=True, timeout=60)
         assert p.returncode == 2 and "usage: fastmode trace" in p.stderr, p.stderr
-    p = subprocess.run([sys.executable, "-m", "clients.cli", "--help"], cwd=REPO, capture_output=True, text=True,
-                       timeout=60)
+    p = subprocess.run([sys.executable, "-m", "clients.cli", "--help"], cwd=REPO, capture_output=True,
+                       text=True, timeout=60)
     assert "trace" in p.stdout and "heatmap" in p.stdout
 
 
 def test_the_cli_runs_it(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "clients.cli", "trace", str(REAL), "--out", str(tmp_path), "--json"],
-                       cwd=REPO, capture_output=True, text=True, timeout=120)
+    p = subprocess.run([sys.executable, "-m", "clients.cli", "trace", str(REAL), "--out", str(tmp_path),
+                        "--json"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["hop_spans"] > 0
