@@ -1,0 +1,401 @@
+"""Lanes under load (issue 8, part 1): a closed-loop concurrency sweep over the real gateway.
+
+For each concurrency level N (default 1, 4, 16, 32) and each lane (standard, priority, fast), N
+workers share one persistent WebSocket (``clients.sdk.AsyncClient``, as users connect) and each
+runs ``--requests-per-stream`` requests back to back: a fixed prompt, greedy, ``ignore_eos`` and a
+fixed ``max_output_tokens``, so every request does the same work. Levels run one lane at a time,
+the lanes interleaved within each level, so slow drift of this shared machine hits every lane alike.
+
+Per request: the client's time to first token (send -> first text delta), its per-user decode
+speed (``(output_tokens - 1) / (end - first delta)``) and the server's ``timing`` and
+``cost_units``. Per level and lane: per-user decode tokens/s (p50, p10), time to first token
+(p50, p99), aggregate tokens/s (output tokens of the level / its wall time), and the cost,
+**chip-seconds per 1k output tokens** = chips the lane occupies x wall seconds / (output tokens / 1000).
+
+Chips per lane (the assumption, also written into the JSON): the fast lane occupies ``tp x pp``
+chips per replica (its executor's chip actors; default 1 x 2), the priority and standard lanes one
+chip per replica (one vLLM engine each: on a CPU machine "one chip" is one engine replica, on a
+GPU machine one GPU). Read from the app config (``--config``, default the embedded default, which
+is what ``fastmode up`` serves without ``--config``): the gateway does not report it.
+
+The priority lane admits ``max_num_seqs`` (2) streams and rejects the rest with ``overloaded``;
+the benchmark never spills (``allow_spill`` stays off). A rejected worker waits the server's
+``retry_after`` and tries again, so every worker still completes its requests; the level records
+its rejections, and the rejection rate is rejections / attempts. Per-user numbers are over the
+admitted (completed) requests.
+
+Headline ratios, within this one run, against standard at its **saturating load** (the level
+with standard's highest aggregate tokens/s): priority's per-user decode speed at the lowest level
+(the seeds' Anthropic figure: 2.5x), priority's cost at its own saturating level (seeds: 6x the
+price), fast's per-user speed at the lowest level (the seeds' OpenAI figure: 15x).
+
+Needs a running application (``fastmode up``); it does not start one.
+
+Usage: fastmode bench lanes [--url ws://127.0.0.1:8000] [--api-key K] [--levels 1,4,16,32]
+                            [--tokens 128] [--requests-per-stream 3] [--quick] [--out bench/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import platform
+import shlex
+import sys
+import time
+from collections import Counter
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+LANES: dict[str, tuple[str, str | None]] = {"standard": ("fastmode-full", "default"),
+                                            "priority": ("fastmode-full", "priority"),
+                                            "fast": ("fastmode-fast", None)}
+PROMPT = "class Parser:\n"
+SEEDS = {"priority_per_user_speed": 2.5, "priority_cost": 6.0, "fast_per_user_speed": 15.0}
+"""The seeds' published figures: Anthropic's fast mode 2.5x per-user speed at 6x the price; OpenAI's
+Codex-Spark (Cerebras) 15x per-user speed."""
+QUICK = {"levels": [1, 2], "tokens": 16, "requests_per_stream": 1}
+
+
+def pct(values: list[float], q: float) -> float | None:
+    """The ``q``-th percentile (linear interpolation), ``None`` for no values."""
+    return float(np.percentile(values, q)) if values else None
+
+
+def lane_chips(config: Any) -> dict[str, int]:
+    """Chips each lane occupies: fast tp x pp per replica; priority and standard one per replica."""
+    lanes = config.lanes
+    return {"fast": lanes.fast.tp * lanes.fast.pp * lanes.fast.replicas,
+            "priority": lanes.priority.replicas, "standard": lanes.standard.replicas}
+
+
+async def one_request(client, lane: str, tokens: int) -> dict[str, Any]:
+    """Run one request to its end; its client-side and server-side measurements."""
+    model, tier = LANES[lane]
+    sent = time.perf_counter()
+    stream = await client.responses.stream(model=model, service_tier=tier, input=PROMPT,
+                                           max_output_tokens=tokens, temperature=0, ignore_eos=True)
+    first = None
+    async for text in stream:
+        if first is None and text:
+            first = time.perf_counter()
+    end = time.perf_counter()
+    r = stream.result
+    n = r.usage.output_tokens if r.usage else 0
+    first = first or end
+    return {"sent": sent, "first": first, "end": end, "output_tokens": n,
+            "ttft_s": first - sent,
+            "decode_tokens_per_s": (n - 1) / (end - first) if n > 1 and end > first else None,
+            "server_ttft_s": r.timing.ttft_s if r.timing else None,
+            "server_decode_tokens_per_s": r.timing.decode_tokens_per_s if r.timing else None,
+            "cost_units": r.cost_units, "lane": r.lane, "finish_reason": r.finish_reason}
+
+
+async def run_level(client, lane: str, concurrency: int, tokens: int, per_stream: int, chips: int,
+                    bar=None, max_retry_wait_s: float = 5.0) -> dict[str, Any]:
+    """``concurrency`` closed-loop workers, ``per_stream`` completed requests each, on ``lane``."""
+    from clients.sdk import FastmodeError, Overloaded
+
+    done: list[dict[str, Any]] = []
+    rejected, errors = 0, Counter()
+
+    async def worker() -> None:
+        nonlocal rejected
+        completed = 0
+        failures = 0
+        while completed < per_stream:
+            try:
+                done.append(await one_request(client, lane, tokens))
+                completed += 1
+                if bar is not None:
+                    bar.update(1)
+            except Overloaded as e:
+                rejected += 1
+                await asyncio.sleep(min(max_retry_wait_s, e.retry_after if e.retry_after else 0.5))
+            except FastmodeError as e:
+                errors[e.code] += 1
+                failures += 1
+                if failures >= 3:  # a lane that keeps failing: give up on this worker, keep the record
+                    return
+                await asyncio.sleep(0.5)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    wall = time.perf_counter() - start
+    out_tokens = sum(r["output_tokens"] for r in done)
+    per_user = [r["decode_tokens_per_s"] for r in done if r["decode_tokens_per_s"] is not None]
+    ttft = [r["ttft_s"] for r in done]
+    cost_units = [r["cost_units"] for r in done if r["cost_units"] is not None]
+    attempts = len(done) + rejected + sum(errors.values())
+    return {
+        "lane": lane, "concurrency": concurrency, "attempts": attempts, "completed": len(done),
+        "rejected": rejected, "rejection_rate": rejected / attempts if attempts else None,
+        "errors": dict(errors), "output_tokens": out_tokens, "wall_s": wall,
+        "aggregate_tokens_per_s": out_tokens / wall if wall > 0 else None,
+        "per_user_decode_tokens_per_s": {"p50": pct(per_user, 50), "p10": pct(per_user, 10),
+                                         "mean": float(np.mean(per_user)) if per_user else None},
+        "ttft_s": {"p50": pct(ttft, 50), "p99": pct(ttft, 99), "max": max(ttft) if ttft else None},
+        "server_ttft_s_p50": pct([r["server_ttft_s"] for r in done if r["server_ttft_s"] is not None], 50),
+        "server_decode_tokens_per_s_p50": pct([r["server_decode_tokens_per_s"] for r in done
+                                               if r["server_decode_tokens_per_s"] is not None], 50),
+        "chips": chips,
+        "chip_seconds_per_1k_output_tokens": chips * wall / (out_tokens / 1000) if out_tokens else None,
+        "cost_units_per_1k_output_tokens": 1000 * sum(cost_units) / out_tokens if out_tokens else None,
+        "lanes_served": sorted({str(r["lane"]) for r in done}),
+    }
+
+
+def _get(results: dict, lane: str, level: int) -> dict | None:
+    return next((r for r in results[lane] if r["concurrency"] == level), None)
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def headline(results: dict[str, list[dict]]) -> dict[str, Any]:
+    """The headline ratios against standard at its saturating load (see the module docstring)."""
+    def best(lane: str) -> dict | None:
+        rows = [r for r in results.get(lane, []) if r["aggregate_tokens_per_s"]]
+        return max(rows, key=lambda r: r["aggregate_tokens_per_s"]) if rows else None
+
+    std = best("standard")
+    out: dict[str, Any] = {"seeds": SEEDS}
+    if std is None:
+        return out
+    std_user = std["per_user_decode_tokens_per_s"]["p50"]
+    std_cost = std["chip_seconds_per_1k_output_tokens"]
+    std_units = std["cost_units_per_1k_output_tokens"]
+    out["standard_saturating_concurrency"] = std["concurrency"]
+    out["standard_at_saturation"] = {"per_user_decode_tokens_per_s_p50": std_user,
+                                     "aggregate_tokens_per_s": std["aggregate_tokens_per_s"],
+                                     "chip_seconds_per_1k_output_tokens": std_cost}
+    levels = sorted({r["concurrency"] for rows in results.values() for r in rows})
+    low = levels[0]
+    if results.get("priority"):
+        p_low, p_best = _get(results, "priority", low), best("priority")
+        out["priority_concurrency_for_speed"] = low
+        out["priority_per_user_speed_ratio"] = _ratio(p_low and p_low["per_user_decode_tokens_per_s"]["p50"],
+                                                      std_user)
+        if p_best is not None:
+            out["priority_saturating_concurrency"] = p_best["concurrency"]
+            out["priority_cost_ratio"] = _ratio(p_best["chip_seconds_per_1k_output_tokens"], std_cost)
+            out["priority_price_ratio"] = _ratio(p_best["cost_units_per_1k_output_tokens"], std_units)
+        out["priority_cost_ratio_at_lowest_level"] = _ratio(p_low and p_low["chip_seconds_per_1k_output_tokens"],
+                                                            std_cost)
+    if results.get("fast"):
+        f_low, f_same = _get(results, "fast", low), _get(results, "fast", std["concurrency"])
+        out["fast_concurrency_for_speed"] = low
+        out["fast_per_user_speed_ratio"] = _ratio(f_low and f_low["per_user_decode_tokens_per_s"]["p50"], std_user)
+        out["fast_per_user_speed_ratio_at_equal_load"] = _ratio(
+            f_same and f_same["per_user_decode_tokens_per_s"]["p50"], std_user)
+        f_best = best("fast")
+        if f_best is not None:
+            out["fast_cost_ratio"] = _ratio(f_best["chip_seconds_per_1k_output_tokens"], std_cost)
+    return out
+
+
+def plot(results: dict[str, list[dict]], path: Path, title: str) -> None:
+    """Two panels: per-user decode tokens/s (p50) and aggregate tokens/s against concurrency."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    colors = {"standard": "tab:blue", "priority": "tab:orange", "fast": "tab:green"}
+    for lane, rows in results.items():
+        xs = [r["concurrency"] for r in rows]
+        user = [r["per_user_decode_tokens_per_s"]["p50"] or float("nan") for r in rows]
+        p10 = [r["per_user_decode_tokens_per_s"]["p10"] or float("nan") for r in rows]
+        agg = [r["aggregate_tokens_per_s"] or float("nan") for r in rows]
+        axes[0].plot(xs, user, "o-", color=colors.get(lane), label=f"{lane} p50")
+        axes[0].plot(xs, p10, ":", color=colors.get(lane), alpha=0.6, label=f"{lane} p10")
+        axes[1].plot(xs, agg, "o-", color=colors.get(lane), label=lane)
+    for ax, ylabel in zip(axes, ("per-user decode tokens/s", "aggregate output tokens/s"), strict=True):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrent streams")
+        ax.set_ylabel(ylabel)
+        ax.set_ylim(bottom=0)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+        levels = sorted({r["concurrency"] for rows in results.values() for r in rows})
+        ax.set_xticks(levels, [str(x) for x in levels])
+    axes[0].set_title("per-user speed (priority: admitted requests)")
+    axes[1].set_title("aggregate throughput")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _f(x: float | None, fmt: str = "{:.1f}") -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else fmt.format(x)
+
+
+def summary(results: dict[str, list[dict]], head: dict[str, Any]) -> str:
+    lines = [f"{'lane':<9} {'conc':>4} {'done':>4} {'rej%':>5} {'user p50':>8} {'user p10':>8} "
+             f"{'ttft p50':>8} {'ttft p99':>8} {'agg tok/s':>9} {'chip-s/1k':>9} {'units/1k':>8}"]
+    for lane, rows in results.items():
+        for r in rows:
+            u, t = r["per_user_decode_tokens_per_s"], r["ttft_s"]
+            lines.append(f"{lane:<9} {r['concurrency']:>4} {r['completed']:>4} "
+                         f"{_f(100 * r['rejection_rate'] if r['rejection_rate'] is not None else None, '{:.0f}'):>5} "
+                         f"{_f(u['p50']):>8} {_f(u['p10']):>8} {_f(t['p50'] and 1e3 * t['p50'], '{:.0f}ms'):>8} "
+                         f"{_f(t['p99'] and 1e3 * t['p99'], '{:.0f}ms'):>8} {_f(r['aggregate_tokens_per_s']):>9} "
+                         f"{_f(r['chip_seconds_per_1k_output_tokens'], '{:.2f}'):>9} "
+                         f"{_f(r['cost_units_per_1k_output_tokens'], '{:.2f}'):>8}")
+    if "standard_saturating_concurrency" in head:
+        lines.append("")
+        lines.append(f"headline, against standard at its saturating load ({head['standard_saturating_concurrency']} "
+                     "streams):")
+        rows = [("priority per-user speed", "priority_per_user_speed_ratio", "priority_per_user_speed"),
+                ("priority cost (chip-s per 1k)", "priority_cost_ratio", "priority_cost"),
+                ("fast per-user speed", "fast_per_user_speed_ratio", "fast_per_user_speed")]
+        for name, key, seed in rows:
+            lines.append(f"  {name:<30} {_f(head.get(key), '{:.2f}x'):>8}   (seeds: {SEEDS[seed]:g}x)")
+    return "\n".join(lines)
+
+
+async def sweep(args) -> dict[str, list[dict]]:
+    from tqdm import tqdm
+
+    from clients.sdk import AsyncClient
+    from serve.config import load_config
+
+    chips = lane_chips(load_config(args.config))
+    results: dict[str, list[dict]] = {lane: [] for lane in args.lanes}
+    total = sum(args.levels) * args.requests_per_stream * len(args.lanes)
+    async with AsyncClient(args.url, api_key=args.api_key) as client:
+        for lane in args.lanes:  # warm-up: one short request per lane (first-call costs out of the numbers)
+            await one_request(client, lane, min(8, args.tokens))
+        with tqdm(total=total, unit="req", desc="lanes", file=sys.stderr, dynamic_ncols=True) as bar:
+            for level in args.levels:
+                for lane in args.lanes:
+                    bar.set_description(f"{lane} x{level}")
+                    results[lane].append(await run_level(client, lane, level, args.tokens,
+                                                          args.requests_per_stream, chips[lane], bar))
+    return results
+
+
+def lanes_main(args, argv: list[str]) -> int:
+    from serve.config import load_config
+
+    if args.quick:
+        args.levels = args.levels or QUICK["levels"]
+        args.tokens = args.tokens or QUICK["tokens"]
+        args.requests_per_stream = args.requests_per_stream or QUICK["requests_per_stream"]
+    args.levels = args.levels or [1, 4, 16, 32]
+    args.tokens = args.tokens or 128
+    args.requests_per_stream = args.requests_per_stream or 3
+    started = datetime.now(timezone.utc)
+    t0 = time.perf_counter()
+    results = asyncio.run(sweep(args))
+    elapsed = time.perf_counter() - t0
+    head = headline(results)
+    config = load_config(args.config)
+    doc = {
+        "benchmark": "lanes under load (issue 8, part 1)",
+        "command": "fastmode bench " + shlex.join(argv),
+        "date": started.strftime("%Y-%m-%d %H:%M UTC"),
+        "elapsed_s": elapsed,
+        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
+                    "python": platform.python_version(), "processor": platform.processor() or None},
+        "settings": {"url": args.url, "levels": args.levels, "max_output_tokens": args.tokens,
+                     "requests_per_stream": args.requests_per_stream, "prompt": PROMPT, "temperature": 0,
+                     "ignore_eos": True, "allow_spill": False, "lanes": {l: {"model": m, "service_tier": t}
+                                                                         for l, (m, t) in LANES.items()
+                                                                         if l in args.lanes},
+                     "connection": "one persistent WebSocket (clients.sdk.AsyncClient) for every stream"},
+        "assumptions": {
+            "chips": lane_chips(config),
+            "chips_rule": "fast: tp x pp x replicas from the app config (the executor's chip actors); "
+                          "priority and standard: one chip per replica (one vLLM engine each; on this CPU "
+                          "machine a chip is one engine replica, on a GPU machine one GPU). Read from the "
+                          f"config ({args.config or 'embedded default'}), not from the server.",
+            "closed_loop": "each of N workers sends its next request when its previous one ends; a request "
+                           "rejected as overloaded waits retry_after and is sent again (counted in rejected); "
+                           "never spilled",
+            "per_user_decode_tokens_per_s": "(output_tokens - 1) / (end - first text delta), client side, "
+                                            "over completed requests",
+            "ttft_s": "client side: from sending response.create to the first text delta",
+            "aggregate_tokens_per_s": "output tokens of the level / wall seconds of the level",
+            "chip_seconds_per_1k_output_tokens": "chips x wall seconds of the level / (output tokens / 1000)",
+            "cost_units_per_1k_output_tokens": "the server's cost_units (price x (input + output) / 1000; "
+                                               "price standard 1, priority 6, fast 1) per 1k output tokens",
+            "ratios": "within this run only; standard's saturating load = its level with the highest "
+                      "aggregate tokens/s; priority and fast speed at the lowest level; cost ratios at each "
+                      "lane's own saturating level",
+        },
+        "lanes": results,
+        "headline": head,
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "lanes_load.json").write_text(json.dumps(doc, indent=2) + "\n")
+    plot(results, out / "lanes_load.png", f"fastmode lanes under load: {args.tokens} tokens/request, "
+         f"{args.requests_per_stream} per stream, {doc['date']}, {os.cpu_count()} CPUs")
+    print(summary(results, head))
+    print(f"\nwrote {out / 'lanes_load.json'} and {out / 'lanes_load.png'} ({elapsed:.0f} s)")
+    return 0
+
+
+def _ints(s: str) -> list[int]:
+    try:
+        values = [int(x) for x in s.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {s!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {s!r}")
+    return values
+
+
+def _lanes(s: str) -> list[str]:
+    lanes = [x.strip() for x in s.split(",") if x.strip()]
+    bad = [x for x in lanes if x not in LANES]
+    if bad or not lanes:
+        raise argparse.ArgumentTypeError(f"unknown lane(s) {bad}; choose from {list(LANES)}")
+    return lanes
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
+    ap = argparse.ArgumentParser(prog="fastmode bench", description="fastmode's benchmarks against a running "
+                                 "application (fastmode up).")
+    sub = ap.add_subparsers(dest="bench", metavar="BENCHMARK")
+    lanes = sub.add_parser("lanes", help="lanes under load: concurrency sweep on standard, priority and fast",
+                           description=__doc__.split("\n\n")[0])
+    lanes.add_argument("--url", default="ws://127.0.0.1:8000", help="the gateway (default %(default)s)")
+    lanes.add_argument("--api-key", default=None, help="API key (default: $FASTMODE_API_KEY)")
+    lanes.add_argument("--levels", type=_ints, default=None, help="concurrency levels (default 1,4,16,32; "
+                       "--quick 1,2)")
+    lanes.add_argument("--tokens", type=int, default=None, help="max_output_tokens per request (default 128; "
+                       "--quick 16)")
+    lanes.add_argument("--requests-per-stream", type=int, default=None, help="completed requests per worker "
+                       "(default 3; --quick 1)")
+    lanes.add_argument("--lanes", type=_lanes, default=list(LANES), help="lanes to run (default "
+                       "standard,priority,fast)")
+    lanes.add_argument("--config", default=None, help="the app's config file, for each lane's chips "
+                       "(default: the embedded default)")
+    lanes.add_argument("--quick", action="store_true", help="a tiny setting: levels 1,2, 16 tokens, "
+                       "1 request per stream")
+    lanes.add_argument("--out", default="bench/results", help="directory for lanes_load.json and "
+                       "lanes_load.png (default %(default)s)")
+    args = ap.parse_args(argv)
+    if args.bench is None:
+        ap.print_help()
+        return 2
+    for name in ("tokens", "requests_per_stream"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be at least 1")
+    return lanes_main(args, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,64 @@
+"""Smoke test of ``fastmode bench lanes --quick`` against the shared running application."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from bench.load import LANES, headline, main
+
+pytestmark = pytest.mark.slow
+
+
+def test_lanes_quick(app, tmp_path, capsys):
+    a = app()
+    assert main(["lanes", "--quick", "--url", a.ws_url, "--api-key", a.key, "--out", str(tmp_path)]) == 0
+    doc = json.loads((tmp_path / "lanes_load.json").read_text())
+    assert doc["command"].startswith("fastmode bench lanes --quick")
+    assert doc["machine"]["cpu_count"] >= 1
+    assert set(doc["lanes"]) == set(LANES)
+    for lane, rows in doc["lanes"].items():
+        assert [r["concurrency"] for r in rows] == [1, 2], lane
+        for r in rows:
+            assert r["completed"] == r["concurrency"] and not r["errors"], r
+            assert r["output_tokens"] == 16 * r["completed"]
+            assert r["lanes_served"] == [lane]  # never spilled
+            for value in (r["aggregate_tokens_per_s"], r["per_user_decode_tokens_per_s"]["p50"],
+                          r["per_user_decode_tokens_per_s"]["p10"], r["ttft_s"]["p50"], r["ttft_s"]["p99"],
+                          r["chip_seconds_per_1k_output_tokens"], r["cost_units_per_1k_output_tokens"]):
+                assert value is not None and math.isfinite(value) and value > 0, (lane, r)
+    assert doc["assumptions"]["chips"] == {"fast": 2, "priority": 1, "standard": 1}
+    # the server's price model: priority 6x standard per token
+    pri, std = doc["lanes"]["priority"][0], doc["lanes"]["standard"][0]
+    assert pri["cost_units_per_1k_output_tokens"] == pytest.approx(6 * std["cost_units_per_1k_output_tokens"])
+    head = doc["headline"]
+    assert head["standard_saturating_concurrency"] in (1, 2)
+    for key in ("priority_per_user_speed_ratio", "priority_cost_ratio", "fast_per_user_speed_ratio"):
+        assert math.isfinite(head[key]) and head[key] > 0, key
+    assert head["seeds"] == {"priority_per_user_speed": 2.5, "priority_cost": 6.0, "fast_per_user_speed": 15.0}
+    png = (tmp_path / "lanes_load.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    assert "headline" in capsys.readouterr().out
+
+
+def _row(lane, c, agg, user, chip_s, units):
+    return {"lane": lane, "concurrency": c, "aggregate_tokens_per_s": agg, "chip_seconds_per_1k_output_tokens": chip_s,
+            "per_user_decode_tokens_per_s": {"p50": user}, "cost_units_per_1k_output_tokens": units}
+
+
+def test_headline_ratios():
+    """Standard saturates where its aggregate is highest; priority and fast speeds at the lowest level."""
+    results = {"standard": [_row("standard", 1, 100, 100, 10, 1), _row("standard", 4, 300, 75, 3.3, 1),
+                            _row("standard", 16, 250, 16, 4, 1)],
+               "priority": [_row("priority", 1, 110, 110, 9, 6), _row("priority", 4, 150, 75, 6.6, 6)],
+               "fast": [_row("fast", 1, 90, 150, 22, 1), _row("fast", 4, 200, 50, 10, 1)]}
+    h = headline(results)
+    assert h["standard_saturating_concurrency"] == 4
+    assert h["priority_per_user_speed_ratio"] == pytest.approx(110 / 75)
+    assert h["priority_saturating_concurrency"] == 4
+    assert h["priority_cost_ratio"] == pytest.approx(6.6 / 3.3)
+    assert h["priority_price_ratio"] == pytest.approx(6)
+    assert h["fast_per_user_speed_ratio"] == pytest.approx(2)
+    assert h["fast_per_user_speed_ratio_at_equal_load"] == pytest.approx(50 / 75)
