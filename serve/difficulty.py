@@ -30,8 +30,8 @@ class DifficultyScorer:
     def __init__(self, path: str | Path, max_tokens: int = 128) -> None:
         self.tokenizer = Tokenizer.from_file(str(Path(path) / "tokenizer.json"))
         self.max_tokens = max_tokens
-        # One small prefill per request: more intra-op threads only spin against the engines'
-        # processes for the same cores (measured: auto's latency grew several-fold under load).
+        # One small prefill per request: more intra-op threads would only contend with the
+        # engines' processes for the same cores.
         torch.set_num_threads(1)
         self.engine = Engine.from_pretrained(path, num_slots=1, max_len=max_tokens + 1)
         self._lock = threading.Lock()
