@@ -366,9 +366,15 @@ def _lanes(s: str) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
+    if argv[:1] == ["quality"]:  # its own options: bench/quality.py
+        from bench.quality import main as quality_main
+
+        return quality_main(argv[1:])
     ap = argparse.ArgumentParser(prog="fastmode bench", description="fastmode's benchmarks against a running "
                                  "application (fastmode up).")
     sub = ap.add_subparsers(dest="bench", metavar="BENCHMARK")
+    sub.add_parser("quality", help="quality against speed per lane and auto, with the Pareto frontier "
+                   "(fastmode bench quality --help)")
     lanes = sub.add_parser("lanes", help="lanes under load: concurrency sweep on standard, priority and fast",
                            description=__doc__.split("\n\n")[0])
     lanes.add_argument("--url", default="ws://127.0.0.1:8000", help="the gateway (default %(default)s)")

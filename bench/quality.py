@@ -9,8 +9,8 @@ each lane's figure is that of the weights it serves (standard and priority: the 
 fast: the fast one; ``auto``: per text, the model the router's difficulty rule picks), computed
 with transformers, which vLLM and our executor match token for token (tests/models, tests/serve).
 
-Usage: python -m bench.quality [--url ws://127.0.0.1:8000] [--api-key K] [--samples 320]
-                               [--quick] [--out bench/results]
+Usage: fastmode bench quality [--url ws://127.0.0.1:8000] [--api-key K] [--samples 320]
+                              [--quick] [--out bench/results]
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ def plot(result: dict, path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.quality", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="fastmode bench quality", description=__doc__.split("\n\n")[0])
     ap.add_argument("--url", default="ws://127.0.0.1:8000")
     ap.add_argument("--api-key", default=os.environ.get("FASTMODE_API_KEY"))
     ap.add_argument("--samples", type=int, default=320)
