@@ -17,6 +17,7 @@ import asyncio
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"tokens": args.tokens, "pairs": args.pairs, "layout": {"tp": cfg.tp, "pp": cfg.pp,
               "transport": cfg.transport}, "tokens_per_s": {"off": off, "on": on}, "runs": rates,
               "slowdown": 1 - on / off, "spans_exported": spans, "date": time.strftime("%Y-%m-%d %H:%M"),
-              "command": "python -m bench.tracing_cost " + " ".join(argv or [])}
+              "command": "python -m bench.tracing_cost " + " ".join(sys.argv[1:] if argv is None else argv)}
     print(f"fast lane tp={cfg.tp} x pp={cfg.pp}: tracing off {off:.0f} tok/s, on {on:.0f} tok/s "
           f"(median of {args.pairs}): {100 * (1 - on / off):+.1f}% slower; {spans} spans exported")
     if args.json:

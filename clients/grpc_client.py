@@ -13,7 +13,6 @@ error code from the trailers, ``retry_after(e)`` the overload hint.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from typing import Any
 
 import grpc
@@ -86,8 +85,3 @@ class GrpcClient:
     def __exit__(self, *exc) -> None:
         self.close()
 
-
-def iter_text(chunks) -> Iterator[str]:
-    for c in chunks:
-        if c.delta:
-            yield c.delta

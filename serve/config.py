@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from models import FAST, FULL
 
-from .errors import ConfigError
+from .errors import ConfigError, describe_validation
 
 
 class _Strict(BaseModel):
@@ -226,7 +226,7 @@ def load_config(source: str | Path | dict | AppConfig | None = None) -> AppConfi
     try:
         config = AppConfig.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(f"{origin}: " + "; ".join(_describe(err) for err in e.errors())) from None
+        raise ConfigError(f"{origin}: " + describe_validation(e.errors(), "(top level)")) from None
     models = {}
     for key in ("full", "fast"):
         spec = getattr(config.models, key)
@@ -235,12 +235,6 @@ def load_config(source: str | Path | dict | AppConfig | None = None) -> AppConfi
             raise ConfigError(f"{origin}: models.{key}.path: no checkpoint (config.json) at {path}")
         models[key] = spec.model_copy(update={"path": str(path.resolve())})
     return config.model_copy(update={"models": config.models.model_copy(update=models)})
-
-
-def _describe(err: dict) -> str:
-    where = ".".join(str(p) for p in err["loc"]) or "(top level)"
-    got = "" if err["type"] == "missing" else f" (got {err.get('input')!r})"
-    return f"{where}: {err['msg']}{got}"
 
 
 def dump_config(config: AppConfig) -> str:

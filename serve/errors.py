@@ -78,6 +78,27 @@ _SHARDING_STATUS = {"kv_cache_full": 503, "not_enough_chips": 503, "bad_checkpoi
                     "invalid_config": 500, "invalid_layout": 500}
 
 
+def describe_validation(errors: list[dict], top: str) -> str:
+    """Pydantic's validation errors as one message naming each field (``top`` for the whole)."""
+    def one(err: dict) -> str:
+        where = ".".join(str(p) for p in err["loc"]) or top
+        got = "" if err["type"] == "missing" else f" (got {err.get('input')!r:.80})"
+        return f"{where}: {err['msg']}{got}"
+
+    return "; ".join(one(err) for err in errors)
+
+
+async def first_event(stream, request_id: str | None = None) -> dict[str, Any]:
+    """A router stream's first event; an ``error`` event if the router failed outright.
+
+    The HTTP front doors read it before answering, so a request refused before anything streamed
+    gets a plain HTTP error with its status."""
+    try:
+        return await stream.__anext__()
+    except Exception as e:  # noqa: BLE001 - still a typed answer
+        return to_event(e, request_id)
+
+
 def unwrap(exc: BaseException) -> BaseException:
     """The original exception inside Ray's wrappers (``RayTaskError`` and its ``cause`` chain)."""
     seen = set()

@@ -23,7 +23,7 @@ from ray import serve
 from . import openai_api, telemetry
 from .auth import authorized, load_keys
 from .config import load_config
-from .errors import InvalidRequest, to_event
+from .errors import InvalidRequest, first_event, to_event
 from .websocket import CLOSE_POLICY, Session
 
 api = FastAPI(title="fastmode", docs_url=None, redoc_url=None)
@@ -95,10 +95,7 @@ class Gateway:
             return _error(to_event(InvalidRequest(f"the body is not JSON: {e}")))
         body = telemetry.with_traceparent(body, request.headers)
         stream = self.router.options(stream=True).generate.remote(body)
-        try:
-            first = await stream.__anext__()
-        except Exception as e:  # noqa: BLE001 - the router failed outright: still a typed answer
-            return _error(to_event(e))
+        first = await first_event(stream)
         if first["type"] == "error":  # refused before anything streamed: a plain HTTP error
             return _error(first)
 

@@ -30,7 +30,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from .errors import to_event
+from .errors import first_event, to_event
 from .telemetry import with_traceparent
 from .lanes.lane import PRIORITY
 from .openai_schema import ChatCompletionRequest, CompletionRequest, OpenAIRequestError, parse
@@ -106,10 +106,7 @@ async def _complete(router, request: Request, api: _Chat | _Text):
     stream = router.options(stream=True).generate.remote(body)
     handed_off = False  # once the SSE response owns the stream, it cancels it
     try:
-        try:
-            first = await stream.__anext__()
-        except Exception as e:  # noqa: BLE001 - the router failed outright: still a typed answer
-            first = to_event(e, rid)
+        first = await first_event(stream, rid)
         if first["type"] == "error":  # refused before anything streamed: a plain HTTP error
             return _event_response(first, api)
         reply.created_event(first)

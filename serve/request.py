@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
-from .errors import InvalidRequest
+from .errors import InvalidRequest, describe_validation
 
 _Text = Annotated[str, StringConstraints(min_length=1)]
 
@@ -64,7 +64,7 @@ class GenerateRequest(BaseModel):
         try:
             req = cls.model_validate(data)
         except ValidationError as e:
-            raise InvalidRequest("; ".join(_describe(err) for err in e.errors())) from None
+            raise InvalidRequest(describe_validation(e.errors(), "(request)")) from None
         if isinstance(req.stop, list) and len(req.stop) > 4:
             raise InvalidRequest(f"stop: at most 4 stop strings, got {len(req.stop)}")
         return req
@@ -84,8 +84,3 @@ class GenerateRequest(BaseModel):
             raise InvalidRequest("input: the prompt is empty")
         return text
 
-
-def _describe(err: dict) -> str:
-    where = ".".join(str(p) for p in err["loc"]) or "(request)"
-    got = "" if err["type"] == "missing" else f" (got {err.get('input')!r:.80})"
-    return f"{where}: {err['msg']}{got}"

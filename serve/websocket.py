@@ -16,6 +16,7 @@ engine sequences.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from typing import Any
@@ -26,7 +27,6 @@ from .config import GatewayConfig
 from .errors import to_event
 from .protocol import VERSION
 
-PROTOCOL_VERSION = VERSION
 
 # WebSocket close codes (RFC 6455 and the IANA registry).
 CLOSE_NORMAL, CLOSE_GOING_AWAY, CLOSE_POLICY, CLOSE_TOO_BIG = 1000, 1001, 1008, 1009
@@ -171,7 +171,7 @@ class Session:
                 if kind == "created":
                     await self._put({"type": "response.created", "id": rid, "lane": ev["lane"], "model": ev["model"],
                                      "input_tokens": ev["input_tokens"], "route": ev["route"],
-                                     "protocol": PROTOCOL_VERSION})
+                                     "protocol": VERSION})
                 elif kind == "done":
                     finished = True
                     await self._put({"type": "response.completed", "id": rid, "finish_reason": ev["finish_reason"],
@@ -183,15 +183,15 @@ class Session:
         except asyncio.CancelledError:
             stream.cancel()
             if not finished:
-                self._put_nowait_or_drop({"type": "response.cancelled", "id": rid})
+                self._put_final({"type": "response.cancelled", "id": rid})
             raise
         except SlowConsumer:
             stream.cancel()
-            self._put_nowait_or_drop(_error("slow_consumer", "the client did not read its deltas fast enough; "
+            self._put_final(_error("slow_consumer", "the client did not read its deltas fast enough; "
                                             "the response was cancelled", rid))
         except Exception as e:  # noqa: BLE001 - reported on the connection, which lives on
             stream.cancel()
-            self._put_nowait_or_drop(_ws_error(to_event(e, rid), rid))
+            self._put_final(_ws_error(to_event(e, rid), rid))
         finally:
             self.tasks.pop(rid, None)
 
@@ -201,7 +201,7 @@ class Session:
         except TimeoutError:
             raise SlowConsumer from None
 
-    def _put_nowait_or_drop(self, event: dict[str, Any]) -> None:
+    def _put_final(self, event: dict[str, Any]) -> None:
         # A final event must not block a cancelled task; if the queue is full, make room for it
         # by dropping a pending delta of the same response (the response ends anyway).
         if self.out.full():
@@ -216,11 +216,9 @@ class Session:
         self.out.put_nowait(event)
 
     async def _emit(self, event: dict[str, Any]) -> None:
-        """A connection-level event (bad input): queued like any other."""
-        try:
-            await asyncio.wait_for(self.out.put(event), self.config.slow_reader_timeout_s)
-        except TimeoutError:
-            pass
+        """A connection-level event (bad input): queued like any other, dropped for a stalled reader."""
+        with contextlib.suppress(SlowConsumer):
+            await self._put(event)
 
     # -- sending -----------------------------------------------------------------------------
     async def _send_loop(self) -> None:
