@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "trace": ("clients.trace_report:main",
               "per-hop cost table, chip-to-chip heatmap and step waterfall from exported spans"),
     "bench": ("bench.load:main", "benchmarks: lanes under load, quality against speed"),
+    "cluster": ("cluster.cli:main", "render a cluster topology; ray up / down / status it and deploy the app"),
 }
 
 
