@@ -11,7 +11,7 @@ comma  := ,
 STAMP  := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 BIN    := $(VENV)/bin
 
-.PHONY: up test models eval install clean
+.PHONY: up test bench models eval install clean
 
 install: $(STAMP)
 
@@ -32,6 +32,10 @@ up: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
+
+# Every benchmark, then docs/benchmarks.md (~30 min here); `make bench ARGS=--quick` for the tiny setting.
+bench: $(STAMP)
+	$(BIN)/fastmode bench all $(ARGS)
 
 models: $(STAMP)
 	$(BIN)/python -m models.recipe --recipe shipped

@@ -1,12 +1,20 @@
-"""What the front door costs: per-token overhead of the WebSocket path against the engines called
-in process, and time to first token of a warm persistent WebSocket against a fresh HTTP request
-and a fresh WebSocket (loopback; the emulated-network variant is part of ``fastmode bench``).
+"""What the front door costs (issue 8, part 3).
+
+- Per token: single-stream decode speed over the WebSocket against the same engines called in
+  process (``bench.lanes_quick.direct``); the difference in ms per token is the serving overhead.
+- Throughput ceiling: the standard lane's aggregate tokens/s with ``--concurrency`` streams over
+  WebSockets against vLLM in process serving as many requests at once.
+- Time to first token on the fast lane (4 tokens): a warm persistent WebSocket, a fresh WebSocket
+  (connect + upgrade + request) and a fresh OpenAI SSE request (new TCP connection), on loopback and
+  across an emulated network of ``--rtt-ms`` round trip (``bench.netem``: a network namespace and
+  veth set up here as root, skipped otherwise), each against the physical limit: one round trip
+  plus the engine's own time to first token in process.
 
 Needs a running application (``fastmode up``); the in-process engines are started here with the
 lanes' own configs.
 
-Usage: python -m bench.gateway [--url http://127.0.0.1:8000] [--api-key KEY] [--tokens 256]
-                               [--trials 20] [--json FILE]
+Usage: fastmode bench gateway [--url http://127.0.0.1:8000] [--api-key KEY] [--tokens 256]
+                              [--trials 20] [--concurrency 32] [--rtt-ms 20] [--quick] [--json FILE]
 """
 
 from __future__ import annotations
@@ -15,14 +23,21 @@ import argparse
 import asyncio
 import json
 import os
+import platform
+import shlex
 import statistics
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
+from tqdm import tqdm
 from websockets.asyncio.client import connect
 
 from bench.lanes_quick import direct
+
+REPO = Path(__file__).resolve().parents[1]
 
 PROMPT = "class Parser:\n"
 LANES = {"fast": ("fastmode-fast", None), "standard": ("fastmode-full", "default")}
@@ -69,11 +84,45 @@ def http_ttft(url: str, headers: dict, model: str, tier: str | None, tokens: int
     raise RuntimeError("no text")
 
 
-async def measure(url: str, key: str | None, tokens: int, trials: int) -> dict:
+async def ttft(url: str, key: str | None, trials: int) -> dict:
+    """Time to first token (ms, p50/p90) on the fast lane, 4 tokens: a warm persistent WebSocket,
+    a fresh WebSocket (TCP connect + upgrade + request) and a fresh OpenAI SSE request; and
+    ``health_round_trip``, a GET /health on a warm keep-alive connection, which shows the round
+    trip the path really has."""
     ws_url = url.replace("http", "ws", 1) + "/v1/responses"
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    out: dict = {"decode_tokens_per_s": {}, "ttft_ms": {}}
+    model, tier = LANES["fast"]
     async with connect(ws_url, additional_headers=headers) as conn:
+        await ws_response(conn, "warm", model, tier, 4)
+        warm = [(await ws_response(conn, f"ttft-{i}", model, tier, 4))[0] for i in range(trials)]
+    fresh_ws = []
+    for i in range(trials):
+        start = time.perf_counter()
+        async with connect(ws_url, additional_headers=headers) as conn:
+            fresh_ws.append((await ws_response(conn, f"fresh-{i}", model, tier, 4, start))[0])
+    fresh_http = [await asyncio.to_thread(http_ttft, url, headers, model, tier, 4) for _ in range(trials)]
+    async with httpx.AsyncClient(base_url=url, timeout=30) as http:  # the path's own round trip
+        await http.get("/health")
+        probe = []
+        for _ in range(trials):
+            t = time.perf_counter()
+            (await http.get("/health")).raise_for_status()
+            probe.append(time.perf_counter() - t)
+    out = {}
+    for name, xs in (("warm_websocket", warm), ("fresh_websocket", fresh_ws), ("fresh_http_sse", fresh_http),
+                     ("health_round_trip", probe)):
+        xs = sorted(x * 1e3 for x in xs)
+        out[name] = {"p50": statistics.median(xs), "p90": xs[int(0.9 * (len(xs) - 1))]}
+    return out
+
+
+async def decode(url: str, key: str | None, tokens: int, concurrency: int) -> dict:
+    """Single-stream decode tokens/s per lane over one WebSocket (median of 3), and the standard
+    lane's aggregate tokens/s with ``concurrency`` streams at once on the same connection."""
+    ws_url = url.replace("http", "ws", 1) + "/v1/responses"
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    out: dict = {"decode_tokens_per_s": {}}
+    async with connect(ws_url, additional_headers=headers, max_queue=None) as conn:
         for lane, (model, tier) in LANES.items():
             await ws_response(conn, f"warm-{lane}", model, tier, 8)
             rates = []
@@ -81,45 +130,116 @@ async def measure(url: str, key: str | None, tokens: int, trials: int) -> dict:
                 first, total, done = await ws_response(conn, f"{lane}-{i}", model, tier, tokens)
                 rates.append((done["usage"]["output_tokens"] - 1) / (total - first))
             out["decode_tokens_per_s"][lane] = statistics.median(rates)
-        model, tier = LANES["fast"]
-        warm = [(await ws_response(conn, f"ttft-{i}", model, tier, 4))[0] for i in range(trials)]
-    fresh_ws = []
-    for i in range(trials):  # TCP connect + upgrade + request, to the first delta
+    if concurrency:  # one connection per stream: ws_response reads its own connection's events
+        model, tier = LANES["standard"]
+
+        async def one(i: int) -> int:
+            async with connect(ws_url, additional_headers=headers) as conn:
+                return (await ws_response(conn, f"agg-{i}", model, tier, tokens))[2]["usage"]["output_tokens"]
+
         start = time.perf_counter()
-        async with connect(ws_url, additional_headers=headers) as conn:
-            fresh_ws.append((await ws_response(conn, f"fresh-{i}", model, tier, 4, start))[0])
-    fresh_http = [await asyncio.to_thread(http_ttft, url, headers, model, tier, 4) for _ in range(trials)]
-    for name, xs in (("warm_websocket", warm), ("fresh_http_sse", fresh_http), ("fresh_websocket", fresh_ws)):
-        xs = sorted(x * 1e3 for x in xs)
-        out["ttft_ms"][name] = {"p50": statistics.median(xs), "p90": xs[int(0.9 * (len(xs) - 1))]}
+        total = sum(await asyncio.gather(*(one(i) for i in range(concurrency))))
+        out["standard_aggregate_tokens_per_s"] = total / (time.perf_counter() - start)
     return out
 
 
+def emulated(url: str, key: str | None, trials: int, rtt_ms: float) -> dict:
+    """The TTFT trio across an emulated network (``bench.netem``), measured by this module run
+    with ``--ttft-only`` inside the client namespace."""
+    from urllib.parse import urlparse
+
+    from bench.netem import emulated_network
+
+    port = urlparse(url).port or 80
+    with emulated_network(port, rtt_ms) as net:
+        cmd = [*net.client_prefix, sys.executable, "-m", "bench.gateway", "--ttft-only", "--trials", str(trials),
+               "--url", f"http://{net.host}:{net.port}"]
+        env = dict(os.environ, FASTMODE_API_KEY=key or "")
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
+        if r.returncode != 0:
+            raise RuntimeError(f"client in the namespace failed ({r.returncode}): {r.stderr[-2000:]}")
+        return {"rtt_ms": rtt_ms, "method": net.method, "ttft_ms": json.loads(r.stdout)}
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
+    ap = argparse.ArgumentParser(prog="fastmode bench gateway", description=__doc__.split("\n\n")[0])
     ap.add_argument("--url", default="http://127.0.0.1:8000")
     ap.add_argument("--api-key", default=os.environ.get("FASTMODE_API_KEY"))
-    ap.add_argument("--tokens", type=int, default=256)
-    ap.add_argument("--trials", type=int, default=20)
-    ap.add_argument("--json")
+    ap.add_argument("--tokens", type=int, default=256, help="tokens per decode-speed request")
+    ap.add_argument("--trials", type=int, default=20, help="time-to-first-token trials per kind")
+    ap.add_argument("--concurrency", type=int, default=32, help="streams for the throughput ceiling (0: skip)")
+    ap.add_argument("--rtt-ms", default="20", help="emulated round trips, comma-separated (empty: skip)")
+    ap.add_argument("--quick", action="store_true", help="32 tokens, 3 trials, 4 streams")
+    ap.add_argument("--ttft-only", action="store_true", help="print the TTFT trio as JSON (the client side "
+                    "of the emulated network)")
+    ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
-    served = asyncio.run(measure(args.url, args.api_key, args.tokens, args.trials))
-    engines = direct(args.tokens, 3)
+    if args.ttft_only:
+        print(json.dumps(asyncio.run(ttft(args.url, args.api_key or None, args.trials))))
+        return 0
+    if args.quick:
+        args.tokens, args.trials, args.concurrency = 32, 3, 4
+    rtts = [float(x) for x in args.rtt_ms.split(",") if x.strip()]
+    started = time.strftime("%Y-%m-%d %H:%M")
+    steps = ["decode over the WebSocket", "time to first token, loopback"] + \
+            [f"time to first token, {r:g} ms round trip" for r in rtts] + ["engines in process"]
+    bar = tqdm(total=len(steps), desc="gateway", unit="step", file=sys.stderr)
+    bar.set_description(steps[0])
+    served = asyncio.run(decode(args.url, args.api_key, args.tokens, args.concurrency))
+    bar.update()
+    bar.set_description(steps[1])
+    served["ttft_ms"] = asyncio.run(ttft(args.url, args.api_key, args.trials))
+    bar.update()
+    networks, skipped = [], None
+    for rtt, step in zip(rtts, steps[2:], strict=False):
+        bar.set_description(step)
+        try:
+            networks.append(emulated(args.url, args.api_key, args.trials, rtt))
+        except PermissionError as e:
+            skipped = str(e)
+            print(f"emulated network: {skipped}", file=sys.stderr)
+            break
+        finally:
+            bar.update()
+    bar.set_description(steps[-1])
+    engines = direct(args.tokens, 3, args.concurrency)
+    bar.update()
+    bar.close()
     ref = {"fast": engines["sharded_fast"], "standard": engines["vllm_full"]}
-    result = {"tokens": args.tokens, "trials": args.trials, "served": served, "in_process": ref,
+    engine_ttft_ms = 1e3 * engines["sharded_fast_ttft_s"]
+    for net in networks:  # one round trip plus the engine's own time to first token
+        net["physical_limit_ms"] = net["rtt_ms"] + engine_ttft_ms
+    result = {"date": started, "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform()},
+              "command": "fastmode bench gateway " + shlex.join(argv),
+              "tokens": args.tokens, "trials": args.trials, "served": served, "in_process": engines,
               "overhead_ms_per_token": {lane: 1e3 / served["decode_tokens_per_s"][lane] - 1e3 / ref[lane]
                                         for lane in LANES},
-              "date": time.strftime("%Y-%m-%d %H:%M"),
-              "command": "python -m bench.gateway " + " ".join(sys.argv[1:] if argv is None else argv)}
+              "loopback_physical_limit_ms": engine_ttft_ms, "emulated_network": networks,
+              "emulated_network_skipped": skipped}
+    if args.concurrency:
+        result["throughput_ceiling"] = {
+            "concurrency": args.concurrency,
+            "websocket_aggregate_tokens_per_s": served["standard_aggregate_tokens_per_s"],
+            "in_process_aggregate_tokens_per_s": engines["vllm_full_aggregate"],
+            "ratio": served["standard_aggregate_tokens_per_s"] / engines["vllm_full_aggregate"]}
     for lane in LANES:
         print(f"{lane:<9} in process {ref[lane]:6.0f} tok/s   over the WebSocket "
               f"{served['decode_tokens_per_s'][lane]:6.0f} tok/s   overhead "
               f"{result['overhead_ms_per_token'][lane]:+.2f} ms/token")
-    for name, t in served["ttft_ms"].items():
-        print(f"time to first token, {name:<22} p50 {t['p50']:6.1f} ms   p90 {t['p90']:6.1f} ms")
+    if args.concurrency:
+        c = result["throughput_ceiling"]
+        print(f"standard, {c['concurrency']} streams: over the WebSocket {c['websocket_aggregate_tokens_per_s']:.0f} "
+              f"tok/s, in process {c['in_process_aggregate_tokens_per_s']:.0f} tok/s ({c['ratio']:.2f}x)")
+    for label, trio, limit in [("loopback", served["ttft_ms"], engine_ttft_ms)] + \
+            [(f"{n['rtt_ms']:g} ms RTT", n["ttft_ms"], n["physical_limit_ms"]) for n in networks]:
+        print(f"time to first token, {label} (physical limit {limit:.1f} ms): " + ", ".join(
+            f"{name} p50 {t['p50']:.1f} ms" for name, t in trio.items()))
+    for n in networks:
+        print(f"  {n['rtt_ms']:g} ms RTT emulated by: {n['method']}")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     return 0
 
 

@@ -41,9 +41,14 @@ def one(client: httpx.Client, model: str, tier: str | None, tokens: int) -> dict
             "engine_decode_tokens_per_s": done["timing"]["decode_tokens_per_s"], "chunks": deltas, "tokens": n}
 
 
-def direct(tokens: int, runs: int) -> dict:
+def direct(tokens: int, runs: int, concurrency: int = 0) -> dict:
     """The lanes' engines without serving: vLLM AsyncLLM on the full model (the standard lane's
-    config) and the fast model as the default pp=2 pipeline over chip actors (actor calls)."""
+    config) and the fast model as the default pp=2 pipeline over chip actors (actor calls).
+
+    Single-stream decode tokens/s of each (``vllm_full``, ``sharded_fast``), the fast pipeline's
+    time to first token for a 3-token prompt (``sharded_fast_ttft_s``: prefill and one token,
+    median of 5), and with ``concurrency`` the aggregate tokens/s of vLLM serving that many
+    ``tokens``-token requests at once (``vllm_full_aggregate``)."""
     import asyncio
 
     import ray
@@ -70,13 +75,24 @@ def direct(tokens: int, runs: int) -> dict:
                     first = first or time.perf_counter()
                 if i:
                     rates.append((n - 1) / (time.perf_counter() - first))
+            if concurrency:
+                async def one(i: int) -> int:
+                    n = 0
+                    async for o in engine.generate(EngineRequest(f"c{i}", [0, 100, 200], tokens,
+                                                                 temperature=0, ignore_eos=True)):
+                        n += len(o.token_ids)
+                    return n
+                start = time.perf_counter()
+                total = sum(await asyncio.gather(*(one(i) for i in range(concurrency))))
+                out["vllm_full_aggregate"] = total / (time.perf_counter() - start)
+                out["vllm_full_aggregate_concurrency"] = concurrency
         finally:
             engine.shutdown()
         return rates
 
     out["vllm_full"] = statistics.median(asyncio.run(vllm_runs()))
     cfg = FastLaneConfig()
-    ray.init(resources={"chip": cfg.tp * cfg.pp}, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", resources={"chip": cfg.tp * cfg.pp}, include_dashboard=False, log_to_driver=False)
     try:
         with ShardedModel.from_pretrained(FAST, tp=cfg.tp, pp=cfg.pp, transport=cfg.transport) as m:
             m.generate([[0, 100, 200]], SamplingParams(max_tokens=8))
@@ -85,7 +101,13 @@ def direct(tokens: int, runs: int) -> dict:
                 t = time.perf_counter()
                 m.generate([[0, 100, 200]], SamplingParams(max_tokens=tokens, ignore_eos=True))
                 rates.append(tokens / (time.perf_counter() - t))
-        out["sharded_fast"] = statistics.median(rates)
+            out["sharded_fast"] = statistics.median(rates)
+            ttft = []
+            for _ in range(5):
+                t = time.perf_counter()
+                m.generate([[0, 100, 200]], SamplingParams(max_tokens=1))
+                ttft.append(time.perf_counter() - t)
+            out["sharded_fast_ttft_s"] = statistics.median(ttft)
     finally:
         ray.shutdown()
     print(f"direct    vLLM AsyncLLM, full model {out['vllm_full']:6.0f} tok/s   fastmode executor, fast model "

@@ -7,7 +7,9 @@ fixed ``max_output_tokens``, so every request does the same work. Levels run one
 the lanes interleaved within each level, so slow drift of this shared machine hits every lane alike.
 
 Per request: the client's time to first token (send -> first text delta), its per-user decode
-speed (``(output_tokens - 1) / (end - first delta)``) and the server's ``timing`` and
+speed (``(output_tokens - 1) / (end - first delta)``), its end-to-end speed (``output_tokens /
+(end - send)``: the one to compare across servers that chunk their streams differently, since the
+decode speed assumes the first delta holds one token) and the server's ``timing`` and
 ``cost_units``. Per level and lane: per-user decode tokens/s (p50, p10), time to first token
 (p50, p99), aggregate tokens/s (output tokens of the level / its wall time), and the cost,
 **chip-seconds per 1k output tokens** = chips the lane occupies x wall seconds / (output tokens / 1000).
@@ -31,14 +33,20 @@ price), fast's per-user speed at the lowest level (the seeds' OpenAI figure: 15x
 
 Needs a running application (``fastmode up``); it does not start one.
 
-Usage: fastmode bench lanes [--url ws://127.0.0.1:8000] [--api-key K] [--levels 1,4,16,32]
-                            [--tokens 128] [--requests-per-stream 3] [--quick] [--out bench/results]
+``--api openai`` drives the same sweep through the OpenAI-compatible HTTP API instead
+(``/v1/completions`` over SSE, ``bench.targets.openai_request``), the path on which vLLM's own
+server is measured (``bench.vllm_serve``), so the two compare like for like.
+
+Usage: fastmode bench lanes [--api websocket|openai] [--url ws://127.0.0.1:8000] [--api-key K]
+                            [--levels 1,4,16,32] [--tokens 128] [--requests-per-stream 3] [--quick]
+                            [--out bench/results]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import json
 import math
 import os
@@ -49,17 +57,21 @@ import time
 from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 import numpy as np
+
+from bench.targets import PROMPT, openai_request, websocket_request
 
 LANES: dict[str, tuple[str, str | None]] = {"standard": ("fastmode-full", "default"),
                                             "priority": ("fastmode-full", "priority"),
                                             "fast": ("fastmode-fast", None)}
-PROMPT = "class Parser:\n"
 SEEDS = {"priority_per_user_speed": 2.5, "priority_cost": 6.0, "fast_per_user_speed": 15.0}
 """The seeds' published figures: Anthropic's fast mode 2.5x per-user speed at 6x the price; OpenAI's
 Codex-Spark (Cerebras) 15x per-user speed."""
+CONNECTION = {"websocket": "one persistent WebSocket (clients.sdk.AsyncClient) for every stream",
+              "openai": "OpenAI-compatible /v1/completions streamed over SSE, one pooled httpx.AsyncClient "
+                        "(keep-alive connections)"}
 QUICK = {"levels": [1, 2], "tokens": 16, "requests_per_stream": 1}
 
 
@@ -75,31 +87,10 @@ def lane_chips(config: Any) -> dict[str, int]:
             "priority": lanes.priority.replicas, "standard": lanes.standard.replicas}
 
 
-async def one_request(client, lane: str, tokens: int) -> dict[str, Any]:
-    """Run one request to its end; its client-side and server-side measurements."""
-    model, tier = LANES[lane]
-    sent = time.perf_counter()
-    stream = await client.responses.stream(model=model, service_tier=tier, input=PROMPT,
-                                           max_output_tokens=tokens, temperature=0, ignore_eos=True)
-    first = None
-    async for text in stream:
-        if first is None and text:
-            first = time.perf_counter()
-    end = time.perf_counter()
-    r = stream.result
-    n = r.usage.output_tokens if r.usage else 0
-    first = first or end
-    return {"sent": sent, "first": first, "end": end, "output_tokens": n,
-            "ttft_s": first - sent,
-            "decode_tokens_per_s": (n - 1) / (end - first) if n > 1 and end > first else None,
-            "server_ttft_s": r.timing.ttft_s if r.timing else None,
-            "server_decode_tokens_per_s": r.timing.decode_tokens_per_s if r.timing else None,
-            "cost_units": r.cost_units, "lane": r.lane, "finish_reason": r.finish_reason}
-
-
-async def run_level(client, lane: str, concurrency: int, tokens: int, per_stream: int, chips: int,
-                    bar=None, max_retry_wait_s: float = 5.0) -> dict[str, Any]:
-    """``concurrency`` closed-loop workers, ``per_stream`` completed requests each, on ``lane``."""
+async def run_level(send: Callable[[int], Awaitable[dict]], lane: str, concurrency: int, tokens: int,
+                    per_stream: int, chips: int, bar=None, max_retry_wait_s: float = 5.0) -> dict[str, Any]:
+    """``concurrency`` closed-loop workers, ``per_stream`` completed requests each; ``send(tokens)``
+    runs one request (``bench.targets``) and raises the SDK's ``Overloaded`` on a rejection."""
     from clients.sdk import FastmodeError, Overloaded
 
     done: list[dict[str, Any]] = []
@@ -111,7 +102,7 @@ async def run_level(client, lane: str, concurrency: int, tokens: int, per_stream
         failures = 0
         while completed < per_stream:
             try:
-                done.append(await one_request(client, lane, tokens))
+                done.append(await send(tokens))
                 completed += 1
                 if bar is not None:
                     bar.update(1)
@@ -131,6 +122,7 @@ async def run_level(client, lane: str, concurrency: int, tokens: int, per_stream
     out_tokens = sum(r["output_tokens"] for r in done)
     per_user = [r["decode_tokens_per_s"] for r in done if r["decode_tokens_per_s"] is not None]
     ttft = [r["ttft_s"] for r in done]
+    e2e = [r["e2e_tokens_per_s"] for r in done if r["e2e_tokens_per_s"] is not None]
     cost_units = [r["cost_units"] for r in done if r["cost_units"] is not None]
     attempts = len(done) + rejected + sum(errors.values())
     return {
@@ -140,13 +132,15 @@ async def run_level(client, lane: str, concurrency: int, tokens: int, per_stream
         "aggregate_tokens_per_s": out_tokens / wall if wall > 0 else None,
         "per_user_decode_tokens_per_s": {"p50": pct(per_user, 50), "p10": pct(per_user, 10),
                                          "mean": float(np.mean(per_user)) if per_user else None},
+        "per_user_e2e_tokens_per_s": {"p50": pct(e2e, 50), "p10": pct(e2e, 10)},
+        "text_chunks_per_request_p50": pct([r["chunks"] for r in done], 50),
         "ttft_s": {"p50": pct(ttft, 50), "p99": pct(ttft, 99), "max": max(ttft) if ttft else None},
         "server_ttft_s_p50": pct([r["server_ttft_s"] for r in done if r["server_ttft_s"] is not None], 50),
         "server_decode_tokens_per_s_p50": pct([r["server_decode_tokens_per_s"] for r in done
                                                if r["server_decode_tokens_per_s"] is not None], 50),
         "chips": chips,
         "chip_seconds_per_1k_output_tokens": chips * wall / (out_tokens / 1000) if out_tokens else None,
-        "cost_units_per_1k_output_tokens": 1000 * sum(cost_units) / out_tokens if out_tokens else None,
+        "cost_units_per_1k_output_tokens": 1000 * sum(cost_units) / out_tokens if out_tokens and cost_units else None,
         "lanes_served": sorted({str(r["lane"]) for r in done}),
     }
 
@@ -263,25 +257,44 @@ def summary(results: dict[str, list[dict]], head: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-async def sweep(args) -> dict[str, list[dict]]:
+async def sweep_targets(targets: dict[str, tuple[Callable[[int], Awaitable[dict]], int]], levels: list[int],
+                        tokens: int, per_stream: int, desc: str = "lanes") -> dict[str, list[dict]]:
+    """The closed-loop sweep over ``targets`` (name -> (send, chips)): a short warm-up request per
+    target, then each level with the targets interleaved (slow drift hits every target alike)."""
     from tqdm import tqdm
+
+    results: dict[str, list[dict]] = {name: [] for name in targets}
+    for send, _ in targets.values():  # warm-up: first-call costs out of the numbers
+        await send(min(8, tokens))
+    total = sum(levels) * per_stream * len(targets)
+    with tqdm(total=total, unit="req", desc=desc, file=sys.stderr, dynamic_ncols=True) as bar:
+        for level in levels:
+            for name, (send, chips) in targets.items():
+                bar.set_description(f"{desc}: {name} x{level}")
+                results[name].append(await run_level(send, name, level, tokens, per_stream, chips, bar))
+    return results
+
+
+async def sweep(args) -> dict[str, list[dict]]:
+    import httpx
 
     from clients.sdk import AsyncClient
     from serve.config import load_config
 
     chips = lane_chips(load_config(args.config))
-    results: dict[str, list[dict]] = {lane: [] for lane in args.lanes}
-    total = sum(args.levels) * args.requests_per_stream * len(args.lanes)
+    if args.api == "openai":
+        headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+        async with httpx.AsyncClient(base_url=args.url, headers=headers, timeout=600, limits=limits) as http:
+            targets = {lane: (_bind(openai_request, http, *LANES[lane]), chips[lane]) for lane in args.lanes}
+            return await sweep_targets(targets, args.levels, args.tokens, args.requests_per_stream, "lanes/http")
     async with AsyncClient(args.url, api_key=args.api_key) as client:
-        for lane in args.lanes:  # warm-up: one short request per lane (first-call costs out of the numbers)
-            await one_request(client, lane, min(8, args.tokens))
-        with tqdm(total=total, unit="req", desc="lanes", file=sys.stderr, dynamic_ncols=True) as bar:
-            for level in args.levels:
-                for lane in args.lanes:
-                    bar.set_description(f"{lane} x{level}")
-                    results[lane].append(await run_level(client, lane, level, args.tokens,
-                                                          args.requests_per_stream, chips[lane], bar))
-    return results
+        targets = {lane: (_bind(websocket_request, client, *LANES[lane]), chips[lane]) for lane in args.lanes}
+        return await sweep_targets(targets, args.levels, args.tokens, args.requests_per_stream, "lanes")
+
+
+def _bind(request, conn, model: str, tier: str | None) -> Callable[[int], Awaitable[dict]]:
+    return lambda tokens: request(conn, model, tier, tokens)
 
 
 def lanes_main(args, argv: list[str]) -> int:
@@ -312,7 +325,7 @@ def lanes_main(args, argv: list[str]) -> int:
                      "ignore_eos": True, "allow_spill": False, "lanes": {l: {"model": m, "service_tier": t}
                                                                          for l, (m, t) in LANES.items()
                                                                          if l in args.lanes},
-                     "connection": "one persistent WebSocket (clients.sdk.AsyncClient) for every stream"},
+                     "api": args.api, "connection": CONNECTION[args.api]},
         "assumptions": {
             "chips": lane_chips(config),
             "chips_rule": "fast: tp x pp x replicas from the app config (the executor's chip actors); "
@@ -338,11 +351,12 @@ def lanes_main(args, argv: list[str]) -> int:
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "lanes_load.json").write_text(json.dumps(doc, indent=2) + "\n")
-    plot(results, out / "lanes_load.png", f"fastmode lanes under load: {args.tokens} tokens/request, "
+    stem = "lanes_load" if args.api == "websocket" else "lanes_load_openai"
+    (out / f"{stem}.json").write_text(json.dumps(doc, indent=2) + "\n")
+    plot(results, out / f"{stem}.png", f"fastmode lanes under load ({args.api}): {args.tokens} tokens/request, "
          f"{args.requests_per_stream} per stream, {doc['date']}, {os.cpu_count()} CPUs")
     print(summary(results, head))
-    print(f"\nwrote {out / 'lanes_load.json'} and {out / 'lanes_load.png'} ({elapsed:.0f} s)")
+    print(f"\nwrote {out / stem}.json and {out / stem}.png ({elapsed:.0f} s)")
     return 0
 
 
@@ -364,20 +378,30 @@ def _lanes(s: str) -> list[str]:
     return lanes
 
 
+OTHERS = {"all": ("bench.suite", "every benchmark in one run, then docs/benchmarks.md (what make bench runs)"),
+          "quality": ("bench.quality", "quality against speed per lane and auto, with the Pareto frontier"),
+          "vllm": ("bench.vllm_serve", "vLLM's own OpenAI server on the full and fast checkpoints, same load"),
+          "gateway": ("bench.gateway", "front-door cost and time to first token, loopback and emulated network"),
+          "sharding": ("bench.sharding", "the fast lane's executor: tp x pp layouts, hop costs, the planner")}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
-    if argv[:1] == ["quality"]:  # its own options: bench/quality.py
-        from bench.quality import main as quality_main
-
-        return quality_main(argv[1:])
+    if argv[:1] and argv[0] in OTHERS:  # benchmarks with their own options, in their own modules
+        module = importlib.import_module(OTHERS[argv[0]][0])
+        return module.main(argv[1:])
     ap = argparse.ArgumentParser(prog="fastmode bench", description="fastmode's benchmarks against a running "
                                  "application (fastmode up).")
     sub = ap.add_subparsers(dest="bench", metavar="BENCHMARK")
-    sub.add_parser("quality", help="quality against speed per lane and auto, with the Pareto frontier "
-                   "(fastmode bench quality --help)")
+    for name, (_, help_) in OTHERS.items():
+        sub.add_parser(name, help=f"{help_} (fastmode bench {name} --help)")
     lanes = sub.add_parser("lanes", help="lanes under load: concurrency sweep on standard, priority and fast",
                            description=__doc__.split("\n\n")[0])
-    lanes.add_argument("--url", default="ws://127.0.0.1:8000", help="the gateway (default %(default)s)")
+    lanes.add_argument("--url", default=None, help="the gateway (default ws://127.0.0.1:8000, or "
+                       "http://127.0.0.1:8000 with --api openai)")
+    lanes.add_argument("--api", choices=list(CONNECTION), default="websocket", help="the front door: the "
+                       "persistent WebSocket with the SDK (default), or the OpenAI-compatible HTTP API "
+                       "(/v1/completions over SSE), the path vLLM's own server is measured on")
     lanes.add_argument("--api-key", default=None, help="API key (default: $FASTMODE_API_KEY)")
     lanes.add_argument("--levels", type=_ints, default=None, help="concurrency levels (default 1,4,16,32; "
                        "--quick 1,2)")
@@ -400,6 +424,9 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("tokens", "requests_per_stream"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.url is None:
+        args.url = "ws://127.0.0.1:8000" if args.api == "websocket" else "http://127.0.0.1:8000"
+    args.api_key = args.api_key or os.environ.get("FASTMODE_API_KEY")
     return lanes_main(args, argv)
 
 

@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
                       tokenizer_dir=FULL, context=512)
     scores = {m["name"]: m for m in result["models"]}
     out = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
-           "command": "python -m bench.quality " + " ".join(sys.argv[1:] if argv is None else argv),
+           "command": "fastmode bench quality " + " ".join(sys.argv[1:] if argv is None else argv),
            "samples": args.samples, "held_out_files": result["held_out_files"], "seconds": time.time() - started,
            "lanes": {}, "baseline_exact_match": result["baseline"]["exact_match"],
            "agreement_with_standard": result["agreement"]}

@@ -1,13 +1,14 @@
 """Sharding benchmark: transports, then tokens/s and per-hop cost for tp x pp, against the planner.
 
-``python -m bench.sharding [--model models/fast] [--steps 64] [--layouts 1x1,2x1,1x2,2x2]
-[--transport compiled_graph] [--json OUT]``
+``fastmode bench sharding [--model models/fast] [--steps 64] [--layouts 1x1,2x1,1x2,2x2]
+[--transport actor_calls,compiled_graph] [--quick] [--json OUT]``
 
 1. Bare transports: a 1 KiB tensor driver -> actor a -> actor b -> driver (compiled graph,
    chained actor calls, Ray Direct Transport over gloo).
-2. For each layout: one sequence decoding ``--steps`` tokens (batch 1, the fast lane's regime):
+2. For each transport and layout: one sequence decoding ``--steps`` tokens (batch 1, the fast lane's regime):
    per-user tokens/s (1 / median step), per-hop median seconds and bytes by stage pair, per-stage
-   compute, and the planner's prediction for the same layout on ``cpu-core`` chips.
+   compute, and the planner's prediction for the same layout on ``cpu-core`` chips; then the
+   planner's pick for as many chips against the fastest layout measured.
 
 Ray starts locally with ``chip`` = 4 (one per shard of the largest layout); on this 2-core
 machine layouts of more than 2 chips share cores, which the table says.
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import statistics
 import sys
 import time
@@ -25,11 +27,12 @@ from pathlib import Path
 
 import ray
 import torch
+from tqdm import tqdm
 
 from models import FAST
 from sharding.chips import load_chip
 from sharding.pipeline import ShardedModel
-from sharding.planner import predict, Footprint
+from sharding.planner import Footprint, plan, predict
 from sharding.sampling import SamplingParams
 
 
@@ -107,14 +110,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", type=Path, default=FAST)
     p.add_argument("--steps", type=int, default=64)
     p.add_argument("--layouts", default="1x1,2x1,1x2,2x2")
-    p.add_argument("--transport", default="compiled_graph", choices=["compiled_graph", "actor_calls"])
+    p.add_argument("--transport", default="actor_calls,compiled_graph", help="comma-separated: actor_calls "
+                   "(the fast lane's default), compiled_graph (default: both)")
     p.add_argument("--no-bare", action="store_true", help="skip the bare transport comparison")
+    p.add_argument("--quick", action="store_true", help="layouts 1x1,1x2, 16 steps, no bare transports")
     p.add_argument("--json", type=Path)
+    argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
     args = p.parse_args(argv)
+    if args.quick:
+        args.layouts, args.steps, args.no_bare, args.transport = "1x1,1x2", 16, True, "actor_calls"
     layouts = [tuple(int(v) for v in s.split("x")) for s in args.layouts.split(",")]
+    transports = [t.strip() for t in args.transport.split(",") if t.strip()]
+    if not transports or set(transports) - {"actor_calls", "compiled_graph"}:
+        p.error(f"--transport: choose from actor_calls, compiled_graph; got {args.transport!r}")
     chips = max(tp * pp for tp, pp in layouts)
-    ray.init(resources={"chip": chips}, num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
-    result: dict = {"model": str(args.model), "cores": os.cpu_count(), "steps": args.steps}
+    ray.init(address="local", resources={"chip": chips}, num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
+    result: dict = {"model": str(args.model), "cores": os.cpu_count(), "steps": args.steps,
+                    "transports": transports, "date": time.strftime("%Y-%m-%d %H:%M"),
+                    "command": "fastmode bench sharding " + " ".join(argv), "platform": platform.platform()}
     try:
         if not args.no_bare:
             result["bare_round_trip_ms"] = bare_transports()
@@ -124,17 +137,23 @@ def main(argv: list[str] | None = None) -> int:
         footprint = Footprint.from_config(config, "float32")
         chip = load_chip("cpu-core")
         rows = []
-        for tp, pp in layouts:
+        runs = [(t, tp, pp) for t in transports for tp, pp in layouts]
+        for transport, tp, pp in tqdm(runs, desc="sharding layouts", unit="layout", file=sys.stderr):
             time.sleep(1)  # let the previous layout's chips come back
-            row = layout_run(args.model, tp, pp, args.steps, args.transport)
+            row = layout_run(args.model, tp, pp, args.steps, transport)
             row["predicted_tokens_per_s"] = predict(footprint, chip, tp, pp).tokens_per_s
             row["measured_over_predicted"] = row["tokens_per_s"] / row["predicted_tokens_per_s"]
             rows.append(row)
             hops = "  ".join(f"{k}: {v['median_ms']:.2f} ms {v['bytes']} B" for k, v in row["hops"].items())
             shared = " (chips share cores)" if tp * pp > (os.cpu_count() or 1) else ""
-            print(f"{tp}x{pp}{shared}: {row['tokens_per_s']:.0f} tokens/s (planner {row['predicted_tokens_per_s']:.0f}), "
+            print(f"{tp}x{pp} {transport}{shared}: {row['tokens_per_s']:.0f} tokens/s (planner {row['predicted_tokens_per_s']:.0f}), "
                   f"step {row['step_ms']:.2f} ms, compute {row['compute_ms']:.2f} ms | {hops}")
         result["layouts"] = rows
+        best, _ = plan(config, chip, chips)  # the planner's pick for this many chips, against the fastest measured
+        fastest = max(rows, key=lambda r: r["tokens_per_s"])
+        result["planner_choice"] = {"chips": chips, "tp": best.tp, "pp": best.pp,
+                                    "fastest_measured": {"tp": fastest["tp"], "pp": fastest["pp"],
+                                                         "transport": fastest["transport"]}}
     finally:
         ray.shutdown()
     if args.json:

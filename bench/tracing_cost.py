@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     provider.add_span_processor(BatchSpanProcessor(JsonFileExporter(spans_file)))
     trace.set_tracer_provider(provider)
     cfg = FastLaneConfig()
-    ray.init(resources={"chip": cfg.tp * cfg.pp}, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", resources={"chip": cfg.tp * cfg.pp}, include_dashboard=False, log_to_driver=False)
     try:
         engine = ShardedLaneEngine(FAST, cfg, Tokenizer.from_file(str(FAST / "tokenizer.json")), TelemetryConfig())
         try:

@@ -99,3 +99,7 @@ def _steps(action: str, cluster: str, serve: str) -> list[tuple[list[str], bool]
         "status": [([RAY, "exec", cluster, f"ray status && serve status --address {DASHBOARD}"], False)],
         "down": [([RAY, "down", "-y", cluster], False)],
     }[action]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -43,7 +43,7 @@ def _ours(prompt: str, max_tokens: int) -> None:
     print(f"--- full ({FULL}), in process ---\n{prompt}{tok.decode(new, skip_special_tokens=True)}")
     print(f"--- {len(new)} tokens in {seconds:.2f}s ({len(new) / seconds:.0f} tokens/s)\n")
 
-    ray.init(resources={"chip": 2}, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", resources={"chip": 2}, include_dashboard=False, log_to_driver=False)
     try:
         with ShardedModel.from_pretrained(FAST, tp=1, pp=2, num_slots=1) as fast:
             new, seconds, hops = _decode(fast, ids, max_tokens)

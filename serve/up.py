@@ -91,7 +91,7 @@ def run(config: AppConfig, *, address: str | None, chips: int, verbose: bool = F
     if address:
         ray.init(address=address, include_dashboard=False, log_to_driver=verbose)
     else:
-        ray.init(resources={"chip": chips}, include_dashboard=False, log_to_driver=verbose,
+        ray.init(address="local", resources={"chip": chips}, include_dashboard=False, log_to_driver=verbose,
                  _metrics_export_port=config.http.metrics_port)
     # After ray.init, which installs its own SIGTERM handler. SIGINT is set too because a shell
     # starts background jobs with SIGINT ignored, and Python then leaves it ignored.

@@ -7,7 +7,6 @@ import json
 
 import pytest
 
-from bench.load import main
 from bench.quality import pareto
 
 
@@ -17,10 +16,8 @@ def test_pareto_frontier():
 
 
 @pytest.mark.slow
-def test_quality_quick(app, tmp_path):
-    a = app()
-    assert main(["quality", "--quick", "--url", a.ws_url.removesuffix("/v1/responses"), "--api-key", a.key,
-                 "--out", str(tmp_path)]) == 0
+def test_quality_quick(quick_run):
+    tmp_path = quick_run[0]
     result = json.loads((tmp_path / "quality.json").read_text())
     lanes = result["lanes"]
     assert set(lanes) == {"standard", "priority", "fast", "auto"}

@@ -40,7 +40,7 @@ def _pipe(params: list[tuple]):
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    ray.init(resources={"chip": CHIPS}, num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", resources={"chip": CHIPS}, num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 

@@ -1,0 +1,254 @@
+"""``docs/benchmarks.md`` from one run's results (``bench/results/*.json``, written by
+``fastmode bench all``): nothing in it is typed by hand; every figure comes from a JSON file of
+that run, and the header names the command, date, machine and commit.
+
+Usage: python -m bench.report [--results bench/results] [--out docs/benchmarks.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from bench.app import REPO
+
+
+def _load(results: Path, name: str) -> dict | None:
+    path = results / name
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _f(x: Any, fmt: str = "{:.1f}") -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    return fmt.format(x)
+
+
+def _ms(seconds: float | None) -> str:
+    return _f(seconds and seconds * 1e3, "{:.0f}")
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|",
+            *("| " + " | ".join(r) + " |" for r in rows)]
+
+
+def _image(results: Path, docs: Path, name: str, alt: str) -> list[str]:
+    path = results / name
+    return [f"![{alt}]({os.path.relpath(path, docs.parent)})", ""] if path.exists() else []
+
+
+def header(suite: dict | None) -> list[str]:
+    if suite is None:
+        return ["No `suite.json` in the results: these files were not written by one `fastmode bench all` run.", ""]
+    m, c = suite["machine"], suite["commit"]
+    mem = f"{m['memory_bytes'] / 2**30:.0f} GiB" if m.get("memory_bytes") else "?"
+    lines = [f"Generated from one run of `{suite['command']}` on {suite['date']} "
+             f"({suite['elapsed_s'] / 60:.1f} min), commit `{(c.get('sha') or '?')[:12]}`"
+             f"{' (with uncommitted changes)' if c.get('dirty') else ''}.", "",
+             f"Machine: {m.get('cpu') or '?'}, {m['cpu_count']} cores, {mem} memory, no GPU "
+             f"({m['platform']}, Python {m['python']}).", ""]
+    if suite.get("quick"):
+        lines += ["**Quick run** (`--quick`): tiny settings, to check the benchmarks work; the figures "
+                  "say nothing about speed.", ""]
+    rows = [[name, f"`{s['command']}`", f"{s['seconds']:.0f}", "ok" if s["exit_code"] == 0 else
+             f"**failed ({s['exit_code']})**"] for name, s in suite["stages"].items()]
+    app = suite.get("app") or {}
+    if app.get("started_here"):
+        lines += [f"The application: `fastmode up` with the embedded default config, started by the run "
+                  f"(ready in {app['start_s']:.0f} s), alone on the machine; stages ran one after another.", ""]
+    return lines + _table(["stage", "command", "seconds", "result"], rows) + [""]
+
+
+def lanes_section(doc: dict | None, results: Path, docs: Path) -> list[str]:
+    out = ["## 1. Lanes under load", ""]
+    if doc is None:
+        return out + ["Not run.", ""]
+    s = doc["settings"]
+    out += [f"Closed loop over {s['connection']}: each of N streams sends `{s['max_output_tokens']}`-token "
+            f"greedy requests (`ignore_eos`) back to back, {s['requests_per_stream']} each; priority "
+            "rejections wait `retry_after` and retry (never spilled). Chips per lane: "
+            + ", ".join(f"{k} {v}" for k, v in doc["assumptions"]["chips"].items()) + " (" +
+            doc["assumptions"]["chips_rule"].split(". Read")[0] + ").", ""]
+    rows = []
+    for lane, levels in doc["lanes"].items():
+        for r in levels:
+            u, t = r["per_user_decode_tokens_per_s"], r["ttft_s"]
+            rows.append([lane, str(r["concurrency"]), str(r["completed"]),
+                         _f(r["rejection_rate"] and 100 * r["rejection_rate"], "{:.0f}%") if r["rejection_rate"]
+                         is not None else "-", _f(u["p50"]), _f(u["p10"]), _ms(t["p50"]), _ms(t["p99"]),
+                         _f(r["aggregate_tokens_per_s"], "{:.0f}"), _f(r["chip_seconds_per_1k_output_tokens"], "{:.2f}"),
+                         _f(r["cost_units_per_1k_output_tokens"], "{:.2f}")])
+    out += _table(["lane", "streams", "done", "rejected", "per-user tok/s p50", "p10", "TTFT p50 ms", "p99 ms",
+                   "aggregate tok/s", "chip-s per 1k tok", "price units per 1k tok"], rows) + [""]
+    h = doc["headline"]
+    if "standard_saturating_concurrency" in h:
+        seeds = h["seeds"]
+        out += [f"Against standard at its saturating load ({h['standard_saturating_concurrency']} streams, "
+                f"{_f(h['standard_at_saturation']['per_user_decode_tokens_per_s_p50'])} tok/s per user):", ""]
+        out += _table(["ratio", "measured", "the seeds' figure"], [
+            ["priority per-user speed", _f(h.get("priority_per_user_speed_ratio"), "{:.2f}x"),
+             f"{seeds['priority_per_user_speed']:g}x (Anthropic)"],
+            ["priority cost (chip-seconds per 1k tokens)", _f(h.get("priority_cost_ratio"), "{:.2f}x"),
+             f"{seeds['priority_cost']:g}x price (Anthropic)"],
+            ["priority price (the server's cost units)", _f(h.get("priority_price_ratio"), "{:.2f}x"), "6x"],
+            ["fast per-user speed", _f(h.get("fast_per_user_speed_ratio"), "{:.2f}x"),
+             f"{seeds['fast_per_user_speed']:g}x (OpenAI Codex-Spark)"],
+            ["fast per-user speed at standard's saturating load",
+             _f(h.get("fast_per_user_speed_ratio_at_equal_load"), "{:.2f}x"), "-"],
+            ["fast cost (chip-seconds per 1k tokens)", _f(h.get("fast_cost_ratio"), "{:.2f}x"), "-"]]) + [""]
+    return out + _image(results, docs, "lanes_load.png", "lanes under load") + [
+        "On this machine every lane's chips are the same 2 CPU cores, so the fast lane's small model cannot "
+        "show the speed of a model resident in fast memory on its own chips; on GPUs each lane has its own.", ""]
+
+
+def quality_section(doc: dict | None, results: Path, docs: Path) -> list[str]:
+    out = ["## 2. Quality against speed", ""]
+    if doc is None:
+        return out + ["Not run.", ""]
+    out += [f"{doc['samples']} held-out next-line questions through each lane (WebSocket, greedy, stop at the "
+            f"line end, 2 streams at a time); bits per byte on {doc['held_out_files']} held-out files under the "
+            "weights each lane serves (auto: the model its router picks per text).", ""]
+    rows = [[n, f"{v['exact_match']:.1%} ({v['exact_match_count']})", _f(v["bits_per_byte"], "{:.3f}"),
+             _f(v["per_user_tokens_per_s_p50"], "{:.0f}"), _ms(v["mean_latency_s"]),
+             ", ".join(f"{k} {x:.0%}" for k, x in v["served_by"].items())] for n, v in doc["lanes"].items()]
+    out += _table(["lane", "exact match", "bits/byte", "per-user tok/s p50", "mean latency ms", "served by"], rows)
+    out += ["", f"Pareto frontier (speed, exact match): {', '.join(doc['pareto_frontier'])}. The fast lane keeps "
+            f"**{_f(doc['fast_quality_retention'] and 100 * doc['fast_quality_retention'], '{:.0f}%')}** of "
+            f"standard's exact match. Agreement with standard's answers: "
+            + ", ".join(f"{k} {v:.0%}" for k, v in doc["agreement_with_standard"].items()) + ".", ""]
+    if doc.get("note"):
+        out += [f"Note: {doc['note']}", ""]
+    return out + _image(results, docs, "quality.png", "quality against speed")
+
+
+def gateway_section(doc: dict | None) -> list[str]:
+    out = ["## 3. Gateway", ""]
+    if doc is None:
+        return out + ["Not run.", ""]
+    s, eng = doc["served"], doc["in_process"]
+    ref = {"fast": eng["sharded_fast"], "standard": eng["vllm_full"]}
+    rows = [[lane, _f(ref[lane], "{:.0f}"), _f(s["decode_tokens_per_s"][lane], "{:.0f}"),
+             _f(doc["overhead_ms_per_token"][lane], "{:+.2f}")] for lane in doc["overhead_ms_per_token"]]
+    out += [f"Single stream, {doc['tokens']} tokens (median of 3):", ""]
+    out += _table(["lane", "engine in process tok/s", "over the WebSocket tok/s", "added ms per token"], rows) + [""]
+    if doc.get("throughput_ceiling"):
+        c = doc["throughput_ceiling"]
+        out += [f"Throughput ceiling: the standard lane with {c['concurrency']} streams at once gives "
+                f"{c['websocket_aggregate_tokens_per_s']:.0f} tok/s over WebSockets against "
+                f"{c['in_process_aggregate_tokens_per_s']:.0f} tok/s from vLLM in process ({c['ratio']:.2f}x).", ""]
+    trios = [("loopback", "-", s["ttft_ms"], doc["loopback_physical_limit_ms"])]
+    trios += [(f"{n['rtt_ms']:g} ms round trip", n["method"], n["ttft_ms"], n["physical_limit_ms"])
+              for n in doc.get("emulated_network", [])]
+    rows = [[net, _f(t["warm_websocket"]["p50"]), _f(t["fresh_websocket"]["p50"]), _f(t["fresh_http_sse"]["p50"]),
+             _f(limit), _f(t.get("health_round_trip", {}).get("p50")), how] for net, how, t, limit in trios]
+    out += [f"Time to first token on the fast lane, p50 of {doc['trials']} (ms); the physical limit is one round "
+            "trip plus the engine's own time to first token in process:", ""]
+    out += _table(["network", "warm WebSocket", "fresh WebSocket", "fresh HTTP/SSE", "physical limit",
+                   "GET /health, warm", "emulated by"],
+                  rows) + [""]
+    if doc.get("emulated_network_skipped"):
+        out += [f"Emulated network: {doc['emulated_network_skipped']}.", ""]
+    return out
+
+
+def sharding_section(doc: dict | None) -> list[str]:
+    out = ["## 4. Sharding", ""]
+    if doc is None:
+        return out + ["Not run.", ""]
+    out += ["The fast model on our executor, one sequence, "
+            f"{doc['steps']} decode steps, Ray with one `chip` per shard on {doc['cores']} cores (layouts of more "
+            "chips than cores share them):", ""]
+    rows = []
+    for r in doc["layouts"]:
+        hops = "; ".join(f"{k}: {v['median_ms']:.2f} ms, {v['bytes']} B" for k, v in r["hops"].items()) or "-"
+        rows.append([f"{r['tp']}x{r['pp']}", r["transport"], _f(r["tokens_per_s"], "{:.0f}"), _f(r["step_ms"], "{:.2f}"),
+                     _f(r["compute_ms"], "{:.2f}"), hops, _f(r["predicted_tokens_per_s"], "{:.0f}"),
+                     _f(r["measured_over_predicted"], "{:.2f}")])
+    out += _table(["tp x pp", "transport", "tok/s", "step ms", "compute ms", "hops (median, payload)", "planner tok/s",
+                   "measured / planner"], rows) + [""]
+    if doc.get("bare_round_trip_ms"):
+        out += ["Bare transports, driver -> a -> b -> driver: " + ", ".join(
+            f"{k} {v:.2f} ms" for k, v in doc["bare_round_trip_ms"].items()) + ".", ""]
+    if doc.get("planner_choice"):
+        p = doc["planner_choice"]
+        out += [f"The planner's pick for {p['chips']} `cpu-core` chips: {p['tp']}x{p['pp']}; the fastest measured: "
+                f"{p['fastest_measured']['tp']}x{p['fastest_measured']['pp']} "
+                f"({p['fastest_measured']['transport']}). The `cpu-core` chip model assumes "
+                "a core's peak, which a 3M-parameter model's small matrices on one thread do not reach.", ""]
+    return out
+
+
+def baseline_section(vllm: dict | None, ours: dict | None) -> list[str]:
+    out = ["## 5. What users would pick instead: vLLM's own OpenAI server", ""]
+    if vllm is None or ours is None:
+        return out + ["Not run (needs both `fastmode bench vllm` and `fastmode bench lanes --api openai`).", ""]
+    out += ["The same load generator through the same OpenAI API (`/v1/completions` over SSE, one pooled "
+            "keep-alive HTTP client), same requests: vLLM's server alone on the machine, then fastmode's lanes. "
+            "vLLM runs with its default batch cap and the same KV-cache size as fastmode's lanes:", ""]
+    for name, cmd in vllm["settings"]["server_commands"].items():
+        out += [f"- `{cmd.split('python', 1)[-1].strip()}`".replace("/work/main/", "").replace(str(REPO) + "/", "")]
+    out += [""]
+    pairs = [("vllm-full", "standard"), ("vllm-full", "priority"), ("vllm-fast", "fast")]
+    rows = []
+    for theirs, mine in pairs:
+        a, b = vllm["lanes"].get(theirs), ours["lanes"].get(mine)
+        if not a or not b:
+            continue
+        for ra in a:
+            rb = next((r for r in b if r["concurrency"] == ra["concurrency"]), None)
+            if rb is None:
+                continue
+            ua, ub = ra["per_user_e2e_tokens_per_s"]["p50"], rb["per_user_e2e_tokens_per_s"]["p50"]
+            aa, ab = ra["aggregate_tokens_per_s"], rb["aggregate_tokens_per_s"]
+            rows.append([f"{mine} vs {theirs}", str(ra["concurrency"]), _f(ub), _f(ua),
+                         _f(ub / ua if ua and ub else None, "{:.2f}x"), _f(ab, "{:.0f}"), _f(aa, "{:.0f}"),
+                         _f(ab / aa if aa and ab else None, "{:.2f}x"), _ms(rb["ttft_s"]["p50"]),
+                         _ms(ra["ttft_s"]["p50"]), _f(rb["rejection_rate"] and 100 * rb["rejection_rate"], "{:.0f}%")])
+    out += ["Per-user speed here is end to end (output tokens / (last token - request sent)): the two servers "
+            "chunk their streams differently, and per-chunk decode timing would favour the one that sends "
+            "tokens in bursts.", ""]
+    out += _table(["fastmode lane vs vLLM serve", "streams", "fastmode per-user tok/s", "vLLM per-user tok/s",
+                   "ratio", "fastmode aggregate tok/s", "vLLM aggregate tok/s", "ratio", "fastmode TTFT p50 ms",
+                   "vLLM TTFT p50 ms", "fastmode rejected"], rows) + [""]
+    out += ["vLLM's server runs one engine with nothing beside it; fastmode serves three lanes (two vLLM engines and "
+            "the fast pipeline) on the same cores, with its router and gateway in front. The priority lane caps "
+            "its batch on purpose and rejects the rest (the last column).", ""]
+    return out
+
+
+def write_report(results: Path, docs: Path) -> str:
+    results, docs = Path(results), Path(docs)
+    suite = _load(results, "suite.json")
+    lines = ["# Benchmarks", "", "<!-- generated by bench/report.py from the JSON in "
+             f"{os.path.relpath(results, REPO)}/; do not edit by hand: run `make bench` -->", ""]
+    lines += header(suite)
+    lines += ["Figures are ratios within this one run: this machine's absolute speed drifts by up to 2x over a "
+              "day. Each JSON file in the results directory has every raw figure and its settings.", ""]
+    lines += lanes_section(_load(results, "lanes_load.json"), results, docs)
+    lines += quality_section(_load(results, "quality.json"), results, docs)
+    lines += gateway_section(_load(results, "gateway.json"))
+    lines += sharding_section(_load(results, "sharding.json"))
+    lines += baseline_section(_load(results, "vllm_serve.json"), _load(results, "lanes_load_openai.json"))
+    text = "\n".join(lines).rstrip() + "\n"
+    docs.parent.mkdir(parents=True, exist_ok=True)
+    docs.write_text(text)
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--results", type=Path, default=REPO / "bench/results")
+    ap.add_argument("--out", type=Path, default=REPO / "docs/benchmarks.md")
+    args = ap.parse_args(argv)
+    write_report(args.results, args.out)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

