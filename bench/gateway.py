@@ -143,22 +143,28 @@ async def decode(url: str, key: str | None, tokens: int, concurrency: int) -> di
     return out
 
 
+def client_trio(url: str, key: str | None, trials: int, prefix: list[str] = ()) -> dict:
+    """The TTFT trio measured by this module run with ``--ttft-only`` in a fresh process (behind
+    ``prefix``: inside the client namespace), so loopback and emulated figures come from the same
+    client in the same conditions."""
+    cmd = [*prefix, sys.executable, "-m", "bench.gateway", "--ttft-only", "--trials", str(trials), "--url", url]
+    env = dict(os.environ, FASTMODE_API_KEY=key or "")
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
+    if r.returncode != 0:
+        raise RuntimeError(f"the time-to-first-token client failed ({r.returncode}): {r.stderr[-2000:]}")
+    return json.loads(r.stdout)
+
+
 def emulated(url: str, key: str | None, trials: int, rtt_ms: float) -> dict:
-    """The TTFT trio across an emulated network (``bench.netem``), measured by this module run
-    with ``--ttft-only`` inside the client namespace."""
+    """The TTFT trio across an emulated network (``bench.netem``), the client in its namespace."""
     from urllib.parse import urlparse
 
     from bench.netem import emulated_network
 
     port = urlparse(url).port or 80
     with emulated_network(port, rtt_ms) as net:
-        cmd = [*net.client_prefix, sys.executable, "-m", "bench.gateway", "--ttft-only", "--trials", str(trials),
-               "--url", f"http://{net.host}:{net.port}"]
-        env = dict(os.environ, FASTMODE_API_KEY=key or "")
-        r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
-        if r.returncode != 0:
-            raise RuntimeError(f"client in the namespace failed ({r.returncode}): {r.stderr[-2000:]}")
-        return {"rtt_ms": rtt_ms, "method": net.method, "ttft_ms": json.loads(r.stdout)}
+        trio = client_trio(f"http://{net.host}:{net.port}", key, trials, net.client_prefix)
+        return {"rtt_ms": rtt_ms, "method": net.method, "ttft_ms": trio}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -189,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     served = asyncio.run(decode(args.url, args.api_key, args.tokens, args.concurrency))
     bar.update()
     bar.set_description(steps[1])
-    served["ttft_ms"] = asyncio.run(ttft(args.url, args.api_key, args.trials))
+    served["ttft_ms"] = client_trio(args.url, args.api_key, args.trials)
     bar.update()
     networks, skipped = [], None
     for rtt, step in zip(rtts, steps[2:], strict=False):

@@ -114,7 +114,7 @@ async def run_level(send: Callable[[int], Awaitable[dict]], lane: str, concurren
                 failures += 1
                 if failures >= 3:  # a lane that keeps failing: give up on this worker, keep the record
                     return
-                await asyncio.sleep(0.5)
+                await asyncio.sleep(0 if e.code == "transport_error" else 0.5)
 
     start = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))

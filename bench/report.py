@@ -85,6 +85,10 @@ def lanes_section(doc: dict | None, results: Path, docs: Path) -> list[str]:
                          _f(r["cost_units_per_1k_output_tokens"], "{:.2f}")])
     out += _table(["lane", "streams", "done", "rejected", "per-user tok/s p50", "p10", "TTFT p50 ms", "p99 ms",
                    "aggregate tok/s", "chip-s per 1k tok", "price units per 1k tok"], rows) + [""]
+    failed = [f"{lane} at {r['concurrency']} streams: {r['errors']}" for lane, levels in doc["lanes"].items()
+              for r in levels if r["errors"]]
+    if failed:
+        out += ["Failed attempts, sent again (not in the figures): " + "; ".join(failed) + ".", ""]
     h = doc["headline"]
     if "standard_saturating_concurrency" in h:
         seeds = h["seeds"]
@@ -215,6 +219,10 @@ def baseline_section(vllm: dict | None, ours: dict | None) -> list[str]:
     out += _table(["fastmode lane vs vLLM serve", "streams", "fastmode per-user tok/s", "vLLM per-user tok/s",
                    "ratio", "fastmode aggregate tok/s", "vLLM aggregate tok/s", "ratio", "fastmode TTFT p50 ms",
                    "vLLM TTFT p50 ms", "fastmode rejected"], rows) + [""]
+    failed = [f"{name} at {r['concurrency']} streams: {r['errors']}" for doc in (vllm, ours)
+              for name, rows in doc["lanes"].items() for r in rows if r["errors"]]
+    if failed:
+        out += ["Failed attempts, sent again (counted, not in the figures): " + "; ".join(failed) + ".", ""]
     out += ["vLLM's server runs one engine with nothing beside it; fastmode serves three lanes (two vLLM engines and "
             "the fast pipeline) on the same cores, with its router and gateway in front. The priority lane caps "
             "its batch on purpose and rejects the rest (the last column).", ""]

@@ -65,7 +65,22 @@ def _http_error(status: int, body: bytes, headers) -> Exception:
 
 async def openai_request(http, model: str, tier: str | None, tokens: int) -> dict[str, Any]:
     """One greedy ``ignore_eos`` streamed completion on ``http`` (an ``httpx.AsyncClient`` whose
-    base URL is the server). ``ignore_eos`` is vLLM's extension, which fastmode honours too."""
+    base URL is the server). ``ignore_eos`` is vLLM's extension, which fastmode honours too.
+
+    A transport failure (typically a pooled keep-alive connection the server closed just as it was
+    reused, which OpenAI's own client retries) raises ``FastmodeError("transport_error")``: the
+    load generator counts it and sends the request again."""
+    import httpx
+
+    from clients.sdk.errors import FastmodeError
+
+    try:
+        return await _openai_request(http, model, tier, tokens)
+    except httpx.TransportError as e:
+        raise FastmodeError("transport_error", f"{type(e).__name__}: {e}") from e
+
+
+async def _openai_request(http, model: str, tier: str | None, tokens: int) -> dict[str, Any]:
     from clients.sdk.errors import FastmodeError
 
     body: dict[str, Any] = {"model": model, "prompt": PROMPT, "max_tokens": tokens, "temperature": 0,
