@@ -47,7 +47,7 @@ def header(suite: dict | None) -> list[str]:
         return ["No `suite.json` in the results: these files were not written by one `fastmode bench all` run.", ""]
     m, c = suite["machine"], suite["commit"]
     mem = f"{m['memory_bytes'] / 2**30:.0f} GiB" if m.get("memory_bytes") else "?"
-    lines = [f"Generated from one run of `{suite['command']}` on {suite['date']} "
+    lines = [f"Generated from one run of `{suite['command'].strip()}` (`make bench`) on {suite['date']} "
              f"({suite['elapsed_s'] / 60:.1f} min), commit `{(c.get('sha') or '?')[:12]}`"
              f"{' (with uncommitted changes)' if c.get('dirty') else ''}.", "",
              f"Machine: {m.get('cpu') or '?'}, {m['cpu_count']} cores, {mem} memory, no GPU "
@@ -144,7 +144,10 @@ def gateway_section(doc: dict | None) -> list[str]:
         c = doc["throughput_ceiling"]
         out += [f"Throughput ceiling: the standard lane with {c['concurrency']} streams at once gives "
                 f"{c['websocket_aggregate_tokens_per_s']:.0f} tok/s over WebSockets against "
-                f"{c['in_process_aggregate_tokens_per_s']:.0f} tok/s from vLLM in process ({c['ratio']:.2f}x).", ""]
+                f"{c['in_process_aggregate_tokens_per_s']:.0f} tok/s from vLLM in process ({c['ratio']:.2f}x). On this "
+                "machine the serving processes (HTTP proxy, router, lane replicas, the other lanes' engines) share "
+                "the 2 cores with the engine, so this ratio is what the serving path costs where CPU is the "
+                "bottleneck; section 5 shows the same gap against vLLM's own server.", ""]
     trios = [("loopback", "-", s["ttft_ms"], doc["loopback_physical_limit_ms"])]
     trios += [(f"{n['rtt_ms']:g} ms round trip", n["method"], n["ttft_ms"], n["physical_limit_ms"])
               for n in doc.get("emulated_network", [])]

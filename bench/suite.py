@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     stages = [s for s in (args.only or STAGES) if s not in args.skip]
     started, t0 = datetime.now(timezone.utc), time.perf_counter()
-    record = {"command": "fastmode bench all " + shlex.join(argv), "date": started.strftime("%Y-%m-%d %H:%M UTC"),
+    record = {"command": shlex.join(["fastmode", "bench", "all", *argv]), "date": started.strftime("%Y-%m-%d %H:%M UTC"),
               "machine": machine(), "commit": commit(), "quick": args.quick, "stages": {}}
     env = dict(os.environ)
 
