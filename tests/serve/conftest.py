@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -19,23 +17,12 @@ from pathlib import Path
 import httpx
 import pytest
 
+from bench.app import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 400
 API_KEY = "sk-fastmode-test"
 """The shared app requires this key (FASTMODE_API_KEYS), so authentication is on in every test."""
-
-
-def free_port() -> int:
-    """A free port below the kernel's ephemeral range, where Ray's own processes (which bind
-    ephemeral ports while the app starts) cannot take it first."""
-    while True:
-        port = random.randrange(20000, 30000)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
 
 
 class App:
