@@ -86,8 +86,11 @@ def run_logged(script: str, workdir: Path, env: dict[str, str]) -> list[tuple[st
 
 def make_recipe(extras: str) -> str:
     """The Makefile's install commands for ``extras`` (``make -n``), less its own bookkeeping."""
-    out = subprocess.run(["make", "-n", "-B", "install", f"EXTRAS={extras}", "PYTHON=python", "VENV=.venv"],
-                         cwd=REPO, check=False, capture_output=True, text=True, timeout=60)
+    # Run as a top-level make even under `make test`: an inherited MAKELEVEL/MAKEFLAGS would add
+    # "make[1]: Entering directory" lines and the parent's flags.
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKEOVERRIDES")}
+    out = subprocess.run(["make", "--no-print-directory", "-n", "-B", "install", f"EXTRAS={extras}", "PYTHON=python",
+                          "VENV=.venv"], cwd=REPO, env=env, check=False, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     lines = [line for line in out.stdout.splitlines()
              if line.strip() and not line.startswith("#") and not line.startswith(("rm ", "touch "))]
