@@ -59,8 +59,10 @@ def header(suite: dict | None) -> list[str]:
              f"**failed ({s['exit_code']})**"] for name, s in suite["stages"].items()]
     app = suite.get("app") or {}
     if app.get("started_here"):
+        alone = ("it started while the stages without an app ran (quick runs only)" if suite.get("quick")
+                 else "alone on the machine; stages ran one after another")
         lines += [f"The application: `fastmode up` with the embedded default config, started by the run "
-                  f"(ready in {app['start_s']:.0f} s), alone on the machine; stages ran one after another.", ""]
+                  f"(ready in {app['start_s']:.0f} s), {alone}.", ""]
     return lines + _table(["stage", "command", "seconds", "result"], rows) + [""]
 
 

@@ -114,11 +114,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--levels", type=_ints, default=None, help="concurrency levels (default 1,4,16,32)")
     ap.add_argument("--tokens", type=int, default=None, help="max_tokens per request (default 128)")
     ap.add_argument("--requests-per-stream", type=int, default=None, help="per worker (default 3)")
-    ap.add_argument("--models", default="full,fast", help="checkpoints to serve, in order (default %(default)s)")
-    ap.add_argument("--quick", action="store_true", help="levels 1,2, 16 tokens, 1 request per stream")
+    ap.add_argument("--models", default=None, help="checkpoints to serve, in order (default full,fast; "
+                    "--quick: fast)")
+    ap.add_argument("--quick", action="store_true", help="the fast checkpoint only, levels 1,2, 16 tokens, "
+                    "1 request per stream")
     ap.add_argument("--out", default="bench/results")
     args = ap.parse_args(argv)
-    names = [m.strip() for m in args.models.split(",") if m.strip()]
+    models = args.models or ("fast" if args.quick else "full,fast")
+    names = [m.strip() for m in models.split(",") if m.strip()]
     if not names or any(m not in CHECKPOINTS for m in names):
         ap.error(f"--models: choose from {list(CHECKPOINTS)}")
     q = QUICK if args.quick else {"levels": [1, 4, 16, 32], "tokens": 128, "requests_per_stream": 3}
