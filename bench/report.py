@@ -55,6 +55,12 @@ def header(suite: dict | None) -> list[str]:
     if suite.get("quick"):
         lines += ["**Quick run** (`--quick`): tiny settings, to check the benchmarks work; the figures "
                   "say nothing about speed.", ""]
+    if suite.get("niceness"):
+        n = suite["niceness"]
+        lines += [f"Every stage but sharding ran at niceness {n['measuring_stages']}, the niceness Ray gives its "
+                  f"workers ({n['ray_workers']}: Serve's proxy, the replicas, their vLLM engines), so the load "
+                  "generator on the same machine competes with the server it measures on equal terms; vLLM's "
+                  "own server, started by its stage, ran at the same niceness.", ""]
     rows = [[name, f"`{s['command']}`", f"{s['seconds']:.0f}", "ok" if s["exit_code"] == 0 else
              f"**failed ({s['exit_code']})**"] for name, s in suite["stages"].items()]
     app = suite.get("app") or {}

@@ -38,6 +38,12 @@ from pathlib import Path
 from bench.app import REPO, running_app
 
 NO_APP = ("sharding", "vllm")
+NICE = int(os.environ.get("RAY_worker_niceness", "15"))
+"""Ray runs its workers (Serve's proxy, every replica and the vLLM engines they start) at this
+niceness (Ray's ``worker_niceness``, 15 by default). The stages that measure a server run at the
+same niceness, so the load generator on this same machine does not take the CPU from the server
+it measures; vLLM's own server, started by its stage, inherits it. Sharding keeps Ray's default
+relation (driver 0, workers 15)."""
 WITH_APP = ("lanes", "lanes-openai", "quality", "gateway")
 STAGES = NO_APP + WITH_APP
 
@@ -104,7 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     stages = [s for s in (args.only or STAGES) if s not in args.skip]
     started, t0 = datetime.now(timezone.utc), time.perf_counter()
     record = {"command": shlex.join(["fastmode", "bench", "all", *argv]), "date": started.strftime("%Y-%m-%d %H:%M UTC"),
-              "machine": machine(), "commit": commit(), "quick": args.quick, "stages": {}}
+              "machine": machine(), "commit": commit(), "quick": args.quick, "stages": {},
+              "niceness": {"measuring_stages": NICE, "ray_workers": NICE,
+                           "why": "the load generator runs on the same machine as the server it measures"}}
     env = dict(os.environ)
 
     def run(name: str, url: str | None) -> None:
@@ -113,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
         shown = shlex.join(["fastmode", "bench", *sub, *cmd[3:]]).replace(str(REPO) + "/", "")
         print(f"\n== [{len(record['stages']) + 1}/{len(stages)}] {name}: {shown}", flush=True)
         t = time.perf_counter()
-        rc = subprocess.run(cmd, cwd=REPO, env=env).returncode
+        nice = (lambda: os.nice(NICE)) if name != "sharding" else None
+        rc = subprocess.run(cmd, cwd=REPO, env=env, preexec_fn=nice).returncode
         record["stages"][name] = {"command": shown, "seconds": time.perf_counter() - t, "exit_code": rc}
         print(f"== {name}: {'ok' if rc == 0 else f'FAILED (exit {rc})'} in {time.perf_counter() - t:.0f} s",
               flush=True)
