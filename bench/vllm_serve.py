@@ -22,7 +22,6 @@ import json
 import os
 import platform
 import shlex
-import socket
 import subprocess
 import sys
 import time
@@ -32,6 +31,7 @@ from typing import Iterator
 
 import httpx
 
+from bench.app import free_port
 from bench.load import QUICK, _ints, headline, summary, sweep_targets
 from bench.targets import PROMPT, openai_request
 from models import FAST, FULL
@@ -53,16 +53,10 @@ def server_command(path: Path, model_id: str, port: int) -> list[str]:
             "--disable-uvicorn-access-log"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def vllm_server(path: Path, model_id: str, log: Path, timeout_s: float = 300) -> Iterator[str]:
     """Run vLLM's OpenAI server on ``path``; yield its base URL; stop it (SIGINT, then kill)."""
-    port = _free_port()
+    port = free_port()
     cmd = server_command(path, model_id, port)
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)

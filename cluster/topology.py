@@ -57,7 +57,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from serve.auth import LOOPBACK
 from serve.config import AppConfig
-from serve.errors import ConfigError, describe_validation
+from serve.errors import ConfigError, describe_validation, validate_mapping
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 """This fastmode checkout; what ``install.source: copy`` puts on the nodes."""
@@ -241,12 +241,7 @@ def load_topology(source: str | Path | dict) -> Topology:
         path = Path(source)
         origin, base = str(path), path.resolve().parent
         data = _read_yaml(path, "topology")
-    if not isinstance(data, dict):
-        raise TopologyError(f"{origin}: the top level must be a mapping, got {type(data).__name__}")
-    try:
-        topology = Topology.model_validate(data)
-    except ValidationError as e:
-        raise TopologyError(f"{origin}: " + describe_validation(e.errors(), "(top level)")) from None
+    topology = validate_mapping(Topology, data, origin, TopologyError)
     try:
         if topology.api_keys_file:
             keys = Path(topology.api_keys_file).expanduser()

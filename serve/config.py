@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from models import FAST, FULL
 
-from .errors import ConfigError, describe_validation
+from .errors import ConfigError, validate_mapping
 
 
 class _Strict(BaseModel):
@@ -221,12 +221,7 @@ def load_config(source: str | Path | dict | AppConfig | None = None) -> AppConfi
             raise ConfigError(f"{path}: cannot read the config: {e.strerror or e}") from None
         except yaml.YAMLError as e:
             raise ConfigError(f"{path}: not valid YAML: {e}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{origin}: the top level must be a mapping, got {type(data).__name__}")
-    try:
-        config = AppConfig.model_validate(data)
-    except ValidationError as e:
-        raise ConfigError(f"{origin}: " + describe_validation(e.errors(), "(top level)")) from None
+    config = validate_mapping(AppConfig, data, origin, ConfigError)
     models = {}
     for key in ("full", "fast"):
         spec = getattr(config.models, key)

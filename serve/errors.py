@@ -127,3 +127,16 @@ def to_event(exc: BaseException, request_id: str | None = None) -> dict[str, Any
     if retry is not None:
         event["retry_after"] = retry
     return event
+
+
+def validate_mapping(model: type, data: object, origin: str, error: type[Exception]):
+    """``model.model_validate(data)`` for a file's top level, raising ``error`` (the caller's typed
+    error) prefixed with ``origin`` when ``data`` is not a mapping or a field is invalid."""
+    from pydantic import ValidationError
+
+    if not isinstance(data, dict):
+        raise error(f"{origin}: the top level must be a mapping, got {type(data).__name__}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise error(f"{origin}: " + describe_validation(e.errors(), "(top level)")) from None
