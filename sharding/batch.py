@@ -1,9 +1,10 @@
 """What crosses the scheduler/executor boundary: one step's batch in, its sampled tokens out.
 
-The scheduler (``sharding.scheduler``) builds a ``StepBatch`` per engine step; an executor
-(``LocalExecutor`` in process, ``PipelineExecutor`` across chip actors) runs it and answers a
-``StepResult``. Both are plain dataclasses of tensors and lists, so they pickle cheaply into a Ray
-compiled graph's channels, and carry nothing per request that is not needed this step.
+The scheduler (``sharding.scheduler``) builds a ``StepBatch`` per engine step; a ``StageRunner``
+runs it (``LocalExecutor`` in process, or the chips of a ring) and the sampled tokens come back as
+a ``StepResult``. Both are plain dataclasses of tensors and lists, so they cross the
+ring of chips (``sharding.ring``) as a few raw tensors, and carry nothing per request that is not
+needed this step: a request's sampling parameters travel once, in the step that admits it.
 """
 
 from __future__ import annotations
@@ -15,12 +16,6 @@ import torch
 
 from .config import ModelConfig
 from .sampling import SamplingParams
-
-DRIVER = "driver"
-"""The chip id of the process that drives the engine (source of a step, sink of its tokens)."""
-DRIVER_STAGE = -1
-"""The stage index of the driver in ``Hop`` records."""
-
 
 @dataclass
 class Rows:
@@ -39,8 +34,6 @@ class Rows:
     """``[B]`` long, each row's KV-cache slot."""
     last: torch.Tensor
     """``[B]`` long, index of each row's last real token."""
-    params: list[SamplingParams]
-    """Each row's sampling parameters."""
     context: int
     """The longest row's length once these tokens are in: ``max(positions) + 1``. Attention
     reads no cache position at or beyond it."""
@@ -52,7 +45,7 @@ class Rows:
 
     def without_tokens(self) -> Rows:
         """These rows as later stages need them (the token ids stay with the first stage)."""
-        return Rows(None, self.positions, self.slots, self.last, self.params, self.context)
+        return Rows(None, self.positions, self.slots, self.last, self.context)
 
 
 @dataclass
@@ -63,15 +56,11 @@ class StepBatch:
     """Requests admitted this step, whole prompts."""
     decode: Rows | None = None
     """Requests already running, one token each."""
-    seeds: dict[int, int | None] = field(default_factory=dict)
-    """Slot -> seed of each newly admitted *sampled* request: its generator is (re)made before
-    sampling (``None``: a fresh random seed). Greedy requests need no generator."""
+    admit: dict[int, SamplingParams] = field(default_factory=dict)
+    """Slot -> sampling parameters of each request admitted this step: the sampler keeps them (and
+    makes a sampled request's generator) until the slot is freed."""
     freed: list[int] = field(default_factory=list)
-    """Slots given up since the last step; the executor drops their generators."""
-    return_logits: bool = False
-    """Debug: also return the logits of every position (``StepResult.logits``)."""
-    sent_at: int = 0
-    """``time.time_ns()`` when the driver sent the batch (for the driver -> first stage hop)."""
+    """Slots given up since the last step; the sampler forgets their parameters."""
 
     def parts(self) -> list[Rows]:
         """The non-empty row groups in execution order: prefill, then decode."""
@@ -80,7 +69,7 @@ class StepBatch:
 
 @dataclass(frozen=True)
 class Hop:
-    """One transfer of a step's payload from one chip to another (or to/from the driver).
+    """One transfer of a step's payload from one chip to another.
 
     ``seconds`` is the receiver's wall clock on entry minus the sender's ``sent_at``
     (``time.time_ns``): exact on one node, as good as NTP across nodes. It covers serialisation,
@@ -90,13 +79,13 @@ class Hop:
     src_chip: str
     dst_chip: str
     src_stage: int
-    """Sender's pipeline stage (``DRIVER_STAGE`` for the driver)."""
+    """Sender's pipeline stage."""
     dst_stage: int
     bytes: int
-    """Bytes of the payload's tensors (hidden states between stages, token ids from the driver)."""
+    """Bytes of the payload's tensors (hidden states between stages, token ids back to the head)."""
     seconds: float
     transport: str
-    """``"compiled_graph"`` or ``"actor_calls"`` (``"local"`` for the in-process executor)."""
+    """``"tcp"`` (``sharding.transport``)."""
     received_at: int = 0
     """``time.time_ns()`` when the receiver got it (so the hop spans ``[received_at - seconds, received_at]``)."""
 
@@ -110,13 +99,9 @@ class StepResult:
     decode: list[int] = field(default_factory=list)
     """Sampled token per decode row."""
     hops: list[Hop] = field(default_factory=list)
-    """Every hop of this step, in no particular order."""
+    """Every hop of this step, in no particular order (empty in process)."""
     stage_seconds: list[float] = field(default_factory=list)
     """Compute seconds per stage (its TP rank 0), from input in hand to output ready."""
-    logits: list[torch.Tensor] | None = None
-    """With ``StepBatch.return_logits``: ``[B, S, V]`` per part."""
-    sent_at: int = 0
-    """``time.time_ns()`` when the last stage sent the result (for the return hop)."""
 
     @classmethod
     def of_parts(cls, batch: StepBatch, tokens: list[list[int]], **kw) -> StepResult:

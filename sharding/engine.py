@@ -2,7 +2,7 @@
 
 The scheduler (``sharding.scheduler``) decides what each step computes and turns sampled tokens
 into ``StepOutput``s; the executor runs the step wherever the model lives: ``LocalExecutor`` in
-this process, ``sharding.pipeline.PipelineExecutor`` across chip actors. Under in-process tensor
+this process. (Across chips the loop itself runs on the chips: ``sharding.ring``.) Under in-process tensor
 parallelism every rank runs the same engine on the same requests (SPMD): logits are identical
 after the head's all-gather and each request's generator is seeded alike, so the ranks pick the
 same tokens.
@@ -50,9 +50,14 @@ class LocalExecutor:
     def execute(self, batch: StepBatch) -> StepResult:
         """Forward every part, sample each row's next token (no hops: nothing travels)."""
         parts = batch.parts()
-        logits, full = self.runner.logits(parts, self.runner.forward(parts), batch.return_logits)
-        self.runner.update_generators(batch)
-        return StepResult.of_parts(batch, self.runner.sample(parts, logits), logits=full)
+        logits = self.runner.logits(parts, self.runner.forward(parts))
+        self.runner.admit(batch)
+        return StepResult.of_parts(batch, self.runner.sample(parts, logits))
+
+    @torch.inference_mode()
+    def prompt_logits(self, prompt_ids: list[int], slot: int) -> torch.Tensor:
+        """Debug: the logits ``[S, V]`` of every position of ``prompt_ids``, prefilled in ``slot``."""
+        return self.runner.prompt_logits(torch.tensor(prompt_ids), slot)
 
     def shutdown(self) -> None:
         """Nothing to release in process."""
@@ -62,7 +67,8 @@ class Engine:
     """Continuous-batching generation over an executor.
 
     ``Engine(model)`` runs a whole model in this process (a ``LocalExecutor``);
-    ``Engine(executor=...)`` runs any other executor, e.g. ``sharding.pipeline.ShardedModel``'s.
+    ``Engine(executor=...)`` runs any other executor with ``execute``/``prompt_logits``. (A model
+    sharded over chips runs its own loop instead: ``sharding.pipeline.ShardedModel``.)
 
     Args:
         model: a loaded ``Llama`` with both the embedding and the head (no pipeline stage).
@@ -167,5 +173,4 @@ class Engine:
         Runs one extra prefill in a free slot (``CacheFull`` if none) between steps; running
         requests are not disturbed.
         """
-        result = self.executor.execute(self.scheduler.logits_batch(prompt_ids))
-        return result.logits[0][0]
+        return self.executor.prompt_logits([int(t) for t in prompt_ids], self.scheduler.reserve(prompt_ids))

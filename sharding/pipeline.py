@@ -1,63 +1,60 @@
-"""``ShardedModel``: an ``Engine`` whose model is split ``tp x pp`` over chips, each a Ray actor.
+"""``ShardedModel``: the fast model split ``tp x pp`` over chips (Ray actors) that decode in a ring.
 
-The ``PipelineExecutor`` reserves one placement group per stage, starts one ``ChipWorker`` per
-chip, and wires them into a Ray compiled graph:
+``from_pretrained`` reserves one placement group per stage, starts one ``ChipWorker`` per chip,
+loads every shard, and wires the chips into the ring of ``sharding.ring`` (TCP links, see
+``sharding.transport``). From then on the chips run the decode loop themselves; this object is
+their client: it sends requests and aborts to the head chip and reads each step's outputs as
+they come, over one link. Nothing per token goes through Ray or through this process's Python
+beyond reading that link.
 
-    driver -> stage 0 (all TP ranks read the batch) -> stage 1 (all ranks read stage 0's rank 0)
-           -> ... -> last stage's rank 0 (samples) -> driver (token ids only)
-
-Activations go from actor to actor through the graph's channels, never back through the driver,
-and every transfer is reported as a ``Hop`` in ``StepResult.hops`` (``engine.last_hops``). Why a
-compiled graph: see ``docs/sharding.md`` (about 1.5 ms per driver -> a -> b -> driver round trip
-here, against tens of ms for chained actor calls, which remain available as
-``transport="actor_calls"``).
+A lane holds a ``ShardedModel`` for its lifetime and talks to the head over its own asyncio
+connection (``client_address``; ``serve.lanes.sharded_engine``). Tests and benchmarks use the
+blocking client here (``add``/``abort``/``step``/``generate``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from pathlib import Path
 from typing import Self
 
 import ray
 import torch
-from ray.dag import InputNode, MultiOutputNode
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from .batch import DRIVER, DRIVER_STAGE, Hop, StepBatch, StepResult
+from .batch import Hop
 from .config import ModelConfig
-from .engine import Engine
-from .errors import InvalidLayout
-from .placement import CHIP, ChipPlacement, release, require_chips, reserve_stages, stage_layers
+from .errors import InvalidLayout, ShardingError
+from .placement import CHIP, ChipPlacement, ensure_ray, release, require_chips, reserve_stages, stage_layers
+from .ring import StepInfo, ring_links, step_infos
+from .sampling import SamplingParams
+from .scheduler import StepOutput, validate_request
+from .transport import Link
 from .worker import ChipWorker
 
-TRANSPORTS = ("compiled_graph", "actor_calls")
+
+class RingFailed(ShardingError):
+    """The ring stopped: a chip died or raised. The model must be rebuilt."""
+
+    code = "engine_failed"
 
 
-class PipelineExecutor:
-    """Runs steps on a ``tp x pp`` layout of ``ChipWorker`` actors (see the module docstring).
+class ShardedModel:
+    """The fast model on a ring of chips; build with ``from_pretrained``, release with ``shutdown()``
+    (or a ``with`` block).
 
-    Args:
-        path: checkpoint dir, readable at the same path on every node.
-        tp, pp: tensor-parallel ranks per stage, pipeline stages.
-        num_slots, max_len, dtype: of every shard's KV cache and weights.
-        transport: ``"compiled_graph"`` (default) or ``"actor_calls"``.
-        device: ``"cpu"``, or ``"cuda"`` (one GPU per chip; untested here).
-        placement_timeout_s: how long to wait for free chips before ``NotEnoughChips``.
-        step_timeout_s: how long one step may take before Ray raises a timeout.
-
-    Raises ``InvalidLayout`` (tp/pp not dividing the model, bad transport) and ``NotEnoughChips``
-    before starting anything; on any failure while starting, everything started is torn down.
+    Attributes:
+        config, max_len, num_slots, tp, pp: the model and layout.
+        layout: every chip (``ChipPlacement``), in index order.
+        client_address: ``(host, port)`` of the head chip's client link.
+        last_infos: the ``StepInfo`` of every step in the message last read by ``step()``;
+            ``last_info`` the latest of them (its ``hops``: ``last_hops``).
     """
 
     def __init__(self, path: str | Path, *, tp: int = 1, pp: int = 1, num_slots: int = 8,
-                 max_len: int | None = None, dtype: torch.dtype = torch.float32,
-                 transport: str = "compiled_graph", device: str = "cpu",
-                 placement_timeout_s: float = 60.0, step_timeout_s: float = 120.0) -> None:
-        if transport not in TRANSPORTS:
-            raise InvalidLayout(f"transport must be one of {TRANSPORTS}, got {transport!r}")
+                 max_len: int | None = None, dtype: torch.dtype = torch.float32, device: str = "cpu",
+                 compile: bool = False, threads_per_chip: int = 1, placement_timeout_s: float = 60.0) -> None:
         self.config = config = ModelConfig.from_pretrained(path)
         ranges = stage_layers(config, tp, pp)
         self.max_len = config.max_position_embeddings if max_len is None else max_len
@@ -66,139 +63,218 @@ class PipelineExecutor:
                                 f"[1, {config.max_position_embeddings}]")
         if not isinstance(num_slots, int) or num_slots < 1:
             raise InvalidLayout(f"num_slots must be a positive int, got {num_slots!r}")
-        self.num_slots, self.tp, self.pp, self.transport = num_slots, tp, pp, transport
-        self.step_timeout_s = step_timeout_s
+        self.num_slots, self.tp, self.pp, self.compile = num_slots, tp, pp, compile
         require_chips(tp * pp)
-        self._groups, self._stages, self._compiled = [], [], None
+        self._groups, self._workers = [], []
         self.layout: list[ChipPlacement] = []
+        self._client: Link | None = None
+        self._unfinished: set[str] = set()
+        self.last_info: StepInfo | None = None
+        self.last_infos: list[StepInfo] = []
+        self._started_ray = False
         try:
             self._groups = reserve_stages(tp, pp, timeout_s=placement_timeout_s,
                                           gpus_per_chip=1 if device == "cuda" else 0)
-            self._stages = [self._start_stage(s, pg, device) for s, pg in enumerate(self._groups)]
-            ids = ray.get([w.chip_id.remote() for ws in self._stages for w in ws], timeout=placement_timeout_s)
+            actor = ray.remote(ChipWorker)
+            self._workers = [actor.options(
+                num_cpus=0, num_gpus=1 if device == "cuda" else 0, resources={CHIP: 1},
+                scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=self._groups[i // tp],
+                                                                     placement_group_bundle_index=i % tp),
+            ).remote(index=i, stage=i // tp, num_stages=pp, tp_rank=i % tp, tp_size=tp, device=device,
+                     threads=threads_per_chip) for i in range(tp * pp)]
+            ids = ray.get([w.chip_id.remote() for w in self._workers], timeout=placement_timeout_s)
             self.layout = [ChipPlacement(chip, i, i // tp, i % tp, ranges[i // tp], i < tp, i >= (pp - 1) * tp, ip)
                            for i, (chip, ip) in enumerate(ids)]
-            self._setup(str(path), ranges, dtype, placement_timeout_s)
-            if transport == "compiled_graph":
-                self._compiled = self._compile()
+            inits = [None] * pp
+            if tp > 1:
+                inits = ray.get([self._workers[s * tp].rendezvous.remote() for s in range(pp)], timeout=placement_timeout_s)
+            # Every rank of every stage at once: joining a process group blocks until the stage is whole.
+            ray.get([w.setup.remote(str(path), layer_range=ranges[i // tp], init_method=inits[i // tp],
+                                    num_slots=num_slots, max_len=self.max_len, dtype=dtype, compile=compile)
+                     for i, w in enumerate(self._workers)], timeout=placement_timeout_s + 120)
+            self._wire(placement_timeout_s)
         except BaseException:
             self.shutdown()
             raise
 
-    def _start_stage(self, stage: int, pg, device: str) -> list:
-        actor = ray.remote(ChipWorker)
-        return [actor.options(
-            num_cpus=0, num_gpus=1 if device == "cuda" else 0, resources={CHIP: 1},
-            scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=pg,
-                                                                 placement_group_bundle_index=r),
-        ).remote(index=stage * self.tp + r, stage=stage, num_stages=self.pp, tp_rank=r, tp_size=self.tp,
-                 transport=self.transport, device=device) for r in range(self.tp)]
-
-    def _setup(self, path: str, ranges: list[tuple[int, int]], dtype: torch.dtype, timeout_s: float) -> None:
-        inits = [None] * self.pp
-        if self.tp > 1:
-            inits = ray.get([ws[0].rendezvous.remote() for ws in self._stages], timeout=timeout_s)
-        # Every rank of every stage at once: joining a process group blocks until the stage is whole.
-        ray.get([w.setup.remote(path, layer_range=ranges[s], init_method=inits[s], num_slots=self.num_slots,
-                                max_len=self.max_len, dtype=dtype)
-                 for s, ws in enumerate(self._stages) for w in ws], timeout=timeout_s + 120)
-
-    def _compile(self):
-        with InputNode() as batch:
-            prev, others = batch, []
-            for workers in self._stages:
-                nodes = [w.run.bind(prev) for w in workers]
-                prev, others = nodes[0], others + nodes[1:]  # every output must be read by someone
-            dag = MultiOutputNode([prev] + others)
-        # Room for a prefill of every slot at full length (fp32), capped: a larger payload grows
-        # its channel on demand, once (a few hundred ms).
-        widest = self.num_slots * self.max_len * self.config.hidden_size * 4 + 2**16
-        return dag.experimental_compile(_buffer_size_bytes=min(max(10**6, widest), 2**26))
-
-    def _submit(self, batch: StepBatch) -> list:
-        if self._compiled is not None:
-            return ray.get(self._compiled.execute(batch), timeout=self.step_timeout_s)
-        prev, others = batch, []
-        for workers in self._stages:
-            refs = [w.run.remote(prev) for w in workers]  # ObjectRef args: resolved actor to actor
-            prev, others = refs[0], others + refs[1:]
-        return ray.get([prev] + others, timeout=self.step_timeout_s)
-
-    def execute(self, batch: StepBatch) -> StepResult:
-        """Send ``batch`` through the stages; collect the tokens and every hop of the step."""
-        if not self._stages:
-            raise RuntimeError("the pipeline has been shut down")
-        batch.sent_at = time.time_ns()
-        result, *done = self._submit(batch)
-        back = time.time_ns()
-        last = self.layout[-self.tp].chip  # rank 0 of the last stage
-        n_tokens = len(result.prefill) + len(result.decode)
-        result.hops += [h for d in done for h in d.hops]
-        result.hops.append(Hop(last, DRIVER, self.pp - 1, DRIVER_STAGE, 8 * n_tokens,
-                               (back - result.sent_at) / 1e9, self.transport, back))
-        return result
-
-    def shutdown(self) -> None:
-        """Tear down the graph, kill the actors, remove the placement groups; idempotent."""
-        if self._compiled is not None:
-            # Raises if an actor is already dead; killing them below is what matters.
-            with contextlib.suppress(Exception):
-                self._compiled.teardown()
-            self._compiled = None
-        for w in [w for ws in self._stages for w in ws]:
-            ray.kill(w, no_restart=True)
-        self._stages = []
-        release(self._groups)
-        self._groups = []
-
-
-class ShardedModel(Engine):
-    """An ``Engine`` (``add``/``abort``/``step``/``generate``/``prompt_logits``) over a
-    ``PipelineExecutor``; each ``step()``'s hops are in ``last_hops`` afterwards.
-
-    Build with ``from_pretrained``; release with ``shutdown()`` or a ``with`` block.
-    """
-
-    executor: PipelineExecutor
-    _started_ray = False
+    def _wire(self, timeout_s: float) -> None:
+        ends = ray.get([w.listen.remote() for w in self._workers], timeout=timeout_s)
+        links = ring_links(self.tp, self.pp)
+        ray.get([w.connect.remote([(dst, ends[dst][0], ends[dst][1]) for src, dst in links if src == i])
+                 for i, w in enumerate(self._workers)], timeout=timeout_s)
+        ray.get([w.start.remote({"returns": [s for s, d in links if d == 0]} if i == 0 else
+                                {"prev": [s for s, d in links if d == i]})
+                 for i, w in enumerate(self._workers)], timeout=timeout_s)
+        self.client_address = (ends[0][0], ends[0][2])
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, *, tp: int = 1, pp: int = 1, num_slots: int = 8,
-                        max_len: int | None = None, dtype: torch.dtype = torch.float32,
-                        ray_address: str | None = None, **executor_options) -> ShardedModel:
+    def from_pretrained(cls, path: str | Path, *, ray_address: str | None = None, **options) -> ShardedModel:
         """Shard the checkpoint at ``path`` over ``tp * pp`` chips of a Ray cluster.
 
         Uses the Ray session already initialised in this process, else connects to
         ``ray_address`` (or ``RAY_ADDRESS``), else starts a local Ray whose chips are this
-        machine's cores (``shutdown`` stops it again). ``executor_options`` go to
-        ``PipelineExecutor`` (``transport``, ``device``, timeouts).
+        machine's cores (``shutdown`` stops it again). ``options``: ``tp``, ``pp``, ``num_slots``,
+        ``max_len``, ``dtype``, ``device``, ``compile``, ``threads_per_chip``, ``placement_timeout_s``.
         """
-        started_ray = False
-        if not ray.is_initialized():
-            if ray_address is None and "RAY_ADDRESS" not in os.environ:
-                ray.init(resources={CHIP: os.cpu_count() or 1}, include_dashboard=False)
-            else:
-                ray.init(address=ray_address, include_dashboard=False)
-            started_ray = True
+        started = ensure_ray(ray_address)
         try:
-            executor = PipelineExecutor(path, tp=tp, pp=pp, num_slots=num_slots, max_len=max_len,
-                                        dtype=dtype, **executor_options)
+            model = cls(path, **options)
         except BaseException:
-            if started_ray:
+            if started:
                 ray.shutdown()
             raise
-        engine = cls(executor=executor)
-        engine._started_ray = started_ray
-        return engine
+        model._started_ray = started
+        return model
+
+    # -- the blocking client -----------------------------------------------------------------
+    @property
+    def client(self) -> Link:
+        """This process's link to the head (opened on first use; one client at a time)."""
+        if self._client is None:
+            if not self._workers:
+                raise RingFailed("the model has been shut down")
+            self._client = Link.connect(*self.client_address)
+        return self._client
+
+    def validate(self, request_id: str, prompt: list[int], params: SamplingParams) -> None:
+        """The typed error ``add`` would raise for this request, before anything is sent."""
+        validate_request(self.config, self.max_len, request_id, prompt, params)
 
     @property
-    def layout(self) -> list[ChipPlacement]:
-        """Every chip, in ``index`` order: its id, stage, TP rank, layers and node."""
-        return self.executor.layout
+    def has_work(self) -> bool:
+        """Whether any request added here has not finished."""
+        return bool(self._unfinished)
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self._unfinished)
+
+    def add(self, request_id: str, prompt_ids: list[int], params: SamplingParams | None = None) -> None:
+        """Send a request to the ring; it joins the batch at the head's next step.
+
+        Raises ``EmptyPrompt``, ``TokenOutOfRange``, ``PromptTooLong`` or ``DuplicateRequest`` at once.
+        """
+        from .errors import DuplicateRequest
+
+        params = params or SamplingParams()
+        prompt = [int(t) for t in prompt_ids]
+        self.validate(request_id, prompt, params)
+        if request_id in self._unfinished:
+            raise DuplicateRequest(f"request {request_id!r} is already in the engine")
+        self.client.send(("add", request_id, prompt, params))
+        self._unfinished.add(request_id)
+
+    def abort(self, request_id: str) -> bool:
+        """Drop a request (it leaves the batch at the next step); ``False`` if it is unknown."""
+        if request_id not in self._unfinished:
+            return False
+        self._unfinished.discard(request_id)
+        self.client.send(("abort", request_id))
+        return True
+
+    def step(self, timeout_s: float = 120.0) -> list[StepOutput]:
+        """The outputs of the ring's next message: the steps since its last one, in order
+        (``[]`` at once if nothing added here is running); ``last_infos`` holds those steps.
+
+        Outputs of aborted requests still in flight are dropped. ``RingFailed`` if the ring died.
+        """
+        while self._unfinished:
+            self.client.sock.settimeout(timeout_s)
+            try:
+                msg, _ = self.client.recv()
+            except (TimeoutError, OSError) as e:
+                raise RingFailed(f"no step from the ring within {timeout_s} s ({e})") from e
+            finally:
+                with contextlib.suppress(OSError):
+                    self.client.sock.settimeout(None)
+            if msg[0] == "fatal":
+                raise RingFailed(f"the ring stopped: {msg[1]}\n{msg[2]}")
+            if msg[0] == "error":
+                self._unfinished.discard(msg[1])
+                raise msg[2]
+            self.last_infos = step_infos(msg[2])
+            self.last_info = self.last_infos[-1]
+            outs = []
+            for rid, token, finished, reason in msg[1]:
+                if rid in self._unfinished:
+                    outs.append(StepOutput(rid, [token], finished, reason))
+                    if finished:
+                        self._unfinished.discard(rid)
+            return outs
+        return []
+
+    @property
+    def last_hops(self) -> list[Hop]:
+        """Every hop of the latest step read by ``step()``."""
+        return self.last_info.hops if self.last_info is not None else []
+
+    def generate(self, prompts: list[list[int]],
+                 params: SamplingParams | list[SamplingParams] | None = None) -> list[list[int]]:
+        """Generate for every prompt (continuously batched in the ring); the new tokens of each."""
+        if self.has_work:
+            raise RuntimeError("generate() needs an idle model; drive add()/step() instead")
+        params_list = params if isinstance(params, list) else [params] * len(prompts)
+        if len(params_list) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(params_list)} sampling params")
+        ids = [f"generate-{id(self)}-{time.monotonic_ns()}-{i}" for i in range(len(prompts))]
+        out: dict[str, list[int]] = {rid: [] for rid in ids}
+        try:
+            for rid, prompt, p in zip(ids, prompts, params_list, strict=True):
+                self.add(rid, prompt, p)
+            while self.has_work:
+                for o in self.step():
+                    out[o.request_id] += o.token_ids
+        except BaseException:
+            for rid in ids:
+                with contextlib.suppress(Exception):
+                    self.abort(rid)
+            raise
+        return [out[rid] for rid in ids]
+
+    def warmup(self) -> None:
+        """Run the shapes a served lane meets (prefills of two lengths, decodes of one and two rows,
+        across an attention-span bucket) so that compiling happens now, not on a user's request."""
+        # To the end of the context: every attention-span bucket (``sharding.stage.span_for``).
+        self.generate([[1, 2, 3]], SamplingParams(max_tokens=self.max_len - 3, ignore_eos=True))
+        self.generate([[1, 2, 3, 4, 5, 6, 7], [1, 2, 3, 4, 5]],
+                      SamplingParams(max_tokens=min(8, self.max_len - 8), ignore_eos=True, temperature=1.0, seed=0))
+
+    def prompt_logits(self, prompt_ids: list[int]) -> torch.Tensor:
+        """Debug: the logits ``[S, V]`` of every prompt position, from the last stage, on an idle
+        ring (through actor calls, outside the ring; slot 0 is reused: nothing is running)."""
+        if self.has_work:
+            raise RuntimeError("prompt_logits() needs an idle model")
+        prompt = [int(t) for t in prompt_ids]
+        self.validate("prompt_logits", prompt, SamplingParams(max_tokens=1))
+        x = None
+        for s in range(self.pp):
+            refs = [w.prompt_logits.remote(prompt, 0, x) for w in self._workers[s * self.tp:(s + 1) * self.tp]]
+            x = refs[0]
+            ray.get(refs[1:])  # the other ranks took part in the collectives
+        return ray.get(x)
+
+    def check_alive(self) -> None:
+        """Raise ``RingFailed`` unless every chip's loop thread is running."""
+        try:
+            states = ray.get([w.alive.remote() for w in self._workers], timeout=10)
+        except Exception as e:  # noqa: BLE001 - a dead actor
+            raise RingFailed(f"a chip is gone: {type(e).__name__}: {e}") from e
+        for chip, (alive, err) in zip(self.layout, states, strict=True):
+            if not alive:
+                raise RingFailed(f"chip {chip.chip} stopped: {err}")
 
     def shutdown(self) -> None:
-        """Release the chips (graph, actors, placement groups), and Ray if this model started it."""
-        self.executor.shutdown()
+        """Stop the ring, kill the actors, remove the placement groups (and Ray if started here); idempotent."""
+        if self._client is not None:
+            with contextlib.suppress(Exception):
+                self._client.send(("stop",))
+            self._client.close()
+            self._client = None
+        for w in self._workers:
+            ray.kill(w, no_restart=True)
+        self._workers = []
+        release(self._groups)
+        self._groups = []
         if self._started_ray:
             ray.shutdown()
             self._started_ray = False

@@ -9,6 +9,7 @@ may land on different nodes.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 import uuid
 from dataclasses import dataclass
@@ -95,3 +96,16 @@ def release(groups: list[PlacementGroup]) -> None:
     for pg in groups:
         with contextlib.suppress(Exception):  # already removed, or the cluster is shutting down
             remove_placement_group(pg)
+
+
+def ensure_ray(address: str | None = None) -> bool:
+    """Use this process's Ray session, else join ``address`` (or ``RAY_ADDRESS``), else start a local
+    Ray whose chips are this machine's cores. Answers whether it started (or joined) one, i.e.
+    whether the caller should ``ray.shutdown()`` when done."""
+    if ray.is_initialized():
+        return False
+    if address is None and "RAY_ADDRESS" not in os.environ:
+        ray.init(resources={CHIP: os.cpu_count() or 1}, include_dashboard=False)
+    else:
+        ray.init(address=address, include_dashboard=False)
+    return True

@@ -76,15 +76,7 @@ class Scheduler:
 
     def validate(self, request_id: str, prompt: list[int], params: SamplingParams) -> None:
         """Raise the typed error a request would get from ``add``, without queueing it."""
-        if not prompt:
-            raise EmptyPrompt(f"request {request_id!r} has an empty prompt")
-        bad = [t for t in prompt if not 0 <= t < self.config.vocab_size]
-        if bad:
-            raise TokenOutOfRange(f"request {request_id!r} has token ids {bad[:5]} outside the "
-                                  f"vocabulary [0, {self.config.vocab_size})")
-        if len(prompt) + params.max_tokens > self.max_len:
-            raise PromptTooLong(f"request {request_id!r}: prompt of {len(prompt)} tokens + max_tokens "
-                                f"{params.max_tokens} exceeds the context of {self.max_len} tokens")
+        validate_request(self.config, self.max_len, request_id, prompt, params)
 
     def add(self, request_id: str, prompt_ids: Seq[int], params: SamplingParams | None = None) -> None:
         """Queue a request (see ``Engine.add`` for the errors it raises)."""
@@ -120,8 +112,7 @@ class Scheduler:
         self._in_flight = (admitted, decoding)
         batch = StepBatch(prefill=prefill_rows(admitted) if admitted else None,
                           decode=decode_rows(decoding) if decoding else None,
-                          seeds={s.slot: s.params.seed for s in admitted if not s.params.greedy},
-                          freed=self._freed)
+                          admit={s.slot: s.params for s in admitted}, freed=self._freed)
         self._freed = []
         return batch
 
@@ -150,19 +141,31 @@ class Scheduler:
         self.slots.free(seq.slot)
         self._freed.append(seq.slot)
 
-    def logits_batch(self, prompt_ids: Seq[int]) -> StepBatch:
-        """Debug: a one-row prefill of ``prompt_ids`` that returns every position's logits.
-
-        Needs a free slot (``CacheFull`` otherwise), which goes straight back to the pool: the
-        batch runs before any other, and what it leaves in the cache is overwritten before read.
+    def reserve(self, prompt_ids: Seq[int]) -> int:
+        """Debug: a slot for a one-off forward of ``prompt_ids`` outside the step loop
+        (``CacheFull`` if none is free). It goes straight back to the pool: what the forward
+        leaves in the cache is overwritten before any later sequence reads it.
         """
-        seq = _Sequence("logits", [int(t) for t in prompt_ids], SamplingParams(max_tokens=1))
-        self.validate(seq.request_id, seq.prompt, seq.params)
-        seq.slot = self.slots.allocate()
-        batch = StepBatch(prefill=prefill_rows([seq]), freed=self._freed, return_logits=True)
-        self._freed = []
-        self._release(seq)
-        return batch
+        prompt = [int(t) for t in prompt_ids]
+        self.validate("prompt_logits", prompt, SamplingParams(max_tokens=1))
+        slot = self.slots.allocate()
+        self.slots.free(slot)
+        return slot
+
+
+def validate_request(config: ModelConfig, max_len: int, request_id: str, prompt: list[int],
+                     params: SamplingParams) -> None:
+    """The one check of a request against a model: raises ``EmptyPrompt``, ``TokenOutOfRange`` or
+    ``PromptTooLong`` (prompt + ``max_tokens`` beyond ``max_len``)."""
+    if not prompt:
+        raise EmptyPrompt(f"request {request_id!r} has an empty prompt")
+    bad = [t for t in prompt if not 0 <= t < config.vocab_size]
+    if bad:
+        raise TokenOutOfRange(f"request {request_id!r} has token ids {bad[:5]} outside the "
+                              f"vocabulary [0, {config.vocab_size})")
+    if len(prompt) + params.max_tokens > max_len:
+        raise PromptTooLong(f"request {request_id!r}: prompt of {len(prompt)} tokens + max_tokens "
+                            f"{params.max_tokens} exceeds the context of {max_len} tokens")
 
 
 def prefill_rows(seqs: list[_Sequence]) -> Rows:
@@ -171,8 +174,7 @@ def prefill_rows(seqs: list[_Sequence]) -> Rows:
     width = max(lens)
     tokens = torch.tensor([s.prompt + [0] * (width - len(s.prompt)) for s in seqs])  # [B, width]
     return Rows(tokens=tokens, positions=torch.arange(width).repeat(len(seqs), 1),
-                slots=torch.tensor([s.slot for s in seqs]), last=torch.tensor(lens) - 1,
-                params=[s.params for s in seqs], context=width)
+                slots=torch.tensor([s.slot for s in seqs]), last=torch.tensor(lens) - 1, context=width)
 
 
 def decode_rows(seqs: list[_Sequence]) -> Rows:
@@ -184,4 +186,4 @@ def decode_rows(seqs: list[_Sequence]) -> Rows:
                          [s.slot for s in seqs], [0] * len(seqs)])  # [4, B]
     B = len(seqs)
     return Rows(tokens=rows[0].view(B, 1), positions=rows[1].view(B, 1), slots=rows[2], last=rows[3],
-                params=[s.params for s in seqs], context=max(lengths))
+                context=max(lengths))

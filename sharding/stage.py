@@ -2,8 +2,8 @@
 
 A runner owns a model (whole, a pipeline stage, and/or a tensor-parallel rank), its ``KVCache``
 and, on the stage with the head, the sampling generators of the requests it samples, keyed by
-KV-cache slot. ``LocalExecutor`` drives one runner over the whole model; every ``ChipWorker``
-drives one over its shard.
+KV-cache slot. ``LocalExecutor`` drives one runner over the whole model; every chip of a ring
+(``sharding.ring``) drives one over its shard.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 from .batch import Rows, StepBatch
 from .kv_cache import KVCache
 from .model import Llama
-from .sampling import generator_for_seed, sample
+from .sampling import SamplingParams, generator_for_seed, sample
 
 
 SPAN_BUCKET = 64
@@ -44,6 +44,8 @@ class StageRunner:
         self.model = model
         self.cache = KVCache.for_model(model, num_slots=num_slots, max_len=max_len)
         self.device = next(model.parameters()).device
+        self.params: dict[int, SamplingParams] = {}
+        """Slot -> sampling parameters of the request in it (on the stage with the head)."""
         self.generators: dict[int, torch.Generator] = {}
         self._forward = compile_forward(model) if compile else model
 
@@ -55,44 +57,57 @@ class StageRunner:
                               span_for(r.context, max_len))
                 for r, x in zip(parts, xs, strict=True)]
 
-    def logits(self, parts: list[Rows], hidden: list[torch.Tensor],
-               every_position: bool = False) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
-        """Logits ``[B, V]`` at each row's last real token, and with ``every_position`` also ``[B, S, V]``.
+    def logits(self, parts: list[Rows], hidden: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Logits ``[B, V]`` at each row's last real token.
 
         Under tensor parallelism every rank must call this (the head all-gathers).
         """
-        last_logits, full = [], [] if every_position else None
+        out = []
         for r, h in zip(parts, hidden, strict=True):
-            if h.shape[1] == 1 and not every_position:  # decode: the one token is the last (a view)
-                last_logits.append(self.model.compute_logits(h[:, 0]))  # [B, V]
+            if h.shape[1] == 1:  # decode: the one token is the last (a view)
+                out.append(self.model.compute_logits(h[:, 0]))  # [B, V]
                 continue
             rows = torch.arange(r.num_rows, device=self.device)
-            if every_position:
-                all_logits = self.model.compute_logits(h)  # [B, S, V]
-                full.append(all_logits)
-                last_logits.append(all_logits[rows, r.last.to(self.device)])
-            else:
-                last_logits.append(self.model.compute_logits(h[rows, r.last.to(self.device)]))  # [B, V]
-        return last_logits, full
+            out.append(self.model.compute_logits(h[rows, r.last.to(self.device)]))  # [B, V]
+        return out
 
-    def update_generators(self, batch: StepBatch) -> None:
-        """Forget the generators of freed slots; make those of newly admitted sampled requests."""
+    def admit(self, batch: StepBatch) -> None:
+        """Forget the parameters of freed slots; keep those of newly admitted requests (and make
+        a sampled request's generator, seeded once, so its draws are the same alone or batched)."""
         for slot in batch.freed:
+            self.params.pop(slot, None)
             self.generators.pop(slot, None)
-        for slot, seed in batch.seeds.items():
-            self.generators[slot] = generator_for_seed(seed, self.device)
+        for slot, p in batch.admit.items():
+            self.params[slot] = p
+            if not p.greedy:
+                self.generators[slot] = generator_for_seed(p.seed, self.device)
 
     def sample(self, parts: list[Rows], logits: list[torch.Tensor]) -> list[list[int]]:
-        """One token per row of each part (call ``update_generators`` for the step first)."""
+        """One token per row of each part (call ``admit`` for the step first)."""
         out = []
         for r, lg in zip(parts, logits, strict=True):
-            if all(p.greedy for p in r.params):
+            slots = r.slots.tolist()
+            params = [self.params[s] for s in slots]
+            if all(p.greedy for p in params):
                 out.append(lg.argmax(dim=-1).tolist())
                 continue
-            gens = [None if p.greedy else self.generators[s] for p, s in zip(r.params, r.slots.tolist(),
-                                                                             strict=True)]
-            out.append(sample(lg, r.params, gens).tolist())
+            gens = [None if p.greedy else self.generators[s] for p, s in zip(params, slots, strict=True)]
+            out.append(sample(lg, params, gens).tolist())
         return out
+
+    def prompt_logits(self, prompt: torch.Tensor | None, slot: int, hidden: torch.Tensor | None = None,
+                      length: int | None = None) -> torch.Tensor:
+        """Debug: one prompt through this model in ``slot``: hidden states ``[1, S, D]``, or on the
+        stage with the head the logits of every position ``[S, V]`` (every TP rank must call it).
+
+        ``prompt``: ``[S]`` token ids on the first stage; ``hidden``: the previous stage's output.
+        """
+        S = int(prompt.shape[0]) if prompt is not None else int(hidden.shape[1])
+        rows = Rows(prompt[None] if prompt is not None else None, torch.arange(S)[None],
+                    torch.tensor([slot]), torch.tensor([S - 1]), S)
+        h = self.model(hidden if prompt is None else rows.tokens.to(self.device), rows.positions.to(self.device),
+                       rows.slots.to(self.device), self.cache, span_for(S, self.cache.max_len))
+        return self.model.compute_logits(h)[0] if self.model.has_head else h
 
 
 def compile_forward(model: Llama):

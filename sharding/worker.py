@@ -2,84 +2,59 @@
 
 A worker loads only its shard (``load_model`` with its layer range and TP rank), keeps the KV
 cache of those layers and kv heads, and joins its stage's tensor-parallel process group (gloo on
-CPU, NCCL on GPU; one group per stage, so it is the process's default group). ``run`` is its one
-step method, wired into a Ray compiled graph by ``sharding.pipeline``:
+CPU, NCCL on GPU; one group per stage, so it is the process's default group). Then
+``sharding.pipeline`` wires the chips into a ring (``listen``, ``connect``, ``start``) and from
+there on the chip runs the loop of ``sharding.ring`` in a thread of its own: Ray carries no
+per-token traffic.
 
-- first stage: input is the driver's ``StepBatch``; later stages: the previous stage's
-  ``Activations``, read straight from that stage's rank 0 (never through the driver);
-- every rank computes (the collectives need them all); rank 0 of a stage sends ``Activations``
-  on, rank 0 of the last stage samples and answers the ``StepResult``, other ranks answer a
-  ``RankDone`` holding the hop they saw.
-
-Each received payload becomes a ``Hop`` record (a few ints) carried along to the driver.
+Threads: a chip computes with as many torch threads as the cores it owns (``threads``; one on a
+CPU machine where a chip is a core), so chips sharing a machine do not oversubscribe it.
 """
 
 from __future__ import annotations
 
 import socket
-import time
-from dataclasses import dataclass, field, replace
+import threading
 
 import ray
 import torch
 import torch.distributed as dist
 
-from .batch import DRIVER, DRIVER_STAGE, Hop, StepBatch, StepResult, payload_bytes
+from .ring import Chip, ChipRole, Head
 from .stage import StageRunner
+from .transport import Link, accept, listen
 from .weights import load_model
 
 
-@dataclass
-class Activations:
-    """What a stage's rank 0 sends to every rank of the next stage."""
-
-    batch: StepBatch
-    """The step, without token ids (only the first stage embeds them)."""
-    hidden: list[torch.Tensor]
-    """``[B, S, D]`` per part of the batch."""
-    sent_at: int
-    """``time.time_ns()`` when it was sent."""
-    src_chip: str
-    src_stage: int
-    hops: list[Hop] = field(default_factory=list)
-    """Hops seen so far along the chain of rank 0s."""
-    stage_seconds: list[float] = field(default_factory=list)
-    """Compute seconds of each stage so far."""
-
-
-@dataclass
-class RankDone:
-    """A non-zero TP rank's answer: its output is its rank 0's, so only its hop travels."""
-
-    hops: list[Hop]
-
-
 class ChipWorker:
-    """One chip: a shard of the model and its cache (create with ``ray.remote`` options, see
-    ``sharding.pipeline``).
+    """One chip (create with ``ray.remote`` options, see ``sharding.pipeline``).
 
     Args:
         index: the chip's position in the layout (``stage * tp + tp_rank``).
         stage, num_stages: its pipeline stage, and how many there are.
         tp_rank, tp_size: its rank in the stage's tensor-parallel group.
-        transport: the label its ``Hop`` records carry.
-        device: ``"cpu"`` (one intra-op thread: a chip is a core) or ``"cuda"``.
+        device: ``"cpu"`` or ``"cuda"``.
+        threads: torch intra-op threads (CPU): the cores this chip owns.
     """
 
     def __init__(self, *, index: int, stage: int, num_stages: int, tp_rank: int, tp_size: int,
-                 transport: str, device: str = "cpu") -> None:
+                 device: str = "cpu", threads: int = 1) -> None:
         self.node_ip = ray.util.get_node_ip_address()
-        self.chip = f"{self.node_ip}/chip{index}"
-        self.stage, self.is_last = stage, stage == num_stages - 1
-        self.tp_rank, self.tp_size = tp_rank, tp_size
-        self.transport, self.device = transport, torch.device(device)
+        self.index = index
+        self.role = ChipRole(f"{self.node_ip}/chip{index}", stage, tp_rank, tp_size, num_stages)
+        self.device = torch.device(device)
         if self.device.type == "cpu":
-            torch.set_num_threads(1)
+            torch.set_num_threads(max(1, threads))
         self.runner: StageRunner | None = None
+        self._server: socket.socket | None = None
+        self._control: socket.socket | None = None
+        self._out: dict[int, Link] = {}
+        self._thread: threading.Thread | None = None
+        self._error: str | None = None
 
     def chip_id(self) -> tuple[str, str]:
         """``(chip id, node ip)``."""
-        return self.chip, self.node_ip
+        return self.role.chip, self.node_ip
 
     def rendezvous(self) -> str:
         """(TP rank 0) the ``tcp://`` address its stage's process group meets at."""
@@ -89,51 +64,81 @@ class ChipWorker:
         return f"tcp://{self.node_ip}:{port}"
 
     def setup(self, path: str, *, layer_range: tuple[int, int], init_method: str | None,
-              num_slots: int, max_len: int | None, dtype: torch.dtype) -> None:
+              num_slots: int, max_len: int | None, dtype: torch.dtype, compile: bool = False) -> None:
         """Join the stage's TP group (if ``tp_size > 1``), then load the shard and build its cache.
 
         All ranks of a stage must call this concurrently (joining the group blocks until all do).
         """
         group = None
-        if self.tp_size > 1:
+        if self.role.tp > 1:
             backend = "nccl" if self.device.type == "cuda" else "gloo"
-            dist.init_process_group(backend, init_method=init_method, rank=self.tp_rank,
-                                    world_size=self.tp_size)
+            dist.init_process_group(backend, init_method=init_method, rank=self.role.tp_rank,
+                                    world_size=self.role.tp)
             group = dist.group.WORLD
-        model = load_model(path, layer_range=layer_range, tp_rank=self.tp_rank, tp_size=self.tp_size,
+        model = load_model(path, layer_range=layer_range, tp_rank=self.role.tp_rank, tp_size=self.role.tp,
                            tp_group=group, dtype=dtype, device=self.device)
-        self.runner = StageRunner(model, num_slots=num_slots, max_len=max_len)
+        self.runner = StageRunner(model, num_slots=num_slots, max_len=max_len, compile=compile)
+
+    # -- wiring the ring (sharding.pipeline calls these in order, on every chip) ---------------
+    def listen(self) -> tuple[str, int, int | None]:
+        """Open this chip's listening socket(s): ``(host, ring port, client port or None)``."""
+        self._server = listen(self.node_ip)
+        client_port = None
+        if self.role.is_head:
+            self._control = listen(self.node_ip)
+            client_port = self._control.getsockname()[1]
+        return self.node_ip, self._server.getsockname()[1], client_port
+
+    def connect(self, targets: list[tuple[int, str, int]]) -> None:
+        """Open this chip's outgoing links: ``(receiver index, host, port)`` each."""
+        for index, host, port in targets:
+            self._out[index] = Link.connect(host, port, hello=self.index)
+
+    def start(self, expected: dict[str, list[int]]) -> None:
+        """Accept the incoming links and start the loop thread.
+
+        ``expected``: ``{"prev": [index]}`` for a follower, ``{"returns": [indices]}`` for the head.
+        """
+        want = [i for ids in expected.values() for i in ids]
+        got = accept(self._server, len(want))
+        if sorted(got) != sorted(want):
+            raise RuntimeError(f"chip {self.index} expected links from {sorted(want)}, got {sorted(got)}")
+        self._server.close()
+        links: dict = {}
+        role = self.role
+        nexts = [link for i, link in self._out.items() if i // role.tp == role.stage + 1]
+        if nexts:
+            links["next"] = nexts[0]
+        if role.is_head:
+            links["peers"] = [link for i, link in self._out.items() if 0 < i < role.tp]
+            # Rank 0 of the last stage (the tokens) first.
+            links["returns"] = [got[i] for i in sorted(expected["returns"])]
+            chip = Head(role, self.runner, links, self._control)
+            target = chip.lead
+        else:
+            links["prev"] = got[expected["prev"][0]]
+            if role.is_last:
+                links["ret"] = self._out[0]
+            chip = Chip(role, self.runner, links)
+            target = chip.follow
+        self._thread = threading.Thread(target=self._run, args=(target,), name=f"ring-{role.chip}", daemon=True)
+        self._thread.start()
+
+    def _run(self, target) -> None:
+        try:
+            target()
+        except BaseException as e:  # noqa: BLE001 - kept for ``alive``
+            self._error = f"{type(e).__name__}: {e}"
+
+    def alive(self) -> tuple[bool, str | None]:
+        """Whether the loop thread runs, and the error it ended with."""
+        return self._thread is not None and self._thread.is_alive(), self._error
 
     @torch.inference_mode()
-    def run(self, inp: StepBatch | Activations) -> Activations | StepResult | RankDone:
-        """Run this chip's share of one step (see the module docstring)."""
-        arrived = time.time_ns()
-        if isinstance(inp, StepBatch):
-            batch, x, hops, stage_seconds = inp, None, [], []
-            sent = Hop(DRIVER, self.chip, DRIVER_STAGE, self.stage,
-                       payload_bytes([t for r in inp.parts() for t in (r.tokens, r.positions, r.slots, r.last)]),
-                       (arrived - inp.sent_at) / 1e9, self.transport, arrived)
-        else:
-            batch, x, hops, stage_seconds = inp.batch, inp.hidden, inp.hops, inp.stage_seconds
-            sent = Hop(inp.src_chip, self.chip, inp.src_stage, self.stage, payload_bytes(inp.hidden),
-                       (arrived - inp.sent_at) / 1e9, self.transport, arrived)
-        start = time.perf_counter()
-        parts = batch.parts()
-        hidden = self.runner.forward(parts, x)
-        if not self.is_last:
-            if self.tp_rank:
-                return RankDone([sent])
-            onward = replace(batch, prefill=batch.prefill and batch.prefill.without_tokens(),
-                             decode=batch.decode and batch.decode.without_tokens())
-            # Hidden states leave the device here only if the graph's channels are host memory.
-            return Activations(onward, [h.cpu() for h in hidden], time.time_ns(), self.chip, self.stage,
-                               hops + [sent], stage_seconds + [time.perf_counter() - start])
-        logits, full = self.runner.logits(parts, hidden, batch.return_logits)  # all ranks: all-gather
-        if self.tp_rank:
-            return RankDone([sent])
-        self.runner.update_generators(batch)
-        tokens = self.runner.sample(parts, logits)
-        full = [f.cpu() for f in full] if full is not None else None
-        return StepResult.of_parts(batch, tokens, hops=hops + [sent],
-                                   stage_seconds=stage_seconds + [time.perf_counter() - start],
-                                   logits=full, sent_at=time.time_ns())
+    def prompt_logits(self, prompt: list[int], slot: int, hidden: torch.Tensor | None = None) -> torch.Tensor:
+        """Debug, on an idle ring: this shard's ``StageRunner.prompt_logits`` (stage 0 takes
+        ``prompt``, later stages the previous stage's ``hidden``)."""
+        first = self.role.stage == 0
+        out = self.runner.prompt_logits(torch.tensor(prompt) if first else None, slot,
+                                        None if first else hidden.to(self.device))
+        return out.cpu()

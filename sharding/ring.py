@@ -1,0 +1,317 @@
+"""The decode loop on the chips: a ring of stages, with the scheduler on the first chip.
+
+Every chip runs one loop thread. The *head* (stage 0, TP rank 0) holds the ``Scheduler``. Each
+step it admits waiting requests, embeds and runs its layers, and sends the step on. The last stage
+samples and sends the tokens straight back to the head, which closes the ring:
+
+    client --add/abort--> head (stage 0, rank 0) --hidden--> stage 1 --> ... --> last stage
+              <--tokens--   ^                                                    | samples
+                            +--------------------------- tokens -----------------+
+
+- TP rank r of stage s sends to rank r of stage s+1; every rank holds the whole hidden state
+  after its layers' all-reduce. The head sends each step's token ids to its own stage's other
+  ranks. Every rank of the last stage reports back to the head: rank 0 with the tokens, the
+  others with the hops they saw.
+- Per-request data travels once: a request's ``SamplingParams`` ride in the step that admits it
+  (``StepBatch.admit``), and the last stage keeps them by KV-cache slot until the slot is freed.
+- Every hop is timed by its receiver (``Hop``); the head passes each step's hops to the client
+  with its tokens (``StepInfo``), one message per step.
+- The head answers its client (``sharding.pipeline.RingClient``) over one TCP link: requests and
+  aborts come in, outputs go out (every few steps, ``FLUSH_S``; first tokens and ends at once). Between steps the head drains what came in, so a
+  request joins or leaves the batch, or is cancelled, within one step. With nothing to do, every
+  chip blocks in ``recv`` and uses no CPU.
+
+Nothing per token goes through Ray: Ray places the chips and wires the links, then steps are
+plain socket messages (``sharding.transport``).
+"""
+
+from __future__ import annotations
+
+import select
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .batch import Hop, Rows, StepBatch, StepResult
+from .kv_cache import SlotPool
+from .scheduler import Scheduler
+from .stage import StageRunner
+from .transport import Link, LinkClosed
+
+TRANSPORT = "tcp"
+FLUSH_S = 0.004
+"""How often the head sends its client the outputs of the steps since the last send (a
+request's first token and its end are sent at once). Each message wakes the client, whose
+process shares the machine with the chips; 4 ms bundles ~4 steps of the fast model here."""
+
+HopTuple = tuple[str, str, int, int, int, float, int]
+"""A ``Hop`` as it travels: ``(src_chip, dst_chip, src_stage, dst_stage, bytes, seconds, received_at)``."""
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """One ring step as the head saw it: wall-clock bounds (``time.time_ns``), rows, hops."""
+
+    start_ns: int
+    end_ns: int
+    batch_size: int
+    hops: list[Hop]
+    stage_seconds: list[float]
+    """Compute seconds of each stage (its rank 0)."""
+
+
+@dataclass(frozen=True)
+class ChipRole:
+    """Where a chip sits in the ring."""
+
+    chip: str
+    stage: int
+    tp_rank: int
+    tp: int
+    pp: int
+
+    @property
+    def is_head(self) -> bool:
+        return self.stage == 0 and self.tp_rank == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.stage == self.pp - 1
+
+    def inbound(self) -> int:
+        """How many links arrive at this chip (the head's client link is not counted)."""
+        if self.is_head:
+            return self.tp if self.pp > 1 else self.tp - 1  # every last-stage rank but itself
+        return 1  # from the head (stage 0) or from the same rank of the previous stage
+
+
+def ring_links(tp: int, pp: int) -> list[tuple[int, int]]:
+    """Every link of the ring as ``(sender index, receiver index)``, chip index = ``stage * tp + rank``."""
+    links = [(0, r) for r in range(1, tp)]  # the head's token ids to its stage's other ranks
+    links += [(s * tp + r, (s + 1) * tp + r) for s in range(pp - 1) for r in range(tp)]
+    links += [((pp - 1) * tp + r, 0) for r in range(tp) if (pp - 1) * tp + r != 0]  # back to the head
+    return links
+
+
+# -- step messages ---------------------------------------------------------------------------
+def _rows_tensors(parts: list[Rows]) -> list[torch.Tensor]:
+    """One int64 tensor per part: positions ``[B*S]``, slots ``[B]``, last ``[B]``, concatenated."""
+    return [torch.cat((r.positions.view(-1), r.slots, r.last)) for r in parts]
+
+
+def _rows_of(desc: list[tuple[int, int, int]], tensors: list[torch.Tensor]) -> list[Rows]:
+    rows = []
+    for (B, S, context), t in zip(desc, tensors, strict=False):
+        rows.append(Rows(None, t[:B * S].view(B, S), t[B * S:B * S + B], t[B * S + B:], context))
+    return rows
+
+
+def _hop(meta: dict, role: ChipRole, nbytes: int, arrived: int) -> HopTuple:
+    return (meta["src"], role.chip, meta["src_stage"], role.stage, nbytes, (arrived - meta["sent_at"]) / 1e9, arrived)
+
+
+def _nbytes(tensors: list[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+class Chip:
+    """One chip's side of the ring: its role, its runner, its links (see the module docstring).
+
+    Args:
+        role: where it sits.
+        runner: its shard's ``StageRunner`` (model and KV cache).
+        links: ``"prev"`` (from the head or the previous stage), ``"next"`` (to the next stage),
+            ``"peers"`` (the head: to its stage's other ranks), ``"returns"`` (the head: from every
+            last-stage rank but itself, rank 0's first), ``"ret"`` (a last-stage rank: to the head).
+    """
+
+    def __init__(self, role: ChipRole, runner: StageRunner, links: dict[str, Any]) -> None:
+        self.role, self.runner, self.links = role, runner, links
+
+    @torch.inference_mode()
+    def follow(self) -> None:
+        """A chip other than the head: receive, compute, send on, until the link closes."""
+        role, prev = self.role, self.links["prev"]
+        try:
+            while True:
+                meta, tensors = prev.recv()
+                arrived = time.time_ns()
+                if meta is None:  # the head stopped: pass it on
+                    if "next" in self.links:
+                        self.links["next"].send(None)
+                    return
+                desc = meta["desc"]
+                parts, xs = _rows_of(desc, tensors), tensors[len(desc):]
+                hops = meta["hops"] + [_hop(meta, role, _nbytes(xs), arrived)]
+                start = time.perf_counter()
+                if role.stage == 0:  # a TP peer of the head: token ids
+                    for r, x in zip(parts, xs, strict=True):
+                        r.tokens = x
+                    hidden = self.runner.forward(parts)
+                else:
+                    hidden = self.runner.forward(parts, xs)
+                if not role.is_last:
+                    onward = {**meta, "hops": hops, "secs": meta["secs"] + [time.perf_counter() - start],
+                              "sent_at": time.time_ns(), "src": role.chip, "src_stage": role.stage}
+                    self.links["next"].send(onward, tensors[:len(desc)] + hidden)
+                    continue
+                logits = self.runner.logits(parts, hidden)  # every rank: the head all-gathers
+                tokens = None
+                if role.tp_rank == 0:
+                    self.runner.admit(StepBatch(admit=meta["admit"], freed=meta["freed"]))
+                    tokens = self.runner.sample(parts, logits)
+                self.links["ret"].send({"step": meta["step"], "tokens": tokens, "hops": hops,
+                                        "secs": meta["secs"] + [time.perf_counter() - start],
+                                        "sent_at": time.time_ns(), "src": role.chip, "src_stage": role.stage})
+        except LinkClosed:
+            return  # the ring is being torn down (or a neighbour died: the head reports it)
+        finally:
+            for link in self.links.values():
+                for one in link if isinstance(link, list) else [link]:
+                    one.close()
+
+
+class Head(Chip):
+    """The head chip: scheduler, first stage, and the client's link (see the module docstring).
+
+    Args:
+        role, runner, links: as for ``Chip``.
+        server: the listening socket its client connects to.
+        scheduler: over a ``SlotPool`` of the runner's cache size.
+    """
+
+    def __init__(self, role: ChipRole, runner: StageRunner, links: dict[str, Any], server,
+                 flush_s: float = FLUSH_S) -> None:
+        super().__init__(role, runner, links)
+        self.server, self.flush_s = server, flush_s
+        self._outputs: list[tuple] = []
+        self._infos: list[tuple] = []
+        self._flushed = 0.0
+        self.scheduler = Scheduler(runner.model.config, SlotPool(runner.cache.num_slots), runner.cache.max_len)
+        self.client: Link | None = None
+        self.steps = 0
+
+    @torch.inference_mode()
+    def lead(self) -> None:
+        """Serve clients until a ``stop`` command (or a broken ring, reported as ``fatal``)."""
+        try:
+            while True:
+                if self.client is None:
+                    sock, _ = self.server.accept()
+                    self.client = Link(sock)
+                if not self._commands(block=not self.scheduler.has_work):
+                    return
+                batch = self.scheduler.schedule()
+                if batch is None:
+                    self._flush()
+                    continue
+                start = time.time_ns()
+                result, hops, secs = self._step(batch)
+                outputs = self.scheduler.postprocess(result)
+                self._infos.append((start, time.time_ns(), len(outputs), hops, secs))
+                self._outputs += [(o.request_id, o.token_ids[0], o.finished, o.finish_reason) for o in outputs]
+                # A request's first token and its end leave at once; the rest at most every flush_s.
+                if (batch.prefill is not None or any(o.finished for o in outputs) or not self.scheduler.has_work
+                        or time.perf_counter() - self._flushed >= self.flush_s):
+                    self._flush()
+        except BaseException as e:  # noqa: BLE001 - the client hears of it, then the ring stops
+            self._send(("fatal", f"{type(e).__name__}: {e}", traceback.format_exc(limit=8)))
+        finally:
+            for name in ("next", "peers"):
+                for link in self._list(name):
+                    try:
+                        link.send(None)
+                    except LinkClosed:
+                        pass
+            for link in [*self._list("next"), *self._list("peers"), *self._list("returns")]:
+                link.close()
+            if self.client is not None:
+                self.client.close()
+            self.server.close()
+
+    def _flush(self) -> None:
+        if self._infos:
+            self._send(("out", self._outputs, self._infos))
+            self._outputs, self._infos = [], []
+        self._flushed = time.perf_counter()
+
+    def _list(self, name: str) -> list[Link]:
+        v = self.links.get(name, [])
+        return v if isinstance(v, list) else [v]
+
+    def _send(self, msg: tuple) -> None:
+        if self.client is None:
+            return
+        try:
+            self.client.send(msg)
+        except LinkClosed:
+            self._lost_client()
+
+    def _lost_client(self) -> None:
+        """The client went away: drop its requests (their slots free at the next step)."""
+        self.client.close()
+        self.client = None
+        for rid in list(self.scheduler._running) + [s.request_id for s in self.scheduler._waiting]:
+            self.scheduler.abort(rid)
+
+    def _commands(self, block: bool) -> bool:
+        """Apply what the client sent (waiting for something if ``block``); ``False`` on ``stop``."""
+        while self.client is not None:
+            if not block and not select.select([self.client.sock], [], [], 0)[0]:
+                return True
+            block = False
+            try:
+                msg, _ = self.client.recv()
+            except LinkClosed:
+                self._lost_client()
+                return True
+            kind = msg[0]
+            if kind == "add":
+                _, rid, prompt, params = msg
+                try:
+                    self.scheduler.add(rid, prompt, params)
+                except Exception as e:  # noqa: BLE001 - the request's own fault, reported to it alone
+                    self._send(("error", rid, e))
+            elif kind == "abort":
+                self.scheduler.abort(msg[1])
+            elif kind == "stop":
+                return False
+        return True
+
+    def _step(self, batch: StepBatch) -> tuple[StepResult, list[HopTuple], list[float]]:
+        role, parts = self.role, batch.parts()
+        self.steps += 1
+        desc = [(r.num_rows, int(r.positions.shape[1]), r.context) for r in parts]
+        rows = _rows_tensors(parts)
+        meta = {"step": self.steps, "desc": desc, "admit": batch.admit, "freed": batch.freed, "hops": [],
+                "secs": [], "sent_at": time.time_ns(), "src": role.chip, "src_stage": 0}
+        tokens = [r.tokens for r in parts]
+        for peer in self._list("peers"):
+            peer.send(meta, rows + tokens)
+        start = time.perf_counter()
+        hidden = self.runner.forward(parts)
+        if role.pp > 1:
+            meta = {**meta, "secs": [time.perf_counter() - start], "sent_at": time.time_ns()}
+            self.links["next"].send(meta, rows + hidden)
+            sampled, hops, secs = None, [], []
+        else:
+            logits = self.runner.logits(parts, hidden)
+            self.runner.admit(batch)
+            sampled, hops, secs = self.runner.sample(parts, logits), [], [time.perf_counter() - start]
+        for link in self._list("returns"):
+            back, _ = link.recv()
+            arrived = time.time_ns()
+            n = sum(len(t) for t in back["tokens"]) if back["tokens"] is not None else 0
+            hops += back["hops"] + [_hop(back, role, 8 * n, arrived)]
+            if back["tokens"] is not None:
+                sampled, secs = back["tokens"], back["secs"]
+        return StepResult.of_parts(batch, sampled), hops, secs
+
+
+def step_infos(infos: list[tuple]) -> list[StepInfo]:
+    """The steps' ``info`` as sent by the head -> ``StepInfo``s with ``Hop`` records."""
+    return [StepInfo(start, end, size, [Hop(*h[:5], h[5], TRANSPORT, h[6]) for h in hops], secs)
+            for start, end, size, hops, secs in infos]
