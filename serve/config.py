@@ -69,18 +69,16 @@ class FastLaneConfig(LaneCommon):
                                 "model's context.")
     dtype: Literal["float32", "bfloat16", "float16"] = Field(default="float32", description=
                                                              "Weights and activations.")
-    transport: Literal["actor_calls", "compiled_graph"] = Field(default="actor_calls", description=
-        "How activations hop between stages. compiled_graph is about 2x faster per hop, but its idle "
-        "actors spin a CPU core each (docs/sharding.md), which starves a CPU-only machine.")
+    transport: Literal["tcp"] = Field(default="tcp", description="How the chips of the ring pass each "
+        "step on: TCP links (sharding/transport.py; about 40-70 us a hop on one machine, across nodes "
+        "unchanged). docs/sharding.md compares it with Ray actor calls and compiled graphs.")
     device: Literal["cpu", "cuda"] = Field(default="cpu", description="Where each chip computes.")
-    compile: bool = Field(default=False, description="torch.compile the model; only with tp=pp=1 "
-                          "(in the lane's own process).")
-
-    @model_validator(mode="after")
-    def _compile_in_process(self) -> FastLaneConfig:
-        if self.compile and self.tp * self.pp > 1:
-            raise ValueError("compile is only available with tp=1 and pp=1")
-        return self
+    compile: bool = Field(default=True, description="torch.compile each chip's step (warmed up at "
+                          "start, over every shape the lane meets, so no request waits for a compile).")
+    threads_per_chip: int = Field(default=1, ge=1, description="torch threads per chip: the cores each "
+                                  "chip owns (1 where a chip is a CPU core).")
+    spin_us: float = Field(default=2000.0, ge=0, le=100000, description="A chip polls its link this long "
+        "before sleeping: waking a sleeping core costs more than a hop. An idle lane sleeps.")
 
 
 class VLLMLaneConfig(LaneCommon):

@@ -30,7 +30,7 @@ from .placement import CHIP, ChipPlacement, ensure_ray, release, require_chips, 
 from .ring import StepInfo, ring_links, step_infos
 from .sampling import SamplingParams
 from .scheduler import StepOutput, validate_request
-from .transport import Link
+from .transport import SPIN_S, Link
 from .worker import ChipWorker
 
 
@@ -54,7 +54,8 @@ class ShardedModel:
 
     def __init__(self, path: str | Path, *, tp: int = 1, pp: int = 1, num_slots: int = 8,
                  max_len: int | None = None, dtype: torch.dtype = torch.float32, device: str = "cpu",
-                 compile: bool = False, threads_per_chip: int = 1, placement_timeout_s: float = 60.0) -> None:
+                 compile: bool = False, threads_per_chip: int = 1, spin_s: float = SPIN_S,
+                 placement_timeout_s: float = 60.0) -> None:
         self.config = config = ModelConfig.from_pretrained(path)
         ranges = stage_layers(config, tp, pp)
         self.max_len = config.max_position_embeddings if max_len is None else max_len
@@ -81,7 +82,7 @@ class ShardedModel:
                 scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=self._groups[i // tp],
                                                                      placement_group_bundle_index=i % tp),
             ).remote(index=i, stage=i // tp, num_stages=pp, tp_rank=i % tp, tp_size=tp, device=device,
-                     threads=threads_per_chip) for i in range(tp * pp)]
+                     threads=threads_per_chip, spin_s=spin_s) for i in range(tp * pp)]
             ids = ray.get([w.chip_id.remote() for w in self._workers], timeout=placement_timeout_s)
             self.layout = [ChipPlacement(chip, i, i // tp, i % tp, ranges[i // tp], i < tp, i >= (pp - 1) * tp, ip)
                            for i, (chip, ip) in enumerate(ids)]
@@ -114,7 +115,8 @@ class ShardedModel:
         Uses the Ray session already initialised in this process, else connects to
         ``ray_address`` (or ``RAY_ADDRESS``), else starts a local Ray whose chips are this
         machine's cores (``shutdown`` stops it again). ``options``: ``tp``, ``pp``, ``num_slots``,
-        ``max_len``, ``dtype``, ``device``, ``compile``, ``threads_per_chip``, ``placement_timeout_s``.
+        ``max_len``, ``dtype``, ``device``, ``compile``, ``threads_per_chip``, ``spin_s``,
+        ``placement_timeout_s``.
         """
         started = ensure_ray(ray_address)
         try:
@@ -134,6 +136,7 @@ class ShardedModel:
             if not self._workers:
                 raise RingFailed("the model has been shut down")
             self._client = Link.connect(*self.client_address)
+            self._client.spin_s = 0  # this process waits for the ring; it does not poll
         return self._client
 
     def validate(self, request_id: str, prompt: list[int], params: SamplingParams) -> None:

@@ -42,10 +42,11 @@ from .stage import StageRunner
 from .transport import Link, LinkClosed
 
 TRANSPORT = "tcp"
-FLUSH_S = 0.004
+FLUSH_S = 0.010
 """How often the head sends its client the outputs of the steps since the last send (a
 request's first token and its end are sent at once). Each message wakes the client, whose
-process shares the machine with the chips; 4 ms bundles ~4 steps of the fast model here."""
+process shares the machine with the chips; 10 ms bundles ~10 steps of the fast model here,
+well inside a lane's own coalescing window (``stream_interval_ms``, 50 ms)."""
 
 HopTuple = tuple[str, str, int, int, int, float, int]
 """A ``Hop`` as it travels: ``(src_chip, dst_chip, src_stage, dst_stage, bytes, seconds, received_at)``."""
@@ -201,7 +202,7 @@ class Head(Chip):
             while True:
                 if self.client is None:
                     sock, _ = self.server.accept()
-                    self.client = Link(sock)
+                    self.client = Link(sock, spin_s=0)  # between steps it is polled, never waited on
                 if not self._commands(block=not self.scheduler.has_work):
                     return
                 batch = self.scheduler.schedule()

@@ -48,6 +48,9 @@ class StageRunner:
         """Slot -> sampling parameters of the request in it (on the stage with the head)."""
         self.generators: dict[int, torch.Generator] = {}
         self._forward = compile_forward(model) if compile else model
+        self._logits = model.compute_logits
+        if compile and model.has_head:
+            self._logits = torch.compile(model.compute_logits, dynamic=None, options={"cpp_wrapper": True})
 
     def forward(self, parts: list[Rows], inputs: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
         """Hidden states ``[B, S, D]`` per part; ``inputs`` are the previous stage's, else the tokens."""
@@ -65,7 +68,7 @@ class StageRunner:
         out = []
         for r, h in zip(parts, hidden, strict=True):
             if h.shape[1] == 1:  # decode: the one token is the last (a view)
-                out.append(self.model.compute_logits(h[:, 0]))  # [B, V]
+                out.append(self._logits(h[:, 0]))  # [B, V]
                 continue
             rows = torch.arange(r.num_rows, device=self.device)
             out.append(self.model.compute_logits(h[rows, r.last.to(self.device)]))  # [B, V]

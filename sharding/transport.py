@@ -146,6 +146,26 @@ class Link:
             pass
 
 
+def frame(meta: Any) -> bytes:
+    """A tensor-less message as bytes (what ``Link.send(meta)`` writes), for asyncio writers."""
+    head = pickle.dumps((meta, []), protocol=pickle.HIGHEST_PROTOCOL)
+    return _HEADER.pack(len(head), 0) + head
+
+
+async def read_frame(reader) -> Any:
+    """Read one tensor-less message from an ``asyncio.StreamReader``; ``LinkClosed`` at its end."""
+    import asyncio
+
+    try:
+        n_head, n_data = _HEADER.unpack(await reader.readexactly(_HEADER.size))
+        meta, _ = pickle.loads(await reader.readexactly(n_head))
+        if n_data:
+            await reader.readexactly(n_data)
+    except (asyncio.IncompleteReadError, ConnectionError) as e:
+        raise LinkClosed(f"link closed: {e}") from e
+    return meta
+
+
 def accept(server: socket.socket, count: int, timeout_s: float = 60.0) -> dict[Any, Link]:
     """Accept ``count`` links on ``server``, keyed by the ``hello`` each sent first."""
     server.settimeout(timeout_s)

@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from .ring import Chip, ChipRole, Head
 from .stage import StageRunner
-from .transport import Link, accept, listen
+from .transport import SPIN_S, Link, accept, listen
 from .weights import load_model
 
 
@@ -35,12 +35,13 @@ class ChipWorker:
         tp_rank, tp_size: its rank in the stage's tensor-parallel group.
         device: ``"cpu"`` or ``"cuda"``.
         threads: torch intra-op threads (CPU): the cores this chip owns.
+        spin_s: how long the chip polls its incoming links before sleeping (``sharding.transport``).
     """
 
     def __init__(self, *, index: int, stage: int, num_stages: int, tp_rank: int, tp_size: int,
-                 device: str = "cpu", threads: int = 1) -> None:
+                 device: str = "cpu", threads: int = 1, spin_s: float = SPIN_S) -> None:
         self.node_ip = ray.util.get_node_ip_address()
-        self.index = index
+        self.index, self.spin_s = index, spin_s
         self.role = ChipRole(f"{self.node_ip}/chip{index}", stage, tp_rank, tp_size, num_stages)
         self.device = torch.device(device)
         if self.device.type == "cpu":
@@ -101,6 +102,8 @@ class ChipWorker:
         """
         want = [i for ids in expected.values() for i in ids]
         got = accept(self._server, len(want))
+        for link in got.values():
+            link.spin_s = self.spin_s
         if sorted(got) != sorted(want):
             raise RuntimeError(f"chip {self.index} expected links from {sorted(want)}, got {sorted(got)}")
         self._server.close()

@@ -1,139 +1,130 @@
 """``ShardedLaneEngine``: fastmode's own executor (``sharding``) behind the ``LaneEngine`` interface.
 
-One background thread owns the engine and drives ``step()`` while there is work; the asyncio side
-talks to it through a command queue (add, abort, stop) and receives each step's outputs in one
-``call_soon_threadsafe`` per step, so nothing per token crosses threads. A step blocks on the
-chips (compute and hops), never the event loop.
+The fast model runs on a ring of chips (``sharding.pipeline.ShardedModel``) that decodes by
+itself: this replica sends each request and abort to the ring's head chip, and one reader task on
+the event loop reads what the head sends back (every few steps, a request's first token and its
+end at once: ``sharding.ring.FLUSH_S``) and hands each request its tokens. Nothing per token
+crosses a thread or a Ray call here; the per-token work in this process is detokenizing.
 """
 
 from __future__ import annotations
 
 import asyncio
-import queue
-import threading
+import contextlib
+import socket
 import time
+from collections import defaultdict
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer
 
-from sharding.engine import Engine, StepOutput
-from sharding.pipeline import ShardedModel
+from sharding.pipeline import RingFailed, ShardedModel
+from sharding.ring import StepInfo, step_infos
 from sharding.sampling import SamplingParams
+from sharding.transport import LinkClosed, frame, read_frame
 
 from .. import metrics
 from ..config import FastLaneConfig, TelemetryConfig
 from ..errors import LaneUnavailable
 from .engine import EngineOutput, EngineRequest
-from .step_spans import StepInfo, StepSpans
+from .step_spans import StepSpans
 from .text import TextStream
-
-_STOP = ("stop",)
 
 
 class ShardedLaneEngine:
-    """The fast model, ``tp x pp`` over chips (or in this process when ``tp = pp = 1``).
+    """The fast model, ``tp x pp`` over chips that decode in a ring.
 
     Args:
         path: the checkpoint directory.
         config: the fast lane's section of the deployment config.
         tokenizer: the checkpoint's tokenizer (for detokenization and stop strings).
+        telemetry: step-span sampling (``TelemetryConfig``).
     """
 
     def __init__(self, path: str | Path, config: FastLaneConfig, tokenizer: Tokenizer,
                  telemetry: TelemetryConfig | None = None) -> None:
         self.telemetry = telemetry or TelemetryConfig()
         self.layout = {"fastmode.tp": config.tp, "fastmode.pp": config.pp, "fastmode.transport": config.transport}
-        dtype = getattr(torch, config.dtype)
-        if config.tp * config.pp == 1:
-            self.engine: Engine = Engine.from_pretrained(path, num_slots=config.num_slots, max_len=config.max_len,
-                                                         dtype=dtype, device=config.device, compile=config.compile)
-        else:
-            self.engine = ShardedModel.from_pretrained(path, tp=config.tp, pp=config.pp, num_slots=config.num_slots,
-                                                       max_len=config.max_len, dtype=dtype,
-                                                       transport=config.transport, device=config.device)
-        self.max_len = self.engine.max_len
+        self.model = ShardedModel.from_pretrained(
+            path, tp=config.tp, pp=config.pp, num_slots=config.num_slots, max_len=config.max_len,
+            dtype=getattr(torch, config.dtype), device=config.device, compile=config.compile,
+            threads_per_chip=config.threads_per_chip, spin_s=config.spin_us / 1e6)
+        try:
+            self.model.warmup()  # compile now, not on a user's request
+            self.model.client.close()  # the warm-up's blocking client; the lane reads asynchronously
+            self.model._client = None
+        except BaseException:
+            self.model.shutdown()
+            raise
+        self.max_len = self.model.max_len
         self.tokenizer = tokenizer
-        self._commands: queue.SimpleQueue = queue.SimpleQueue()
-        self._sinks: dict[str, asyncio.Queue] = {}  # touched only on the event loop
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._sinks: dict[str, asyncio.Queue] = {}
+        self._writer: asyncio.StreamWriter | None = None
+        self._reader_task: asyncio.Task | None = None
+        self._connecting: asyncio.Lock | None = None
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="fast-lane-engine", daemon=True)
-        self._thread.start()
+        self._steps = 0
 
-    # -- the engine thread -------------------------------------------------------------------
-    def _run(self) -> None:
-        steps = 0
+    # -- the link to the head ------------------------------------------------------------------
+    async def _connect(self) -> asyncio.StreamWriter:
+        if self._writer is not None:
+            return self._writer
+        self._connecting = self._connecting or asyncio.Lock()
+        async with self._connecting:
+            if self._writer is None:
+                reader, writer = await asyncio.open_connection(*self.model.client_address)
+                writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                self._reader_task = asyncio.create_task(self._read(reader))
+                self._writer = writer
+        return self._writer
+
+    async def _read(self, reader: asyncio.StreamReader) -> None:
         try:
             while True:
-                # Idle: sleep until a command arrives. Busy: take whatever arrived during the step.
-                cmd = self._commands.get() if not self.engine.has_work else self._poll()
-                while cmd is not None:
-                    if cmd is _STOP:
-                        return
-                    self._apply(cmd)
-                    cmd = self._poll()
-                if self.engine.has_work:
-                    start = time.time_ns()
-                    outputs = self.engine.step()
-                    if outputs and self._loop is not None:
-                        info = StepInfo(start, time.time_ns(), self.engine.last_hops, len(outputs))
-                        self._loop.call_soon_threadsafe(self._deliver, outputs, info)
-                        steps += 1
-                        metrics.batch_size("fast", len(outputs))
-                        if steps % metrics.HOP_EVERY == 0:
-                            metrics.hops(info.hops)
+                msg = await read_frame(reader)
+                if msg[0] == "out":
+                    self._deliver(msg[1], step_infos(msg[2]))
+                elif msg[0] == "error":
+                    sink = self._sinks.get(msg[1])
+                    if sink is not None:
+                        sink.put_nowait(msg[2])
+                elif msg[0] == "fatal":
+                    raise RingFailed(f"the ring stopped: {msg[1]}")
         except BaseException as e:  # noqa: BLE001 - reported to every waiting request and to health checks
-            self._error = e
-            if self._loop is not None:
-                self._loop.call_soon_threadsafe(self._fail_all, e)
+            self._error = e if not isinstance(e, LinkClosed) else RingFailed(f"the link to the ring closed: {e}")
+            for rid in list(self._sinks):
+                self._sinks[rid].put_nowait(LaneUnavailable(f"the fast lane's engine failed: {self._error}"))
 
-    def _poll(self):
-        try:
-            return self._commands.get_nowait()
-        except queue.Empty:
-            return None
-
-    def _apply(self, cmd: tuple) -> None:
-        if cmd[0] == "add":
-            _, rid, ids, params = cmd
-            try:
-                self.engine.add(rid, ids, params)
-            except Exception as e:  # noqa: BLE001 - the request's own fault, reported to it alone
-                self._loop.call_soon_threadsafe(self._fail, rid, e)
-        elif cmd[0] == "abort":
-            self.engine.abort(cmd[1])
-
-    # -- the event loop ----------------------------------------------------------------------
-    def _deliver(self, outputs: list[StepOutput], info: StepInfo) -> None:
-        for o in outputs:
-            sink = self._sinks.get(o.request_id)
+    def _deliver(self, outputs: list[tuple], infos: list[StepInfo]) -> None:
+        per: dict[str, list] = defaultdict(list)
+        for rid, token, finished, reason in outputs:
+            per[rid].append((token, finished, reason))
+        for rid, outs in per.items():
+            sink = self._sinks.get(rid)
             if sink is not None:
-                sink.put_nowait((o, info))
+                sink.put_nowait((outs, infos))
+        for info in infos:
+            self._steps += 1
+            metrics.batch_size("fast", info.batch_size)
+            if self._steps % metrics.HOP_EVERY == 0:
+                metrics.hops(info.hops)
 
-    def _fail(self, rid: str, exc: BaseException) -> None:
-        sink = self._sinks.get(rid)
-        if sink is not None:
-            sink.put_nowait(exc)
-
-    def _fail_all(self, exc: BaseException) -> None:
-        for rid in list(self._sinks):
-            self._fail(rid, LaneUnavailable(f"the fast lane's engine failed: {type(exc).__name__}: {exc}"))
-
+    # -- LaneEngine ----------------------------------------------------------------------------
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
         """See ``LaneEngine.generate``."""
-        if self._error is not None or not self._thread.is_alive():
-            raise LaneUnavailable(f"the fast lane's engine is not running ({self._error!r})")
-        self._loop = asyncio.get_running_loop()
+        if self._error is not None:
+            raise LaneUnavailable(f"the fast lane's engine is not running ({self._error})")
         rid = request.request_id
         params = SamplingParams(temperature=request.temperature, top_p=request.top_p, seed=request.seed,
                                 max_tokens=request.max_tokens, ignore_eos=request.ignore_eos)
-        self.engine.scheduler.validate(rid, request.prompt_ids, params)  # typed errors before queueing
+        self.model.validate(rid, request.prompt_ids, params)  # typed errors before anything is sent
+        writer = await self._connect()
         sink: asyncio.Queue = asyncio.Queue()
         self._sinks[rid] = sink
         added_ns = time.time_ns()
-        self._commands.put(("add", rid, request.prompt_ids, params))
+        writer.write(frame(("add", rid, request.prompt_ids, params)))
         text = TextStream(self.tokenizer, request.stop)
         spans = None
         if request.trace is not None:
@@ -146,37 +137,50 @@ class ShardedLaneEngine:
                 if isinstance(item, BaseException):
                     finished = True  # never added, or the engine is gone
                     raise item
-                out, info = item
+                outs, infos = item
+                tokens = [t for t, _, _ in outs]
                 if spans is not None:
-                    spans.step(info)
+                    for info in infos[-len(outs):]:  # the steps this request took part in
+                        spans.step(info)
                 first = {}
                 if added_ns:  # this request's first output: its prefill step
-                    first = {"queue_s": max(0, info.start_ns - added_ns) / 1e9, "batch_size": info.batch_size}
+                    start = infos[-len(outs)].start_ns if len(infos) >= len(outs) else infos[0].start_ns
+                    first = {"queue_s": max(0, start - added_ns) / 1e9,
+                             "batch_size": infos[-len(outs)].batch_size if len(infos) >= len(outs) else None}
                     added_ns = 0
-                delta = text.push(out.token_ids)
-                if text.stopped or out.finished:
-                    finished = out.finished
+                _, done, reason = outs[-1]
+                delta = text.push(tokens)
+                if text.stopped or done:
+                    finished = done
                     if not text.stopped:
                         delta += text.flush()
-                    yield EngineOutput(out.token_ids, delta, "stop" if text.stopped else out.finish_reason, **first)
+                    yield EngineOutput(tokens, delta, "stop" if text.stopped else reason, **first)
                     return
-                yield EngineOutput(out.token_ids, delta, **first)
+                yield EngineOutput(tokens, delta, **first)
         finally:
             self._sinks.pop(rid, None)
-            if not finished:  # closed early, or ended by a stop string: free the slot
-                self._commands.put(("abort", rid))
+            if not finished and self._writer is not None and self._error is None:
+                with contextlib.suppress(Exception):  # closed early, or ended by a stop string: free the slot
+                    self._writer.write(frame(("abort", rid)))
             if spans is not None:
                 spans.finish()
 
     def num_unfinished(self) -> int:
-        return self.engine.num_unfinished
+        return len(self._sinks)
 
     async def check_health(self) -> None:
-        if self._error is not None or not self._thread.is_alive():
-            raise LaneUnavailable(f"the fast lane's engine thread has stopped ({self._error!r})")
+        if self._error is not None:
+            raise LaneUnavailable(f"the fast lane's engine has stopped ({self._error})")
+        try:
+            await asyncio.to_thread(self.model.check_alive)
+        except RingFailed as e:
+            raise LaneUnavailable(f"the fast lane's engine has stopped ({e})") from e
 
     def shutdown(self) -> None:
-        self._commands.put(_STOP)
-        self._thread.join(timeout=30)
-        if isinstance(self.engine, ShardedModel):
-            self.engine.shutdown()
+        if self._reader_task is not None:
+            self._reader_task.cancel()
+        if self._writer is not None:
+            with contextlib.suppress(Exception):
+                self._writer.write(frame(("stop",)))
+                self._writer.close()
+        self.model.shutdown()

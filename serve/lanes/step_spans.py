@@ -14,18 +14,9 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 
 from sharding.batch import Hop
+from sharding.ring import StepInfo
 
 from ..telemetry import tracer
-
-
-@dataclass(frozen=True)
-class StepInfo:
-    """One engine step as the lane saw it: wall-clock bounds (``time.time_ns``) and hops."""
-
-    start_ns: int
-    end_ns: int
-    hops: list[Hop]
-    batch_size: int
 
 
 @dataclass
