@@ -50,7 +50,8 @@ class StageRunner:
         self._forward = compile_forward(model) if compile else model
         self._logits = model.compute_logits
         if compile and model.has_head:
-            self._logits = torch.compile(model.compute_logits, dynamic=None, options={"cpp_wrapper": True})
+            self._logits = torch.compile(model.compute_logits, dynamic=None,
+                                         options={"cpp_wrapper": not is_tensor_parallel(model)})
 
     def forward(self, parts: list[Rows], inputs: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
         """Hidden states ``[B, S, D]`` per part; ``inputs`` are the previous stage's, else the tokens."""
@@ -123,9 +124,18 @@ def compile_forward(model: Llama):
     - ``cpp_wrapper``: the graph's launcher is C++ rather than Python. A decode step is dozens
       of tiny kernels, so the launcher, not the arithmetic, is most of its time on CPU.
 
+    - Not with tensor parallelism: inductor's C++ wrapper cannot call the explicit collectives
+      (``InductorError: arg type Any is not yet supported by custom_op_wrapper``, torch 2.13), so a
+      TP rank keeps the Python launcher.
+
     One engine settles on about seven graphs (prefill and decode, static then dynamic). Dynamo
     counts them per code object (``Llama.forward``) against ``torch._dynamo.config.recompile_limit``
     (8), across every compiled model in the process; past it, calls fall back to eager (correct,
     slower).
     """
-    return torch.compile(model.forward, dynamic=None, options={"cpp_wrapper": True})
+    return torch.compile(model.forward, dynamic=None, options={"cpp_wrapper": not is_tensor_parallel(model)})
+
+
+def is_tensor_parallel(model: torch.nn.Module) -> bool:
+    """Whether any of ``model``'s layers is split over more than one rank."""
+    return any(getattr(m, "tp_size", 1) > 1 for m in model.modules())

@@ -1,8 +1,10 @@
-"""``ShardedModel``: tp x pp layouts of Ray chip actors against transformers; hops; placement errors.
+"""``ShardedModel``: tp x pp rings of Ray chip actors against transformers; hops; placement errors.
 
-One Ray session for the module (four chips, two CPUs). ``pipe`` is parametrized indirectly with
-``(tp, pp, checkpoint, transport)`` and module-scoped, so pytest groups the tests by layout and
-builds each one once; only one layout is alive at a time (they share the four chips).
+Every generation here runs the ring (``sharding.ring``): the chips decode by themselves and the
+test reads their outputs. One Ray session for the module (four chips, two CPUs). ``pipe`` is
+parametrized indirectly with ``(tp, pp, checkpoint, compile)`` and module-scoped, so pytest groups
+the tests by layout and builds each one once; only one layout is alive at a time (they share the
+four chips).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import ray
 import torch
 
 from sharding.errors import EmptyPrompt, InvalidLayout, NotEnoughChips, PromptTooLong, TokenOutOfRange
-from sharding.pipeline import ShardedModel
+from sharding.pipeline import RingFailed, ShardedModel
 from sharding.sampling import SamplingParams
 
 from .conftest import SHIPPED, hf_greedy, hf_logits, prompt_ids, resolve, save_random_llama
@@ -22,16 +24,17 @@ from .conftest import SHIPPED, hf_greedy, hf_logits, prompt_ids, resolve, save_r
 CHIPS = 4
 TOL = 1e-4
 LAYOUTS = [(1, 1), (2, 1), (1, 2), (2, 2)]
-CG = "compiled_graph"
-TINY = [(tp, pp, "tiny-full", CG) for tp, pp in LAYOUTS]
-PIPELINED = [(1, 2, "tiny-full", CG), (2, 2, "tiny-full", CG)]
-PARITY = TINY + [(2, 2, "random-tied", CG), (1, 2, "tiny-full", "actor_calls")] + [
-    (tp, pp, name, CG) for name in SHIPPED for tp, pp in LAYOUTS]
+EAGER = False
+TINY = [(tp, pp, "tiny-full", EAGER) for tp, pp in LAYOUTS]
+PIPELINED = [(1, 2, "tiny-full", EAGER), (2, 2, "tiny-full", EAGER)]
+# torch.compile inside the chips, as the fast lane runs them (pp=2, and tp=2 with its collectives).
+COMPILED = [(1, 2, "fast", True), (2, 1, "tiny-full", True)]
+PARITY = TINY + [(2, 2, "random-tied", EAGER)] + [(tp, pp, name, EAGER) for name in SHIPPED for tp, pp in LAYOUTS]
 
 
 def _id(p: tuple) -> str:
-    tp, pp, name, transport = p
-    return f"tp{tp}-pp{pp}-{name}" + ("" if transport == CG else f"-{transport}")
+    tp, pp, name, compile_ = p
+    return f"tp{tp}-pp{pp}-{name}" + ("-compiled" if compile_ else "")
 
 
 def _pipe(params: list[tuple]):
@@ -48,9 +51,9 @@ def ray_cluster():
 @pytest.fixture(scope="module")
 def pipe(request, ray_cluster, tiny_dir):
     """``(model, checkpoint path)`` for one layout, built once for every test that asks for it."""
-    tp, pp, name, transport = request.param
+    tp, pp, name, compile_ = request.param
     path = resolve(name, tiny_dir)
-    model = ShardedModel.from_pretrained(path, tp=tp, pp=pp, num_slots=4, transport=transport)
+    model = ShardedModel.from_pretrained(path, tp=tp, pp=pp, num_slots=4, compile=compile_)
     yield model, path
     model.shutdown()
 
@@ -78,7 +81,7 @@ def test_prompt_logits_match_transformers(pipe):
     assert (model.prompt_logits(ids) - hf_logits(path, ids)).abs().max().item() <= TOL
 
 
-@_pipe(PARITY)
+@_pipe(PARITY + COMPILED)
 def test_greedy_64_tokens_match_transformers(pipe):
     model, path = pipe
     ids = prompt_ids(path, 24)
@@ -101,46 +104,49 @@ def test_sequence_joining_mid_batch_matches_alone(pipe):
     model, path = pipe
     a, b, c = (prompt_ids(path, n, seed=10 + n) for n in (7, 19, 12))
     params = SamplingParams(max_tokens=16)
-    alone = {k: model.generate([p], params)[0] for k, p in zip("abc", (a, b, c), strict=True)}
-    model.add("a", a, params)
+    long = SamplingParams(max_tokens=60, ignore_eos=True)
+    alone = {k: model.generate([p], sp)[0] for k, p, sp in zip("abc", (a, b, c), (long, params, params), strict=True)}
+    model.add("a", a, long)
     model.add("b", b, SamplingParams(max_tokens=5))
     got: dict[str, list[int]] = {}
-    for _ in range(6):
+    while "b" in model._unfinished:  # b's end is sent at once, while a still runs
         for o in model.step():
             got.setdefault(o.request_id, []).extend(o.token_ids)
-    assert got["b"] == alone["b"][:5] and model.cache.num_free == 3
-    model.add("c", c, params)
+    assert got["b"] == alone["b"][:5] and len(got["a"]) < 60 and model.num_unfinished == 1
+    model.add("c", c, params)  # joins the running batch
     while model.has_work:
         for o in model.step():
             got.setdefault(o.request_id, []).extend(o.token_ids)
-    assert got["a"] == alone["a"] and got["c"] == alone["c"] and model.cache.num_free == 4
+    assert got["a"] == alone["a"] and got["c"] == alone["c"] and model.num_unfinished == 0
 
 
 @_pipe(PIPELINED)
 def test_every_step_reports_its_hops(pipe):
     model, path = pipe
-    tp, d = model.executor.tp, model.config.hidden_size
-    params = SamplingParams(max_tokens=4, ignore_eos=True)
-    model.add("x", prompt_ids(path, 5), params)
-    model.add("y", prompt_ids(path, 9, seed=1), params)
-    rows_per_step = [(2, 9), (2, 1), (2, 1), (3, 1)]  # prefill two rows padded to 9, then decodes
-    for i, (b, s) in enumerate(rows_per_step):
-        if i == 2:
-            model.add("z", prompt_ids(path, 6, seed=2), params)  # joins: prefill [1, 6] + decode [2, 1]
-        model.step()
-        hops = model.last_hops
-        between = [h for h in hops if (h.src_stage, h.dst_stage) == (0, 1)]
-        assert len(between) == tp and {h.dst_chip for h in between} == {c.chip for c in model.layout[tp:]}
-        expected = (b * s + (6 if i == 2 else 0)) * d * 4
-        assert all(h.bytes == expected and h.seconds > 0 and h.transport == CG for h in between)
-        assert {(h.src_stage, h.dst_stage) for h in hops} == {(-1, 0), (0, 1), (1, -1)}
-        assert len(hops) == 2 * tp + 1 and all(h.seconds > 0 for h in hops)
-        assert len(model.last_result.stage_seconds) == 2
+    tp, d = model.tp, model.config.hidden_size
+    model.add("x", prompt_ids(path, 5), SamplingParams(max_tokens=4, ignore_eos=True))
+    model.add("y", prompt_ids(path, 9, seed=1), SamplingParams(max_tokens=4, ignore_eos=True))
+    infos = []
     while model.has_work:
         model.step()
+        infos += model.last_infos
+    # One prefill of two rows padded to 9, then three decodes of two rows.
+    assert [i.batch_size for i in infos] == [2, 2, 2, 2]
+    for info, (b, s) in zip(infos, [(2, 9), (2, 1), (2, 1), (2, 1)], strict=True):
+        hops = info.hops
+        between = [h for h in hops if (h.src_stage, h.dst_stage) == (0, 1)]
+        assert len(between) == tp and {h.dst_chip for h in between} == {c.chip for c in model.layout[tp:]}
+        assert all(h.bytes == b * s * d * 4 and h.transport == "tcp" for h in between)
+        back = [h for h in hops if (h.src_stage, h.dst_stage) == (1, 0)]
+        assert len(back) == tp and {h.dst_chip for h in back} == {model.layout[0].chip}
+        assert sorted(h.bytes for h in back) == [0] * (tp - 1) + [8 * b]  # rank 0 carries the tokens
+        fanout = [h for h in hops if (h.src_stage, h.dst_stage) == (0, 0)]  # token ids to the head's TP peers
+        assert len(fanout) == tp - 1 and all(h.bytes == 8 * b * s for h in fanout)
+        assert len(hops) == 3 * tp - 1 and all(h.seconds > 0 for h in hops)
+        assert len(info.stage_seconds) == 2 and info.end_ns > info.start_ns
 
 
-@_pipe([(2, 2, "tiny-full", CG)])
+@_pipe([(2, 2, "tiny-full", EAGER)])
 def test_layout_names_every_chip(pipe):
     model, _ = pipe
     assert [(c.index, c.stage, c.tp_rank, c.layers) for c in model.layout] == [
@@ -149,7 +155,7 @@ def test_layout_names_every_chip(pipe):
     assert [c.has_embedding for c in model.layout] == [True, True, False, False]
 
 
-@_pipe([(1, 2, "tiny-full", CG)])
+@_pipe([(1, 2, "tiny-full", EAGER)])
 @pytest.mark.parametrize("prompt, params, error", [
     ([], None, EmptyPrompt),
     ([0, 5, 600], None, TokenOutOfRange),
@@ -184,7 +190,7 @@ def test_more_chips_than_the_cluster_has(ray_cluster, tmp_path):
     assert live_groups() == groups and free_chips() == chips
 
 
-@_pipe([(2, 2, "tiny-full", CG)])
+@_pipe([(2, 2, "tiny-full", EAGER)])
 def test_chips_held_by_others_time_out_and_leave_nothing(pipe, tiny_dir):
     """All four chips are held by ``pipe``: a second model waits, gives up, and cleans up."""
     groups = live_groups()
@@ -193,7 +199,7 @@ def test_chips_held_by_others_time_out_and_leave_nothing(pipe, tiny_dir):
     assert live_groups() == groups and free_chips() == 0
 
 
-@_pipe([(2, 1, "random-tied", CG)])
+@_pipe([(2, 1, "random-tied", EAGER)])
 def test_shutdown_releases_every_chip(pipe):
     model, path = pipe  # the only layout alive now: the fixture holds one at a time
     ids = prompt_ids(path, 8)
@@ -202,8 +208,26 @@ def test_shutdown_releases_every_chip(pipe):
         assert model.generate([ids], SamplingParams(max_tokens=4))[0] == hf_greedy(path, ids, 4)
     assert wait_for_chips(CHIPS) == CHIPS and live_groups() == 0
     model.shutdown()  # idempotent
-    with pytest.raises(RuntimeError, match="shut down"):
+    with pytest.raises(RingFailed, match="shut down"):
         model.generate([ids])
+
+
+@_pipe([(1, 2, "tiny-full", EAGER)])
+def test_abort_frees_the_slot_within_a_step_and_a_dead_chip_is_reported(pipe):
+    model, path = pipe
+    ids = prompt_ids(path, 6)
+    for i in range(4):  # fill every slot, then abort them all mid-stream
+        model.add(f"r{i}", ids, SamplingParams(max_tokens=100, ignore_eos=True))
+    model.step()
+    for i in range(4):
+        assert model.abort(f"r{i}")
+    assert not model.has_work and model.step() == []
+    # Every slot is free again: four new requests fit at once and decode to the end.
+    assert model.generate([ids] * 4, SamplingParams(max_tokens=3)) == [hf_greedy(path, ids, 3)] * 4
+    model.check_alive()
+    ray.kill(model._workers[1], no_restart=True)
+    with pytest.raises(RingFailed):
+        model.generate([ids], SamplingParams(max_tokens=50, ignore_eos=True))
 
 
 def test_prompt_logits_in_process_match_transformers(tiny_dir):

@@ -24,12 +24,13 @@ def test_first_step_prefills_padded_rows_with_their_last_index():
     assert batch.decode is None and batch.prefill.tokens.tolist() == [[5, 6, 7], [8, 0, 0]]
     assert batch.prefill.positions.tolist() == [[0, 1, 2]] * 2
     assert batch.prefill.slots.tolist() == [0, 1] and batch.prefill.last.tolist() == [2, 0]
-    assert batch.seeds == {1: 11}  # greedy requests need no generator
+    # Each request's parameters travel once, in the step that admits it; rows carry none.
+    assert {slot: p.seed for slot, p in batch.admit.items()} == {0: None, 1: 11}
     outs = sched.postprocess(StepResult(prefill=[3, 1]))  # b draws eos
     assert [(o.request_id, o.token_ids, o.finished, o.finish_reason) for o in outs] == [
         ("a", [3], False, None), ("b", [1], True, "stop")]
     batch = sched.schedule()  # c takes b's slot; a decodes its last token at position 3
-    assert batch.freed == [1] and batch.prefill.slots.tolist() == [1]
+    assert batch.freed == [1] and batch.prefill.slots.tolist() == [1] and list(batch.admit) == [1]
     assert batch.decode.tokens.tolist() == [[3]] and batch.decode.positions.tolist() == [[3]]
     assert torch.equal(batch.decode.last, torch.tensor([0]))
 
@@ -45,7 +46,6 @@ def test_abort_frees_the_slot_and_tells_the_executor():
     assert sched.schedule().freed == [0]  # the executor drops slot 0's generator before reusing it
 
 
-def test_logits_batch_returns_its_slot_at_once():
+def test_reserve_for_prompt_logits_returns_its_slot_at_once():
     sched = Scheduler(CONFIG, SlotPool(1), 32)
-    batch = sched.logits_batch([4, 5, 6])
-    assert batch.return_logits and batch.prefill.last.tolist() == [2] and sched.slots.num_free == 1
+    assert sched.reserve([4, 5, 6]) == 0 and sched.slots.num_free == 1
