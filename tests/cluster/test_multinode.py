@@ -6,7 +6,7 @@ resource of their own (``node_a``, ``node_b``). A ``tp=1 x pp=2`` layout needs o
 stage, so ``reserve_stages`` can only put stage 0 and stage 1 on different nodes; the tests check
 that it did (from inside the actors and from the placement groups), that the stage 0 -> stage 1
 hop is recorded between them, and that greedy and seeded tokens equal those of the single-node
-in-process engine and of transformers, for both transports.
+in-process engine and of transformers, over the ring's TCP links.
 
 Token authentication stays on (``RAY_AUTH_MODE=token``, as a local ``ray.init`` does by
 default). The module shuts down whatever Ray this process had before it starts its cluster, and
@@ -167,13 +167,12 @@ def _whereabouts(actor) -> tuple[str, int]:
     return ray.get(ask, timeout=30)
 
 
-@pytest.fixture(scope="module", params=["compiled_graph", "actor_calls"])
-def pipe(request, cluster, path):
+@pytest.fixture(scope="module")
+def pipe(cluster, path):
     """``(model, {chip id: node id})``: the fast model, tp=1 x pp=2, over the cluster's two chips."""
-    model = ShardedModel.from_pretrained(path, tp=1, pp=2, num_slots=4, max_len=MAX_LEN,
-                                         transport=request.param, placement_timeout_s=30)
+    model = ShardedModel.from_pretrained(path, tp=1, pp=2, num_slots=4, max_len=MAX_LEN, placement_timeout_s=30)
     try:
-        actors = [w for ws in model.executor._stages for w in ws]
+        actors = model._workers
         where = [_whereabouts(a) for a in actors]
         cluster.actor_pids |= {pid for _, pid in where}
         nodes = {c.chip: node for c, (node, _) in zip(model.layout, where, strict=True)}
@@ -216,7 +215,7 @@ def test_stages_run_on_different_nodes(pipe):
     assert sorted(stage_nodes) == sorted(by_resource[n] for n in NODES)  # one per worker node
     assert by_resource["head"] not in stage_nodes  # the driver's node has no chip
     # The placement groups agree: each stage's bundle is on its actor's node.
-    groups = [ray.util.placement_group_table(pg)["bundles_to_node_id"][0] for pg in model.executor._groups]
+    groups = [ray.util.placement_group_table(pg)["bundles_to_node_id"][0] for pg in model._groups]
     assert groups == stage_nodes
 
 
@@ -245,16 +244,18 @@ def test_seeded_samples_match_single_node(pipe, prompts, single_node):
 
 def test_hop_between_stages_crosses_nodes(pipe, prompts):
     model, nodes = pipe
-    transport = model.executor.transport
     d = model.config.hidden_size
     model.add("x", prompts[0], SamplingParams(max_tokens=3, ignore_eos=True))
-    for i in range(3):
+    infos = []
+    while model.has_work:
         model.step()
-        hops = model.last_hops
-        assert {(h.src_stage, h.dst_stage) for h in hops} == {(-1, 0), (0, 1), (1, -1)}
+        infos += model.last_infos
+    assert len(infos) == 3
+    for i, info in enumerate(infos):
+        hops = info.hops
+        assert {(h.src_stage, h.dst_stage) for h in hops} == {(0, 1), (1, 0)}  # the ring: there and back
         (between,) = [h for h in hops if (h.src_stage, h.dst_stage) == (0, 1)]
         assert (between.src_chip, between.dst_chip) == (model.layout[0].chip, model.layout[1].chip)
         assert nodes[between.src_chip] != nodes[between.dst_chip]
         rows = len(prompts[0]) if i == 0 else 1  # the prefill, then one decode row
-        assert between.bytes == rows * d * 4 and between.seconds > 0 and between.transport == transport
-    assert not model.has_work
+        assert between.bytes == rows * d * 4 and between.seconds > 0 and between.transport == "tcp"

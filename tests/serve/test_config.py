@@ -45,8 +45,9 @@ def test_relative_model_paths_resolve_against_the_file(tmp_path):
 
 @pytest.mark.parametrize("data,says", [
     ({"lanes": {"priority": {"max_num_seqs": 0}}}, "lanes.priority.max_num_seqs"),
-    ({"lanes": {"fast": {"pp": 2, "compile": True}}}, "compile is only available"),
     ({"lanes": {"fast": {"transport": "carrier pigeon"}}}, "lanes.fast.transport"),
+    ({"lanes": {"fast": {"spin_us": -1}}}, "lanes.fast.spin_us"),
+    ({"lanes": {"fast": {"threads_per_chip": 0}}}, "lanes.fast.threads_per_chip"),
     ({"lanes": {"turbo": {}}}, "lanes.turbo"),
     ({"router": {"auto_threshold": -1}}, "router.auto_threshold"),
     ({"http": {"port": 70000}}, "http.port"),

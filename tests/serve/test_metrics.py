@@ -44,7 +44,7 @@ def test_lane_and_hop_metrics_are_exported(app):
         time.sleep(1)
     hops = {k: v for k, v in m.items() if k.startswith("ray_fastmode_hop_seconds_count")}
     assert any("src_chip=driver" in k for k in hops) and any("dst_chip=driver" in k for k in hops)
-    assert all("transport=actor_calls" in k for k in hops)
+    assert all("transport=tcp" in k for k in hops)
     assert m["ray_fastmode_ttft_seconds_sum{lane=fast}"] > 0
     # Buckets are cumulative: the +Inf bucket holds every observation.
     assert m["ray_fastmode_ttft_seconds_bucket{lane=fast,le=+Inf}"] == m["ray_fastmode_ttft_seconds_count{lane=fast}"]
