@@ -94,7 +94,8 @@ def direct(tokens: int, runs: int, concurrency: int = 0) -> dict:
     cfg = FastLaneConfig()
     ray.init(address="local", resources={"chip": cfg.tp * cfg.pp}, include_dashboard=False, log_to_driver=False)
     try:
-        with ShardedModel.from_pretrained(FAST, tp=cfg.tp, pp=cfg.pp, transport=cfg.transport) as m:
+        with ShardedModel.from_pretrained(FAST, tp=cfg.tp, pp=cfg.pp, compile=cfg.compile) as m:
+            m.warmup()
             m.generate([[0, 100, 200]], SamplingParams(max_tokens=8))
             rates = []
             for _ in range(runs):

@@ -187,8 +187,10 @@ def sharding_section(doc: dict | None) -> list[str]:
     out += _table(["tp x pp", "transport", "tok/s", "step ms", "compute ms", "hops (median, payload)", "planner tok/s",
                    "measured / planner"], rows) + [""]
     if doc.get("bare_round_trip_ms"):
-        out += ["Bare transports, driver -> a -> b -> driver: " + ", ".join(
-            f"{k} {v:.2f} ms" for k, v in doc["bare_round_trip_ms"].items()) + ".", ""]
+        out += ["Bare transports, the candidates for a per-token hop (driver -> a -> b -> driver, 1 KiB; "
+                "idle: the CPU an idle actor of the pair used over 2 s): " + ", ".join(
+            f"{k} {v['round_trip_ms']:.3f} ms" + (f" (idle {100 * v['idle_cpu']:.0f}% of a core)" if "idle_cpu" in v else "")
+            if isinstance(v, dict) else f"{k} {v:.2f} ms" for k, v in doc["bare_round_trip_ms"].items()) + ".", ""]
     if doc.get("planner_choice"):
         p = doc["planner_choice"]
         out += [f"The planner's pick for {p['chips']} `cpu-core` chips: {p['tp']}x{p['pp']}; the fastest measured: "

@@ -49,9 +49,11 @@ class ModelsConfig(_Strict):
 class LaneCommon(_Strict):
     price: float = Field(default=1.0, ge=0, description="Cost multiplier: a response costs "
                          "price x (input + output tokens) / 1000 cost units.")
-    stream_interval_ms: float = Field(default=50.0, ge=0, le=1000, description="Tokens produced within this "
-                                      "window after the previous chunk travel as one chunk (Ray Serve "
-                                      "spends about 0.5 ms per streamed item). The first token is never held.")
+    stream_interval_ms: float = Field(default=50.0, ge=0, le=1000, description="The longest coalescing window: "
+                                      "tokens produced within the window after the previous chunk travel as "
+                                      "one chunk. The window adapts (5 ms up to this) so that a chunk costs "
+                                      "at most 2% of the stream (Ray Serve spends about 0.5 ms per streamed "
+                                      "item). The first token and a response's end are never held.")
     replicas: int = Field(default=1, ge=1, description="Serve replicas of this lane (each its own engine).")
     ray_actor_options: dict[str, Any] = Field(default_factory=lambda: {"num_cpus": 0}, description=
                                               "Ray options of each replica, e.g. {num_gpus: 1} on a GPU node.")

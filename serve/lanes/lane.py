@@ -30,6 +30,13 @@ FAST = "fast"
 PRIORITY = "priority"
 STANDARD = "standard"
 LANES = (FAST, PRIORITY, STANDARD)
+MIN_STREAM_INTERVAL_S = 0.005
+"""The shortest coalescing window (the longest is the lane's ``stream_interval_ms``); in between
+it adapts to what a streamed chunk costs Ray Serve (``serve.stream.coalesce``)."""
+
+
+def _is_last(out: EngineOutput) -> bool:
+    return out.finish_reason is not None
 
 
 class Lane:
@@ -110,7 +117,8 @@ class Lane:
         try:
             yield {"type": "accepted", "input_tokens": n_prompt}
             n_out, seq, first, last, reason, queue_s = 0, 0, None, None, None, None
-            async for outs in coalesce(self.engine.generate(engine_request), self.config.stream_interval_ms / 1e3):
+            async for outs in coalesce(self.engine.generate(engine_request), self.config.stream_interval_ms / 1e3,
+                                       min_interval_s=MIN_STREAM_INTERVAL_S, final=_is_last):
                 now = time.perf_counter()
                 first = first or now
                 last = now
