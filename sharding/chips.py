@@ -82,15 +82,16 @@ def _cpu_core() -> ChipSpec:
         memory_bandwidth=10e9,
         fast_memory_bandwidth=50e9,
         link_bandwidth=2e9,
-        link_latency=0.4e-3,
+        link_latency=60e-6,
         link_latency_collective=50e-6,
-        layer_overhead=0.35e-3,
+        layer_overhead=0.15e-3,
         source=("this host's caches (sysfs) and memory / cores; bandwidths typical of one server core. "
-                "Measured on the 2-core dev machine (bench.sharding, bench.executor_vs_vllm, 2026-11-21): "
-                "link = a Ray compiled-graph message between CPU actors (1.13 ms per 3-message round "
-                "trip); layer overhead = eager single-stream decode of models/fast in process "
-                "(1.55 ms per token over 4 layers, head and sampling included). The collective "
-                "latency is a typical gloo-on-loopback figure, not measured here"),
+                "Measured on the 2-core dev machine (2026-11-23, the ring of sharding.ring, compiled "
+                "chips): link = one hop of the ring's TCP links between chip actors (medians 41-76 us "
+                "for 8-512 bytes with the spin window); layer overhead = a compiled single-stream "
+                "decode step of models/fast on the ring's stages (262 + 417 us for 2 + 2 layers, "
+                "embedding, head, sampling and scheduling included). The collective latency is a "
+                "typical gloo-on-loopback figure, not measured here"),
     )
 
 

@@ -129,8 +129,9 @@ def predict(fp: Footprint, chip: ChipSpec, tp: int, pp: int) -> Layout:
         act = fp.hidden * b
         per = chip.link_latency_collective + 2 * (tp - 1) / tp * act / chip.link_bandwidth
         collective = 2 * fp.layers * per + chip.link_latency_collective + fp.vocab * b / chip.link_bandwidth
-    # driver -> stage 0, pp - 1 stage-to-stage hops of one token's activations, last stage -> driver.
-    hops = (pp + 1) * chip.link_latency + (pp - 1) * fp.hidden * b / chip.link_bandwidth
+    # The ring (sharding.ring): pp - 1 stage-to-stage hops of one token's activations, and the last
+    # stage's token back to the head; none with one stage (the head samples itself).
+    hops = (pp if pp > 1 else 0) * chip.link_latency + (pp - 1) * fp.hidden * b / chip.link_bandwidth
     total = compute + collective + hops
     return Layout(tp, pp, tp * pp, max(chip_bytes), all(c <= chip.memory_bytes for c in chip_bytes),
                   all(c <= chip.fast_memory_bytes for c in chip_bytes), compute, collective, hops,

@@ -21,21 +21,40 @@ from ..telemetry import tracer
 
 @dataclass
 class HopTotals:
+    """Every hop of a request's steps: overall percentiles and, per chip pair, count / seconds /
+    max / bytes (what ``fastmode trace``'s heatmap needs, for every step, not only the sampled ones)."""
+
     seconds: list[float] = field(default_factory=list)
     bytes: int = 0
+    pairs: dict[tuple[str, str], list] = field(default_factory=dict)
 
     def add(self, hops: list[Hop]) -> None:
         for h in hops:
             self.seconds.append(h.seconds)
             self.bytes += h.bytes
+            p = self.pairs.get((h.src_chip, h.dst_chip))
+            if p is None:
+                self.pairs[(h.src_chip, h.dst_chip)] = [1, h.seconds, h.seconds, h.bytes]
+            else:
+                p[0] += 1
+                p[1] += h.seconds
+                p[2] = max(p[2], h.seconds)
+                p[3] += h.bytes
 
-    def attributes(self) -> dict[str, float | int]:
+    def attributes(self) -> dict[str, float | int | list]:
         s = sorted(self.seconds)
         if not s:
             return {"fastmode.hops.count": 0}
+        pairs = sorted(self.pairs.items())
         return {"fastmode.hops.count": len(s), "fastmode.hops.bytes": self.bytes,
                 "fastmode.hops.seconds_total": sum(s), "fastmode.hops.seconds_p50": s[len(s) // 2],
-                "fastmode.hops.seconds_p99": s[min(len(s) - 1, int(0.99 * len(s)))]}
+                "fastmode.hops.seconds_p99": s[min(len(s) - 1, int(0.99 * len(s)))],
+                # One entry per chip pair, in the same order in every array.
+                "fastmode.hops.pair": [f"{a}->{b}" for (a, b), _ in pairs],
+                "fastmode.hops.pair_count": [v[0] for _, v in pairs],
+                "fastmode.hops.pair_seconds": [v[1] for _, v in pairs],
+                "fastmode.hops.pair_max_seconds": [v[2] for _, v in pairs],
+                "fastmode.hops.pair_bytes": [v[3] for _, v in pairs]}
 
 
 class StepSpans:

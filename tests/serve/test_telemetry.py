@@ -57,7 +57,8 @@ def attrs(span) -> dict:
     for a in span.attributes:
         v = a.value
         kind = v.WhichOneof("value")
-        out[a.key] = [x.string_value for x in v.array_value.values] if kind == "array_value" else getattr(v, kind)
+        out[a.key] = ([getattr(x, x.WhichOneof("value")) for x in v.array_value.values] if kind == "array_value"
+                      else getattr(v, kind))
     return out
 
 
@@ -121,6 +122,10 @@ def test_one_trace_from_the_caller_down_to_each_hop(traced):
         assert stages == {(0, 0), (0, 1), (1, 0)}
     assert totals["fastmode.hops.count"] >= 12 * 5 and totals["fastmode.hops.seconds_p99"] >= \
         totals["fastmode.hops.seconds_p50"] > 0
+    # Per chip pair over every step (not only the sampled ones): 5 pairs, one hop each per step.
+    assert len(totals["fastmode.hops.pair"]) == 5 and set(totals["fastmode.hops.pair_count"]) == {12}
+    assert sum(totals["fastmode.hops.pair_count"]) == totals["fastmode.hops.count"]
+    assert all(m > 0 for m in totals["fastmode.hops.pair_max_seconds"])
 
 
 def request_span(receiver: Receiver, trace_id: str, timeout_s: float = 30):

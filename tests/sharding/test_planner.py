@@ -62,8 +62,9 @@ def test_more_bandwidth_predicts_more_tokens_per_second():
     fast = predict(fp, tiny_chip(memory_bandwidth=1e12, memory_bytes=1e12), 1, 1)
     assert fast.tokens_per_s > slow.tokens_per_s
     hops = predict(fp, tiny_chip(memory_bytes=1e12), 1, 4)
-    # driver -> stage 0, three stage hops, last stage -> driver; activations cross the three.
-    assert hops.hop_s == pytest.approx(5 * 1e-4 + 3 * 2048 * 2 / 1e9)
+    # The ring: three stage hops and the token back to the head; activations cross the three.
+    assert hops.hop_s == pytest.approx(4 * 1e-4 + 3 * 2048 * 2 / 1e9)
+    assert predict(fp, tiny_chip(memory_bytes=1e12), 1, 1).hop_s == 0  # one stage samples itself
 
 
 def test_real_model_on_presets():
