@@ -43,7 +43,9 @@ def test_lane_and_hop_metrics_are_exported(app):
         assert time.monotonic() < deadline, sorted(k for k in m if k.endswith("}") and "_bucket" not in k)
         time.sleep(1)
     hops = {k: v for k, v in m.items() if k.startswith("ray_fastmode_hop_seconds_count")}
-    assert any("src_chip=driver" in k for k in hops) and any("dst_chip=driver" in k for k in hops)
+    # The ring: stage 0 -> stage 1 and the tokens back to the head, both labelled by chip.
+    pairs = {(k.split("src_chip=")[1].split(",")[0], k.split("dst_chip=")[1].split(",")[0]) for k in hops}
+    assert len(pairs) == 2 and {(b, a) for a, b in pairs} == pairs and all("/chip" in a for a, _ in pairs)
     assert all("transport=tcp" in k for k in hops)
     assert m["ray_fastmode_ttft_seconds_sum{lane=fast}"] > 0
     # Buckets are cumulative: the +Inf bucket holds every observation.

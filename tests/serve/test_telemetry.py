@@ -115,7 +115,9 @@ def test_one_trace_from_the_caller_down_to_each_hop(traced):
         for hop in hops:
             h = attrs(hop)
             assert hop.name == f"fastmode.hop {h['fastmode.hop.src_chip']}->{h['fastmode.hop.dst_chip']}"
-            assert h["fastmode.hop.transport"] == "tcp" and h["fastmode.hop.bytes"] > 0
+            # Every hop carries tensors but the other ranks' returns to the head (their hop records only).
+            assert h["fastmode.hop.transport"] == "tcp" and (h["fastmode.hop.bytes"] > 0 or (
+                h["fastmode.hop.src_stage"], h["fastmode.hop.dst_stage"]) == (1, 0))
             assert h["fastmode.hop.seconds"] > 0
             assert step.start_time_unix_nano <= hop.end_time_unix_nano
         stages = {(attrs(h)["fastmode.hop.src_stage"], attrs(h)["fastmode.hop.dst_stage"]) for h in hops}
