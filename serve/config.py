@@ -72,7 +72,7 @@ class FastLaneConfig(LaneCommon):
     dtype: Literal["float32", "bfloat16", "float16"] = Field(default="float32", description=
                                                              "Weights and activations.")
     transport: Literal["tcp"] = Field(default="tcp", description="How the chips of the ring pass each "
-        "step on: TCP links (sharding/transport.py; about 40-70 us a hop on one machine, across nodes "
+        "step on: TCP links (sharding/transport.py; 60-120 us a hop on one machine, fastmode bench sharding, across nodes "
         "unchanged). docs/sharding.md compares it with Ray actor calls and compiled graphs.")
     device: Literal["cpu", "cuda"] = Field(default="cpu", description="Where each chip computes.")
     compile: bool = Field(default=True, description="torch.compile each chip's step (warmed up at "

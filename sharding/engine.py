@@ -19,7 +19,7 @@ from .batch import Executor, Hop, StepBatch, StepResult
 from .errors import InvalidLayout
 from .kv_cache import KVCache, SlotPool
 from .model import Llama
-from .sampling import SamplingParams
+from .sampling import SamplingParams, params_per_prompt
 from .scheduler import Scheduler, StepOutput
 from .stage import StageRunner
 from .weights import load_model
@@ -151,9 +151,7 @@ class Engine:
         """
         if self.has_work:
             raise RuntimeError("generate() needs an idle engine; drive add()/step() instead")
-        params_list = params if isinstance(params, list) else [params] * len(prompts)
-        if len(params_list) != len(prompts):
-            raise ValueError(f"{len(prompts)} prompts but {len(params_list)} sampling params")
+        params_list = params_per_prompt(prompts, params)
         ids = [f"generate-{id(self)}-{i}" for i in range(len(prompts))]
         for rid, prompt, p in zip(ids, prompts, params_list, strict=True):
             self.add(rid, prompt, p)

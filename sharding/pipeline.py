@@ -25,10 +25,10 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from .batch import Hop
 from .config import ModelConfig
-from .errors import InvalidLayout, ShardingError
+from .errors import DuplicateRequest, InvalidLayout, ShardingError
 from .placement import CHIP, ChipPlacement, ensure_ray, release, require_chips, reserve_stages, stage_layers
 from .ring import StepInfo, ring_links, step_infos
-from .sampling import SamplingParams
+from .sampling import SamplingParams, params_per_prompt
 from .scheduler import StepOutput, validate_request
 from .transport import SPIN_S, Link
 from .worker import ChipWorker
@@ -139,6 +139,12 @@ class ShardedModel:
             self._client.spin_s = 0  # this process waits for the ring; it does not poll
         return self._client
 
+    def close_client(self) -> None:
+        """Close this process's blocking client link (the head then takes another client)."""
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
     def validate(self, request_id: str, prompt: list[int], params: SamplingParams) -> None:
         """The typed error ``add`` would raise for this request, before anything is sent."""
         validate_request(self.config, self.max_len, request_id, prompt, params)
@@ -157,8 +163,6 @@ class ShardedModel:
 
         Raises ``EmptyPrompt``, ``TokenOutOfRange``, ``PromptTooLong`` or ``DuplicateRequest`` at once.
         """
-        from .errors import DuplicateRequest
-
         params = params or SamplingParams()
         prompt = [int(t) for t in prompt_ids]
         self.validate(request_id, prompt, params)
@@ -216,9 +220,7 @@ class ShardedModel:
         """Generate for every prompt (continuously batched in the ring); the new tokens of each."""
         if self.has_work:
             raise RuntimeError("generate() needs an idle model; drive add()/step() instead")
-        params_list = params if isinstance(params, list) else [params] * len(prompts)
-        if len(params_list) != len(prompts):
-            raise ValueError(f"{len(prompts)} prompts but {len(params_list)} sampling params")
+        params_list = params_per_prompt(prompts, params)
         ids = [f"generate-{id(self)}-{time.monotonic_ns()}-{i}" for i in range(len(prompts))]
         out: dict[str, list[int]] = {rid: [] for rid in ids}
         try:

@@ -255,8 +255,7 @@ class Head(Chip):
         """The client went away: drop its requests (their slots free at the next step)."""
         self.client.close()
         self.client = None
-        for rid in list(self.scheduler._running) + [s.request_id for s in self.scheduler._waiting]:
-            self.scheduler.abort(rid)
+        self.scheduler.abort_all()
 
     def _commands(self, block: bool) -> bool:
         """Apply what the client sent (waiting for something if ``block``); ``False`` on ``stop``."""

@@ -54,6 +54,14 @@ class SamplingParams:
         return self.temperature == 0
 
 
+def params_per_prompt(prompts: list, params: SamplingParams | list[SamplingParams] | None) -> list:
+    """One ``SamplingParams`` (or ``None``) per prompt: ``params`` itself if a list of as many, else repeated."""
+    params_list = params if isinstance(params, list) else [params] * len(prompts)
+    if len(params_list) != len(prompts):
+        raise ValueError(f"{len(prompts)} prompts but {len(params_list)} sampling params")
+    return params_list
+
+
 def _is_int(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 

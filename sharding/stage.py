@@ -99,8 +99,7 @@ class StageRunner:
             out.append(sample(lg, params, gens).tolist())
         return out
 
-    def prompt_logits(self, prompt: torch.Tensor | None, slot: int, hidden: torch.Tensor | None = None,
-                      length: int | None = None) -> torch.Tensor:
+    def prompt_logits(self, prompt: torch.Tensor | None, slot: int, hidden: torch.Tensor | None = None) -> torch.Tensor:
         """Debug: one prompt through this model in ``slot``: hidden states ``[1, S, D]``, or on the
         stage with the head the logits of every position ``[S, V]`` (every TP rank must call it).
 

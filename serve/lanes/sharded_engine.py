@@ -53,8 +53,7 @@ class ShardedLaneEngine:
             threads_per_chip=config.threads_per_chip, spin_s=config.spin_us / 1e6)
         try:
             self.model.warmup()  # compile now, not on a user's request
-            self.model.client.close()  # the warm-up's blocking client; the lane reads asynchronously
-            self.model._client = None
+            self.model.close_client()  # the warm-up's blocking client; the lane reads asynchronously
         except BaseException:
             self.model.shutdown()
             raise
