@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 
@@ -55,6 +56,7 @@ def direct(tokens: int, runs: int, concurrency: int = 0) -> dict:
 
     from models import FAST, FULL
     from serve.config import FastLaneConfig, StandardLaneConfig
+    from serve.lanes.sharded_engine import resolve_layout
     from sharding.pipeline import ShardedModel
     from sharding.sampling import SamplingParams
 
@@ -92,9 +94,10 @@ def direct(tokens: int, runs: int, concurrency: int = 0) -> dict:
 
     out["vllm_full"] = statistics.median(asyncio.run(vllm_runs()))
     cfg = FastLaneConfig()
-    ray.init(address="local", resources={"chip": cfg.tp * cfg.pp}, include_dashboard=False, log_to_driver=False)
+    tp, pp, _ = resolve_layout(FAST, cfg, os.cpu_count() or 1)  # what fastmode up deploys here
+    ray.init(address="local", resources={"chip": tp * pp}, include_dashboard=False, log_to_driver=False)
     try:
-        with ShardedModel.from_pretrained(FAST, tp=cfg.tp, pp=cfg.pp, compile=cfg.compile) as m:
+        with ShardedModel.from_pretrained(FAST, tp=tp, pp=pp, compile=cfg.compile) as m:
             m.warmup()
             m.generate([[0, 100, 200]], SamplingParams(max_tokens=8))
             rates = []
@@ -112,7 +115,7 @@ def direct(tokens: int, runs: int, concurrency: int = 0) -> dict:
     finally:
         ray.shutdown()
     print(f"direct    vLLM AsyncLLM, full model {out['vllm_full']:6.0f} tok/s   fastmode executor, fast model "
-          f"tp={cfg.tp} x pp={cfg.pp} ({cfg.transport}) {out['sharded_fast']:6.0f} tok/s", flush=True)
+          f"tp={tp} x pp={pp} ({cfg.transport}) {out['sharded_fast']:6.0f} tok/s", flush=True)
     return out
 
 

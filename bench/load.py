@@ -38,7 +38,7 @@ Needs a running application (``fastmode up``); it does not start one.
 server is measured (``bench.vllm_serve``), so the two compare like for like.
 
 Usage: fastmode bench lanes [--api websocket|openai] [--url ws://127.0.0.1:8000] [--api-key K]
-                            [--levels 1,4,16,32] [--tokens 128] [--requests-per-stream 3] [--quick]
+                            [--levels 1,4,8,16,32] [--tokens 128] [--requests-per-stream 3] [--quick]
                             [--out bench/results]
 """
 
@@ -73,6 +73,8 @@ CONNECTION = {"websocket": "one persistent WebSocket (clients.sdk.AsyncClient) f
               "openai": "OpenAI-compatible /v1/completions streamed over SSE, one pooled httpx.AsyncClient "
                         "(keep-alive connections)"}
 QUICK = {"levels": [1, 2], "tokens": 16, "requests_per_stream": 1}
+LEVELS = [1, 4, 8, 16, 32]
+"""Concurrency levels of the full run (vLLM's server is measured at the same ones)."""
 
 
 def pct(values: list[float], q: float) -> float | None:
@@ -80,11 +82,27 @@ def pct(values: list[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if values else None
 
 
-def lane_chips(config: Any) -> dict[str, int]:
-    """Chips each lane occupies: fast tp x pp per replica; priority and standard one per replica."""
+def lane_chips(config: Any, layout: dict[str, int] | None = None) -> dict[str, int]:
+    """Chips each lane occupies: fast tp x pp per replica (``layout``: what the server reports it
+    deployed, else the config's), priority and standard one per replica."""
     lanes = config.lanes
-    return {"fast": lanes.fast.tp * lanes.fast.pp * lanes.fast.replicas,
+    tp, pp = (layout["tp"], layout["pp"]) if layout else (lanes.fast.tp, lanes.fast.pp)
+    if not (isinstance(tp, int) and isinstance(pp, int)):
+        raise ValueError(f"the fast lane's layout is tp={tp} x pp={pp}: read it from the server (/health)")
+    return {"fast": tp * pp * lanes.fast.replicas,
             "priority": lanes.priority.replicas, "standard": lanes.standard.replicas}
+
+
+def served_layout(url: str) -> dict[str, int] | None:
+    """The fast lane's tp and pp as the server at ``url`` (ws:// or http://) deployed them (``/health``)."""
+    import httpx
+
+    base = "http" + url[2:] if url.startswith("ws") else url
+    try:
+        layout = httpx.get(base.rstrip("/") + "/health", timeout=30).json()["lanes"]["fast"].get("layout")
+    except (httpx.HTTPError, ValueError, KeyError):
+        return None
+    return {"tp": layout["tp"], "pp": layout["pp"]} if layout else None
 
 
 async def run_level(send: Callable[[int], Awaitable[dict]], lane: str, concurrency: int, tokens: int,
@@ -281,7 +299,7 @@ async def sweep(args) -> dict[str, list[dict]]:
     from clients.sdk import AsyncClient
     from serve.config import load_config
 
-    chips = lane_chips(load_config(args.config))
+    chips = lane_chips(load_config(args.config), args.layout)
     if args.api == "openai":
         headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
@@ -304,9 +322,10 @@ def lanes_main(args, argv: list[str]) -> int:
         args.levels = args.levels or QUICK["levels"]
         args.tokens = args.tokens or QUICK["tokens"]
         args.requests_per_stream = args.requests_per_stream or QUICK["requests_per_stream"]
-    args.levels = args.levels or [1, 4, 16, 32]
+    args.levels = args.levels or LEVELS
     args.tokens = args.tokens or 128
     args.requests_per_stream = args.requests_per_stream or 3
+    args.layout = served_layout(args.url)
     started = datetime.now(timezone.utc)
     t0 = time.perf_counter()
     results = asyncio.run(sweep(args))
@@ -327,11 +346,12 @@ def lanes_main(args, argv: list[str]) -> int:
                                                                          if l in args.lanes},
                      "api": args.api, "connection": CONNECTION[args.api]},
         "assumptions": {
-            "chips": lane_chips(config),
-            "chips_rule": "fast: tp x pp x replicas from the app config (the executor's chip actors); "
-                          "priority and standard: one chip per replica (one vLLM engine each; on this CPU "
-                          "machine a chip is one engine replica, on a GPU machine one GPU). Read from the "
-                          f"config ({args.config or 'embedded default'}), not from the server.",
+            "chips": lane_chips(config, args.layout),
+            "fast_layout": args.layout,
+            "chips_rule": "fast: tp x pp x replicas (the executor's chip actors), tp x pp as the server's "
+                          "/health reports them; priority and standard: one chip per replica (one vLLM engine "
+                          "each; on this CPU machine a chip is one engine replica, on a GPU machine one GPU), "
+                          f"replicas from the config ({args.config or 'embedded default'}).",
             "closed_loop": "each of N workers sends its next request when its previous one ends; a request "
                            "rejected as overloaded waits retry_after and is sent again (counted in rejected); "
                            "never spilled",
@@ -403,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
                        "persistent WebSocket with the SDK (default), or the OpenAI-compatible HTTP API "
                        "(/v1/completions over SSE), the path vLLM's own server is measured on")
     lanes.add_argument("--api-key", default=None, help="API key (default: $FASTMODE_API_KEY)")
-    lanes.add_argument("--levels", type=_ints, default=None, help="concurrency levels (default 1,4,16,32; "
+    lanes.add_argument("--levels", type=_ints, default=None, help="concurrency levels (default 1,4,8,16,32; "
                        "--quick 1,2)")
     lanes.add_argument("--tokens", type=int, default=None, help="max_output_tokens per request (default 128; "
                        "--quick 16)")

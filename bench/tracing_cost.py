@@ -1,13 +1,13 @@
 """What tracing costs the fast lane: decode tokens/s with tracing off and on (default sampling).
 
-Runs the fast lane's own engine (``ShardedLaneEngine``: the default pp=2 pipeline over chip actors)
-in this process, alternating requests without and with a recording lane span, so that both see
+Runs the fast lane's own engine (``ShardedLaneEngine``, by default tp=1 x pp=2 so that every step
+has hops to trace) in this process, alternating requests without and with a recording lane span, so that both see
 the same machine state. "On" is what a traced request costs in the lane's process: step spans for
 the prefill, the first 8 decode steps and every 64th (``telemetry`` defaults), a span per hop of
 those steps, and hop totals over every step, exported by a ``BatchSpanProcessor`` (to a file
 here, as ``FASTMODE_TRACE_FILE`` does; an OTLP exporter does the same work in its own thread).
 
-Usage: python -m bench.tracing_cost [--tokens 256] [--pairs 6] [--json FILE]
+Usage: python -m bench.tracing_cost [--tokens 256] [--pairs 6] [--tp 1] [--pp 2] [--json FILE]
 """
 
 from __future__ import annotations
@@ -60,13 +60,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--pairs", type=int, default=6)
+    ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--pp", type=int, default=2, help="stages (default 2: hops to trace)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     spans_file = os.path.join(tempfile.mkdtemp(), "spans.jsonl")
     provider = TracerProvider()
     provider.add_span_processor(BatchSpanProcessor(JsonFileExporter(spans_file)))
     trace.set_tracer_provider(provider)
-    cfg = FastLaneConfig()
+    cfg = FastLaneConfig(tp=args.tp, pp=args.pp)
     ray.init(address="local", resources={"chip": cfg.tp * cfg.pp}, include_dashboard=False, log_to_driver=False)
     try:
         engine = ShardedLaneEngine(FAST, cfg, Tokenizer.from_file(str(FAST / "tokenizer.json")), TelemetryConfig())

@@ -9,7 +9,7 @@ memory. vLLM's batch cap stays its default. Requests go to ``/v1/completions`` o
 (``bench.targets.openai_request``), exactly as ``fastmode bench lanes --api openai`` sends them to
 fastmode's lanes: the two JSON files compare like for like.
 
-Usage: fastmode bench vllm [--levels 1,4,16,32] [--tokens 128] [--requests-per-stream 3]
+Usage: fastmode bench vllm [--levels 1,4,8,16,32] [--tokens 128] [--requests-per-stream 3]
                            [--models full,fast] [--quick] [--out bench/results]
 """
 
@@ -32,7 +32,7 @@ from typing import Iterator
 import httpx
 
 from bench.app import free_port
-from bench.load import QUICK, _ints, headline, summary, sweep_targets
+from bench.load import LEVELS, QUICK, _ints, headline, summary, sweep_targets
 from bench.targets import PROMPT, openai_request
 from models import FAST, FULL
 from serve.config import StandardLaneConfig
@@ -105,7 +105,7 @@ async def _sweep(url: str, model_id: str, name: str, levels, tokens, per_stream)
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
     ap = argparse.ArgumentParser(prog="fastmode bench vllm", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--levels", type=_ints, default=None, help="concurrency levels (default 1,4,16,32)")
+    ap.add_argument("--levels", type=_ints, default=None, help="concurrency levels (default 1,4,8,16,32)")
     ap.add_argument("--tokens", type=int, default=None, help="max_tokens per request (default 128)")
     ap.add_argument("--requests-per-stream", type=int, default=None, help="per worker (default 3)")
     ap.add_argument("--models", default=None, help="checkpoints to serve, in order (default full,fast; "
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     names = [m.strip() for m in models.split(",") if m.strip()]
     if not names or any(m not in CHECKPOINTS for m in names):
         ap.error(f"--models: choose from {list(CHECKPOINTS)}")
-    q = QUICK if args.quick else {"levels": [1, 4, 16, 32], "tokens": 128, "requests_per_stream": 3}
+    q = QUICK if args.quick else {"levels": LEVELS, "tokens": 128, "requests_per_stream": 3}
     levels, tokens = args.levels or q["levels"], args.tokens or q["tokens"]
     per_stream = args.requests_per_stream or q["requests_per_stream"]
     out = Path(args.out)

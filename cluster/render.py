@@ -47,8 +47,7 @@ RSYNC_EXCLUDE = [".venv", ".git", ".fastmode", "**/__pycache__", ".pytest_cache"
 def app_config(t: Topology) -> AppConfig:
     """The app config with the topology's placement: per lane, its replicas and the
     ``ray_actor_options`` that pin it to its node type and give it its GPUs (a vLLM lane's
-    ``gpus``; a fast lane with ``tp = pp = 1`` runs its engine in the replica, which then takes
-    the one chip, and its GPU on ``device: cuda``)."""
+    ``gpus``; a fast lane's chips and GPUs belong to its executor's chip actors, not its replica)."""
     app = t.app_config
     lanes = {}
     for lane in ("fast", "priority", "standard"):
@@ -59,10 +58,7 @@ def app_config(t: Topology) -> AppConfig:
         opts.pop("num_gpus", None)
         if lane != "fast":
             gpus = lane_gpus(t, lane)
-        elif cfg.tp * cfg.pp == 1:  # the engine runs in the replica itself: it is the one chip
-            opts["resources"][CHIP] = 1
-            gpus = 1 if cfg.device == "cuda" else 0
-        else:  # the GPUs belong to the executor's chip actors, not to the replica
+        else:  # the chips (and GPUs) belong to the executor's chip actors, not to the replica
             gpus = 0
         if gpus:
             opts["num_gpus"] = gpus

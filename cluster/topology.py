@@ -58,6 +58,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 from serve.auth import LOOPBACK
 from serve.config import AppConfig
 from serve.errors import ConfigError, describe_validation, validate_mapping
+from sharding.planner import AUTO
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 """This fastmode checkout; what ``install.source: copy`` puts on the nodes."""
@@ -381,13 +382,15 @@ def _check_lanes(t: Topology) -> None:
             if chips is None:
                 raise TopologyError(f"node_types.{place.node_type}.chips: the fast lane runs there; "
                                     f"set chips (or cpus, or gpus)")
-            if cfg.tp > chips:
-                raise TopologyError(f"app.lanes.fast.tp: a stage's {cfg.tp} tensor-parallel chips must "
+            # tp/pp 'auto': the lane takes the planner's pick on the chips it finds; it needs one at least.
+            tp, pp = (1 if cfg.tp == AUTO else cfg.tp), (1 if cfg.pp == AUTO else cfg.pp)
+            if tp > chips:
+                raise TopologyError(f"app.lanes.fast.tp: a stage's {tp} tensor-parallel chips must "
                                     f"share a node, and a {place.node_type!r} node has {chips}")
-            need = cfg.tp * cfg.pp * place.replicas
+            need = tp * pp * place.replicas
             if need > chips * nodes:
-                raise TopologyError(f"lanes.fast.replicas: {place.replicas} replicas x tp={cfg.tp} x "
-                                    f"pp={cfg.pp} need {need} chips; node type {place.node_type!r} has "
+                raise TopologyError(f"lanes.fast.replicas: {place.replicas} replicas x tp={tp} x "
+                                    f"pp={pp} need {need} chips; node type {place.node_type!r} has "
                                     f"{chips} x {nodes} node(s) = {chips * nodes}")
             if cfg.device == "cuda":
                 gpu_demand[place.node_type] += need

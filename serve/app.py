@@ -1,10 +1,12 @@
 """The Serve application: ``build_app`` turns a deployment config into the deployment graph
 
-    Gateway (HTTP + WebSocket ingress) -> Router -> Lane "fast"     (ShardedLaneEngine, tp x pp chips)
-    GrpcServer (grpc.aio, own port)   ->        -> Lane "priority" (VLLMLaneEngine, low max_num_seqs)
-                                                -> Lane "standard" (VLLMLaneEngine, high max_num_seqs)
+    Gateway (HTTP + WebSocket ingress) -> Lane "fast"     (ShardedLaneEngine, tp x pp chips)
+    GrpcServer (grpc.aio, own port)   -> Lane "priority" (VLLMLaneEngine, low max_num_seqs)
+                                      -> Lane "standard" (VLLMLaneEngine, high max_num_seqs)
 
-(The gateway holds the gRPC server's handle only so that Serve deploys it with the application.)
+Each front door holds a ``serve.router.Router`` (a library: it picks the lane and streams from the
+lane's replica directly), so a token's chunk crosses lane replica -> front door -> client. (The
+gateway holds the gRPC server's handle only so that Serve deploys it with the application.)
 
 It is also the ``import_path`` for ``serve deploy`` / ``serve run``:
 ``serve.app:build_app`` with ``args: {config: <path or inline mapping>}`` (see docs/serving.md).
@@ -20,7 +22,6 @@ from ray.serve import Application
 from .config import AppConfig, load_config
 from .gateway import Gateway
 from .lanes.lane import FAST, LANES, Lane
-from .router import Router
 from .rpc.server import GrpcServer
 
 # Serve's default max_ongoing_requests (5) would queue streams in front of an engine that has room.
@@ -39,20 +40,17 @@ def build(config: AppConfig) -> Application:
     for lane in LANES:
         cfg = getattr(config.lanes, lane)
         model = config.models.fast if lane == FAST else config.models.full
-        # A rejecting lane gets no more than its batch cap from Serve; the router answers the rest.
-        cap = cfg.max_num_seqs if lane != FAST and cfg.admission == "reject" else UNCAPPED
+        # A rejecting lane's replica refuses a stream beyond its batch cap itself (serve.router), so
+        # Serve must not queue one in front of it.
         handles[lane] = serve.deployment(Lane).options(
             name=f"{lane}-lane", num_replicas=cfg.replicas, ray_actor_options=dict(cfg.ray_actor_options),
-            max_ongoing_requests=cap, health_check_timeout_s=60, graceful_shutdown_timeout_s=5,
+            max_ongoing_requests=UNCAPPED, health_check_timeout_s=60, graceful_shutdown_timeout_s=5,
         ).bind(lane, model.id, model.path, cfg.model_dump(mode="json"), config.telemetry.model_dump(mode="json"))
-    router = serve.deployment(Router).options(
-        name="router", num_replicas=1, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=UNCAPPED,
-    ).bind(config.model_dump(mode="json"), **handles)
     grpc_server = None
     if config.grpc.enabled:
         grpc_server = serve.deployment(GrpcServer).options(
             name="grpc", num_replicas=1, ray_actor_options={"num_cpus": 0},
-        ).bind(config.model_dump(mode="json"), router)
+        ).bind(config.model_dump(mode="json"), **handles)
     return serve.deployment(Gateway).options(
         name="gateway", ray_actor_options={"num_cpus": 0}, max_ongoing_requests=UNCAPPED,
-    ).bind(config.model_dump(mode="json"), router, grpc_server)
+    ).bind(config.model_dump(mode="json"), **handles, grpc_server=grpc_server)

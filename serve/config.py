@@ -8,10 +8,10 @@ the offending field. ``serve/fastmode.yaml`` is the default written out, with co
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from models import FAST, FULL
 
@@ -59,12 +59,26 @@ class LaneCommon(_Strict):
                                               "Ray options of each replica, e.g. {num_gpus: 1} on a GPU node.")
 
 
+def _layout_size(value: Any) -> int | str:
+    if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        return value
+    raise ValueError("must be a positive integer or 'auto'")
+
+
+LayoutSize = Annotated[int | Literal["auto"], BeforeValidator(_layout_size)]
+"""``tp``/``pp``: a chip count, or ``"auto"`` (the planner's pick)."""
+
+
 class FastLaneConfig(LaneCommon):
     """The fast lane: the small model on fastmode's own sharded executor."""
 
-    tp: int = Field(default=1, ge=1, description="Tensor-parallel chips per pipeline stage.")
-    pp: int = Field(default=2, ge=1, description="Pipeline stages, each on its own chips. The default "
-                    "pp=2 puts a chip-to-chip hop in every step, even on one machine.")
+    tp: LayoutSize = Field(default="auto", description="Tensor-parallel "
+        "chips per pipeline stage; 'auto': the planner's pick (fastmode plan) for the model on the chips the "
+        "cluster offers (Ray resource 'chip', divided among the lane's replicas).")
+    pp: LayoutSize = Field(default="auto", description="Pipeline stages, "
+        "each on its own chips (pp=2 puts a chip-to-chip hop in every step, even on one machine); 'auto': "
+        "the planner's pick. On a 2-core machine it picks 1x1, measured the fastest layout there "
+        "(fastmode bench sharding).")
     num_slots: int = Field(default=8, ge=1, description="Sequences decoded at once (KV-cache slots); "
                            "more requests wait in FIFO order.")
     max_len: int | None = Field(default=None, ge=1, description="Tokens per sequence; default: the "

@@ -24,6 +24,7 @@ from . import openai_api, telemetry
 from .auth import authorized, load_keys
 from .config import load_config
 from .errors import InvalidRequest, first_event, to_event
+from .router import Router
 from .websocket import CLOSE_POLICY, Session
 
 api = FastAPI(title="fastmode", docs_url=None, redoc_url=None)
@@ -46,25 +47,25 @@ async def _require_key(request: Request, call_next):
 
 @serve.ingress(api)
 class Gateway:
-    """HTTP and WebSocket front door over the router's handle.
+    """HTTP and WebSocket front door; its ``Router`` streams from the lanes' replicas directly.
 
     Args:
         config: the validated deployment config (as a dict).
-        router: the router deployment's handle.
+        fast, priority, standard: the lane deployments' handles.
         grpc_server: the gRPC server deployment's handle, if enabled.
     """
 
-    def __init__(self, config: dict[str, Any], router, grpc_server=None) -> None:
+    def __init__(self, config: dict[str, Any], fast, priority, standard, grpc_server=None) -> None:
         telemetry.setup("gateway")
         self.config = load_config(config)
         self.grpc_server = grpc_server  # held so that Serve deploys it with the application
         self.keys = load_keys(self.config)
-        self.router = router
+        self.router = Router(self.config, fast, priority, standard)
         api.state.gateway = self
 
     @api.get("/health")
     async def health(self) -> JSONResponse:
-        stats = await self.router.stats.remote()
+        stats = await self.router.stats()
         return JSONResponse(stats, status_code=200 if stats["status"] == "ok" else 503)
 
     @api.websocket("/v1/responses")
@@ -94,7 +95,7 @@ class Gateway:
         except ValueError as e:
             return _error(to_event(InvalidRequest(f"the body is not JSON: {e}")))
         body = telemetry.with_traceparent(body, request.headers)
-        stream = self.router.options(stream=True).generate.remote(body)
+        stream = self.router.stream(body)
         first = await first_event(stream)
         if first["type"] == "error":  # refused before anything streamed: a plain HTTP error
             return _error(first)

@@ -44,7 +44,7 @@ _CODE_PARAMS = {"unknown_model": "model", "unknown_service_tier": "service_tier"
 
 
 async def list_models(router) -> JSONResponse:
-    models = await router.models.remote()
+    models = router.models()
     return JSONResponse({"object": "list", "data": [
         {"id": m["id"], "object": "model", "created": 0, "owned_by": "fastmode", "lanes": m["lanes"]}
         for m in models]})
@@ -103,7 +103,7 @@ async def _complete(router, request: Request, api: _Chat | _Text):
     except OpenAIRequestError as e:
         return _error_response(400, e.message, "invalid_request", e.param)
     reply = _Reply(api, rid, int(time.time()), req.include_usage)
-    stream = router.options(stream=True).generate.remote(body)
+    stream = router.stream(body)
     handed_off = False  # once the SSE response owns the stream, it cancels it
     try:
         first = await first_event(stream, rid)

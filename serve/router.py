@@ -1,16 +1,20 @@
-"""``Router``: picks a lane per request, enforces the priority lane's batch cap, relays the stream.
+"""``Router``: picks a lane per request and streams from the lane's replica directly.
+
+It is a library, not a deployment: each front door (the gateway's WebSocket and HTTP routes, the
+gRPC server) holds one, with the lanes' handles, so a request's chunks travel lane replica ->
+front door, with no replica in between that only forwards them.
 
 Routing (``pick``): ``model`` = the fast model's id -> fast lane; the full model's id -> priority
 if ``service_tier`` is ``"priority"``, else standard (``"default"``, ``"auto"`` or absent, as in
 OpenAI's API); ``"auto"`` -> the fast lane when the prompt's difficulty score
 (``serve.difficulty``) is at most ``router.auto_threshold``, else the full model by tier.
 
-Admission: a lane with ``admission: reject`` (priority by default) admits at most
-``replicas x max_num_seqs`` streams; one more is rejected at once with ``overloaded`` and a
-retry hint, or served on standard if the request says ``allow_spill``. The count lives here, so it
-is exact with one router replica (the default); each lane replica also refuses a stream beyond
-its own cap, and Serve never sends a replica more than ``max_num_seqs`` (its
-``max_ongoing_requests``).
+Admission lives in the lane: a replica of a lane with ``admission: reject`` (priority by default)
+refuses a stream beyond its ``max_num_seqs`` at once with ``overloaded``, before any engine work,
+so the count is exact however many front doors there are. With several replicas, a refused
+stream is offered to the lane up to ``replicas`` times (Serve routes each try to a replica with
+fewer requests); then the caller gets ``overloaded`` with a retry hint, or, if the request says
+``allow_spill``, it is served on standard.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from . import metrics, telemetry
 from .config import AppConfig, load_config
 from .difficulty import DifficultyScorer
-from .errors import Overloaded, UnknownModel, UnknownServiceTier, to_event
+from .errors import Overloaded, UnknownModel, UnknownServiceTier, to_event, unwrap
 from .lanes.lane import FAST, LANES, PRIORITY, STANDARD
 from .request import GenerateRequest
 
@@ -34,23 +38,40 @@ TIERS = {None: STANDARD, "auto": STANDARD, "default": STANDARD, "priority": PRIO
 AUTO = "auto"
 
 
+class RouterStream:
+    """One request's events (an async iterator); ``cancel()`` stops it and frees its engine sequence."""
+
+    def __init__(self, events: AsyncIterator[dict[str, Any]]) -> None:
+        self._events = events
+        self._closing: asyncio.Future | None = None
+
+    def __aiter__(self) -> RouterStream:
+        return self
+
+    async def __anext__(self) -> dict[str, Any]:
+        return await self._events.__anext__()
+
+    def cancel(self) -> None:
+        """Close the stream (idempotent). A consumer cancelled while it waits has closed it already."""
+        if self._closing is None and not self._events.ag_running:
+            self._closing = asyncio.ensure_future(self._events.aclose())
+
+
 class Router:
-    """The application's core: ``generate`` streams events for one request (see ``serve.request``).
+    """The application's core, held by each front door: ``stream(request)`` streams the events of
+    one request (see ``serve.request``).
 
     Args:
-        config: the validated deployment config (as a dict).
+        config: the validated deployment config (an ``AppConfig`` or its dict).
         fast, priority, standard: handles of the lane deployments.
     """
 
-    def __init__(self, config: dict[str, Any], fast, priority, standard) -> None:
-        telemetry.setup("router")
-        self.config: AppConfig = load_config(config)
+    def __init__(self, config: AppConfig | dict[str, Any], fast, priority, standard) -> None:
+        self.config: AppConfig = config if isinstance(config, AppConfig) else load_config(config)
         self.handles = {FAST: fast, PRIORITY: priority, STANDARD: standard}
         self.ids = {FAST: self.config.models.fast.id, PRIORITY: self.config.models.full.id,
                     STANDARD: self.config.models.full.id}
-        lanes = self.config.lanes
-        self.capacity = {name: cfg.replicas * cfg.max_num_seqs for name, cfg in
-                         ((PRIORITY, lanes.priority), (STANDARD, lanes.standard)) if cfg.admission == "reject"}
+        self.tries = {name: getattr(self.config.lanes, name).replicas for name in LANES}
         self.in_flight = dict.fromkeys(LANES, 0)
         self.scorer = DifficultyScorer(self.config.models.fast.path, self.config.router.auto_max_tokens)
 
@@ -73,22 +94,9 @@ class Router:
         raise UnknownModel(f"model {req.model!r} is not served here; choose one of "
                            f"{[models.full.id, models.fast.id, AUTO]}")
 
-    def admit(self, lane: str, req: GenerateRequest, route: dict[str, Any]) -> str:
-        """Reserve a stream on ``lane`` (or spill); raise ``Overloaded`` if it has no room."""
-        cap = self.capacity.get(lane)
-        if cap is not None and self.in_flight[lane] >= cap:
-            retry = getattr(self.config.lanes, lane).retry_after_s
-            if not (req.allow_spill and lane == PRIORITY):
-                raise Overloaded(f"the {lane} lane is full ({cap} streams); retry after {retry} s, "
-                                 "or set allow_spill to be served on standard", retry_after=retry)
-            route["spilled_from"] = lane
-            lane = STANDARD
-            cap = self.capacity.get(lane)
-            if cap is not None and self.in_flight[lane] >= cap:
-                raise Overloaded(f"the priority and standard lanes are full; retry after {retry} s",
-                                 retry_after=retry)
-        self.in_flight[lane] += 1
-        return lane
+    def stream(self, request: dict[str, Any]) -> RouterStream:
+        """The events of one request: ``created``, ``delta``s, then ``done``, or one ``error``."""
+        return RouterStream(self.generate(request))
 
     async def generate(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """Stream ``created``, ``delta``s and ``done`` for one request, or an ``error`` event.
@@ -129,7 +137,6 @@ class Router:
     async def _generate(self, request: dict[str, Any], span) -> AsyncIterator[dict[str, Any]]:
         arrived = time.perf_counter()
         rid = request.get("id") if isinstance(request, dict) and isinstance(request.get("id"), str) else None
-        lane = None
         try:
             req = GenerateRequest.parse(request)
             rid = req.id or f"resp_{uuid.uuid4().hex}"
@@ -138,18 +145,16 @@ class Router:
                             "stop": req.stop_list, "ignore_eos": req.ignore_eos, "request_id": rid,
                             "trace": telemetry.inject(span) if span.is_recording() else None}
             lane, route = await self.pick(req)
-            lane = self.admit(lane, req, route)
+            lane, stream, accepted = await self._open(lane, req, route, lane_request)
         except Exception as e:  # noqa: BLE001 - every failure becomes the stream's one error event
             yield to_event(e, rid)
             return
-        stream, first, finished = None, None, False
+        first, finished = None, False
+        self.in_flight[lane] += 1
         try:
-            stream = self.handles[lane].options(stream=True).generate.remote(lane_request)
+            yield {"type": "created", "id": rid, "lane": lane, "model": self.ids[lane],
+                   "input_tokens": accepted["input_tokens"], "route": route}
             async for event in stream:
-                if event["type"] == "accepted":  # the lane took it: only now announce the response
-                    yield {"type": "created", "id": rid, "lane": lane, "model": self.ids[lane],
-                           "input_tokens": event["input_tokens"], "route": route}
-                    continue
                 event["id"] = rid
                 if event["type"] == "delta" and first is None:
                     first = time.perf_counter()
@@ -165,8 +170,33 @@ class Router:
             yield to_event(e, rid)
         finally:
             self.in_flight[lane] -= 1
-            if stream is not None and not finished:  # the caller went away: stop the lane's stream (and its engine sequence)
+            if not finished:  # the caller went away: stop the lane's stream (and its engine sequence)
                 stream.cancel()
+
+    async def _open(self, lane: str, req: GenerateRequest, route: dict[str, Any],
+                    lane_request: dict[str, Any]) -> tuple[str, Any, dict[str, Any]]:
+        """Start the stream on ``lane`` (or spill from priority to standard): the lane, its stream
+        and its ``accepted`` event; ``Overloaded`` if every try was refused."""
+        refused = None
+        for _ in range(self.tries[lane]):
+            stream = self.handles[lane].options(stream=True).generate.remote(lane_request)
+            try:
+                return lane, stream, await stream.__anext__()  # ``accepted``, or the lane's refusal
+            except BaseException as e:
+                stream.cancel()  # a caller gone while it waited: the lane may have taken it already
+                if not (isinstance(e, Exception) and isinstance(unwrap(e), Overloaded)):
+                    raise
+                refused = unwrap(e)
+        retry = refused.retry_after
+        if not (req.allow_spill and lane == PRIORITY):
+            raise Overloaded(f"{refused.message}; retry after {retry} s, or set allow_spill to be served on "
+                             "standard", retry_after=retry)
+        route["spilled_from"] = lane
+        try:
+            return await self._open(STANDARD, req, route, lane_request)
+        except Overloaded:
+            raise Overloaded(f"the priority and standard lanes are full; retry after {retry} s",
+                             retry_after=retry) from None
 
     def models(self) -> list[dict[str, Any]]:
         """The served model ids and the lanes behind each."""
@@ -176,7 +206,7 @@ class Router:
                 {"id": AUTO, "lanes": [FAST, STANDARD, PRIORITY], "path": None}]
 
     async def stats(self, timeout_s: float = 10.0) -> dict[str, Any]:
-        """Each lane's load (from one of its replicas) and this router's in-flight counts.
+        """Each lane's load (from one of its replicas) and this front door's in-flight counts.
 
         A lane whose replica does not answer within ``timeout_s`` shows ``ready: false``.
         """
@@ -189,7 +219,7 @@ class Router:
 
         lanes = dict(zip(LANES, await asyncio.gather(*(one(n) for n in LANES)), strict=True))
         for name in LANES:
-            lanes[name]["router_in_flight"] = self.in_flight[name]
+            lanes[name]["front_door_in_flight"] = self.in_flight[name]
         return {"status": "ok" if all(v["ready"] for v in lanes.values()) else "degraded", "lanes": lanes}
 
 

@@ -102,6 +102,7 @@ def run(config: AppConfig, *, address: str | None, chips: int, verbose: bool = F
                     logging_config={"log_level": "INFO" if verbose else "WARNING", "enable_access_log": verbose})
         print("fastmode up: deploying (engines load: about a minute on a CPU)", flush=True)
         serve.run(build(config), name=config.name, route_prefix="/")
+        layout = serve.get_deployment_handle("fast-lane", config.name).stats.remote().result()["layout"]
         base = f"http://{config.http.host}:{config.http.port}"
         m = config.models
         print(f"fastmode up: ready in {time.perf_counter() - started:.0f} s\n"
@@ -112,7 +113,7 @@ def run(config: AppConfig, *, address: str | None, chips: int, verbose: bool = F
               + (f"  gRPC     {config.grpc.host}:{config.grpc.port}   (fastmode.v1.Inference, health, reflection)\n"
                  if config.grpc.enabled else "") +
               f"  models   {m.full.id} (lanes: standard; service_tier=priority: priority)\n"
-              f"           {m.fast.id} (lane: fast, tp={config.lanes.fast.tp} x pp={config.lanes.fast.pp})\n"
+              f"           {m.fast.id} (lane: fast, tp={layout['tp']} x pp={layout['pp']}: {layout['why']})\n"
               f"           auto (router: fast if the prompt's difficulty <= {config.router.auto_threshold})\n"
               f"  Ctrl-C to stop", flush=True)
         try:

@@ -147,7 +147,7 @@ class Session:
 
     # -- one response ------------------------------------------------------------------------
     async def _respond(self, rid: str, body: dict[str, Any]) -> None:
-        stream = self.router.options(stream=True).generate.remote(body)
+        stream = self.router.stream(body)
         seq, pending, finished = 0, None, False
         try:
             async for ev in stream:

@@ -7,9 +7,10 @@ The model of one decode step for one user (batch 1), the regime of a fast lane:
   ``layer_overhead`` per layer (dispatch and kernel launches, which dominate tiny models);
 - tensor parallel adds two all-reduces per layer and one gather of the logits, each
   ``collective_latency + bytes / link_bandwidth``;
-- every token crosses ``pp + 1`` hops, each ``link_latency + activation bytes / link_bandwidth``:
-  from the engine's driver to the first stage, ``pp - 1`` between stages, and from the last stage
-  back to the driver with the sampled token; stages run one after another for a single user.
+- the ring (``sharding.ring``): with ``pp > 1`` every token crosses ``pp`` hops, each
+  ``link_latency + bytes / link_bandwidth``: ``pp - 1`` between stages with one token's activations,
+  and the sampled token from the last stage back to the head; one stage samples itself (no hop).
+  Stages run one after another for a single user.
 
 Choice: among layouts whose shards fit every chip's memory, prefer those that fit fast memory,
 then the highest predicted tokens/s, then fewer chips.
@@ -87,7 +88,7 @@ class Layout:
     collective_s: float
     """Per token: tensor-parallel all-reduces and the logits gather."""
     hop_s: float
-    """Per token: the hops driver -> stages -> driver."""
+    """Per token: the ring's hops (stage to stage, and the last stage's token back to the head)."""
     tokens_per_s: float
 
 
@@ -138,12 +139,18 @@ def predict(fp: Footprint, chip: ChipSpec, tp: int, pp: int) -> Layout:
                   1.0 / total if total > 0 else math.inf)
 
 
-def plan(config: dict, chip: ChipSpec, chips: int, dtype: str | None = None) -> tuple[Layout, list[Layout]]:
-    """(chosen layout, every candidate) for ``config`` on up to ``chips`` chips."""
+def plan(config: dict, chip: ChipSpec, chips: int, dtype: str | None = None, *, tp: int | None = None,
+         pp: int | None = None) -> tuple[Layout, list[Layout]]:
+    """(chosen layout, every candidate) for ``config`` on up to ``chips`` chips; ``tp`` or ``pp``
+    given: only layouts with that value."""
     if chips < 1:
         raise PlanError(f"--chips must be at least 1, got {chips}")
     fp = Footprint.from_config(config, dtype)
-    candidates = [predict(fp, chip, tp, pp) for tp, pp in valid_layouts(fp, chips)]
+    candidates = [predict(fp, chip, t, p) for t, p in valid_layouts(fp, chips)
+                  if tp in (None, t) and pp in (None, p)]
+    if not candidates:
+        raise PlanError(f"no valid layout with tp={tp or 'any'}, pp={pp or 'any'} on {chips} chip(s) for "
+                        f"this model (tp must divide its heads and width, pp its layers)")
     fitting = [c for c in candidates if c.fits_memory]
     if not fitting:
         need = min((c.max_chip_bytes for c in candidates), default=float("nan"))
@@ -151,6 +158,26 @@ def plan(config: dict, chip: ChipSpec, chips: int, dtype: str | None = None) -> 
                         f"{need / 1e9:.2f} GB, a chip has {chip.memory_bytes / 1e9:.2f} GB")
     best = max(fitting, key=lambda c: (c.fits_fast_memory, c.tokens_per_s, -c.chips))
     return best, candidates
+
+
+AUTO = "auto"
+DEVICE_CHIP = {"cpu": "cpu-core", "cuda": "h100"}
+"""The chip preset ``auto_layout`` plans for on each device (an H100 stands for any GPU: the pick
+depends on fast memory and link costs far more than on the GPU's generation)."""
+
+
+def auto_layout(model_path: str | Path, *, chips: int, device: str = "cpu", tp: int | str = AUTO,
+                pp: int | str = AUTO, dtype: str | None = None) -> tuple[Layout, str]:
+    """The planner's layout for the checkpoint at ``model_path`` on ``chips`` chips of ``device``
+    (``tp``/``pp`` = ``"auto"`` is chosen, an int is kept), and the reasoning in one line.
+
+    What ``lanes.fast.tp/pp: auto`` deploys: ``fastmode bench sharding`` measures every layout on
+    the machine and reports whether this pick is the fastest one measured."""
+    config = json.loads((Path(model_path) / "config.json").read_text())
+    chip = load_chip(DEVICE_CHIP[device])
+    best, candidates = plan(config, chip, max(1, chips), dtype, tp=None if tp == AUTO else int(tp),
+                            pp=None if pp == AUTO else int(pp))
+    return best, reasoning(best, candidates, chip)
 
 
 def reasoning(best: Layout, candidates: list[Layout], chip: ChipSpec) -> str:

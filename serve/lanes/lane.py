@@ -176,9 +176,12 @@ class Lane:
 
     def stats(self) -> dict[str, Any]:
         """This replica's load: requests in the engine (``running``), streams open here, and streams
-        closed before their end (``cancelled``, since start)."""
-        return {"lane": self.lane, "model": self.model_id, "running": self.engine.num_unfinished(),
-                "in_flight": self.in_flight, "cap": self.cap, "cancelled": self.cancelled}
+        closed before their end (``cancelled``, since start); the fast lane's chip layout too."""
+        stats = {"lane": self.lane, "model": self.model_id, "running": self.engine.num_unfinished(),
+                 "in_flight": self.in_flight, "cap": self.cap, "cancelled": self.cancelled}
+        if self.lane == FAST:
+            stats["layout"] = {"tp": self.engine.tp, "pp": self.engine.pp, "why": self.engine.layout_reason}
+        return stats
 
     async def check_health(self) -> None:
         """Serve's health check: raises once the engine has died (so the replica is replaced)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
 import time
 from collections import defaultdict
@@ -21,6 +22,8 @@ import torch
 from tokenizers import Tokenizer
 
 from sharding.pipeline import RingFailed, ShardedModel
+from sharding.placement import CHIP
+from sharding.planner import AUTO, auto_layout
 from sharding.ring import StepInfo, step_infos
 from sharding.sampling import SamplingParams
 from sharding.transport import LinkClosed, frame, read_frame
@@ -31,6 +34,26 @@ from ..errors import LaneUnavailable
 from .engine import EngineOutput, EngineRequest
 from .step_spans import StepSpans
 from .text import TextStream
+
+
+def cluster_chips() -> int:
+    """Chips the Ray cluster offers (its ``chip`` resource, every node together); without Ray yet,
+    the local one ``ShardedModel`` would start: this machine's cores."""
+    import ray
+
+    if not ray.is_initialized():
+        return os.cpu_count() or 1
+    return int(ray.cluster_resources().get(CHIP, 0))
+
+
+def resolve_layout(path: str | Path, config: FastLaneConfig, chips: int) -> tuple[int, int, str]:
+    """``(tp, pp, why)`` the lane deploys: the config's, or where it says ``auto`` the planner's pick
+    on ``chips / replicas`` chips (``sharding.planner.auto_layout``)."""
+    if AUTO not in (config.tp, config.pp):
+        return config.tp, config.pp, "set in the config"
+    n = chips // config.replicas
+    best, _ = auto_layout(path, chips=n, device=config.device, tp=config.tp, pp=config.pp, dtype=config.dtype)
+    return best.tp, best.pp, f"auto: the planner's pick on {n} chip(s), see fastmode plan"
 
 
 class ShardedLaneEngine:
@@ -46,9 +69,10 @@ class ShardedLaneEngine:
     def __init__(self, path: str | Path, config: FastLaneConfig, tokenizer: Tokenizer,
                  telemetry: TelemetryConfig | None = None) -> None:
         self.telemetry = telemetry or TelemetryConfig()
-        self.layout = {"fastmode.tp": config.tp, "fastmode.pp": config.pp, "fastmode.transport": config.transport}
+        self.tp, self.pp, self.layout_reason = resolve_layout(path, config, cluster_chips())
+        self.layout = {"fastmode.tp": self.tp, "fastmode.pp": self.pp, "fastmode.transport": config.transport}
         self.model = ShardedModel.from_pretrained(
-            path, tp=config.tp, pp=config.pp, num_slots=config.num_slots, max_len=config.max_len,
+            path, tp=self.tp, pp=self.pp, num_slots=config.num_slots, max_len=config.max_len,
             dtype=getattr(torch, config.dtype), device=config.device, compile=config.compile,
             threads_per_chip=config.threads_per_chip, spin_s=config.spin_us / 1e6)
         try:

@@ -25,6 +25,7 @@ from .. import telemetry
 from ..auth import authorized, load_keys
 from ..config import load_config
 from ..lanes.lane import LANES
+from ..router import Router
 from . import inference_pb2 as pb
 from . import inference_pb2_grpc as pb_grpc
 
@@ -77,7 +78,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
         metadata = await self._check_key(context)
-        stream = self.router.options(stream=True).generate.remote(to_request(request, metadata))
+        stream = self.router.stream(to_request(request, metadata))
         seq, lane, model, finished = 0, "", "", False
         try:
             async for ev in stream:
@@ -114,7 +115,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
 
     async def ListModels(self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext):
         await self._check_key(context)
-        models = await self.router.models.remote()
+        models = self.router.models()
         return pb.ListModelsResponse(models=[pb.Model(id=m["id"], lanes=m["lanes"]) for m in models])
 
 
@@ -123,13 +124,13 @@ class GrpcServer:
 
     Args:
         config: the validated deployment config (as a dict).
-        router: the router deployment's handle.
+        fast, priority, standard: the lane deployments' handles (its own ``Router`` streams from them).
     """
 
-    async def __init__(self, config: dict[str, Any], router) -> None:
+    async def __init__(self, config: dict[str, Any], fast, priority, standard) -> None:
         telemetry.setup("grpc")
         self.config = load_config(config)
-        self.router = router
+        self.router = router = Router(self.config, fast, priority, standard)
         self.server = grpc.aio.server()
         pb_grpc.add_InferenceServicer_to_server(InferenceServicer(router, load_keys(self.config)), self.server)
         self.health = health.aio.HealthServicer()
@@ -139,7 +140,7 @@ class GrpcServer:
         if self.server.add_insecure_port(address) == 0:
             raise RuntimeError(f"cannot bind the gRPC port {address}")
         await self.server.start()
-        await self._set_health(await self.router.stats.remote())
+        await self._set_health(await self.router.stats())
         self._watch = asyncio.get_running_loop().create_task(self._watch_health())
 
     async def _set_health(self, stats: dict[str, Any]) -> None:
@@ -155,7 +156,7 @@ class GrpcServer:
         while True:
             await asyncio.sleep(HEALTH_INTERVAL_S)
             with contextlib.suppress(Exception):
-                await self._set_health(await self.router.stats.remote())
+                await self._set_health(await self.router.stats())
 
     async def check_health(self) -> None:
         if self._watch.done():

@@ -140,12 +140,12 @@ def test_chip_only_where_the_fast_lane_runs(tmp_path):
     assert "EXTRAS=gpu" in cluster["available_node_types"]["gpu"]["worker_setup_commands"][-1]
 
 
-def test_fast_lane_in_one_replica_takes_its_chip_and_gpu():
+def test_fast_lane_chips_belong_to_its_chip_actors_not_its_replica():
     data = example("aws-2node-gpu")
     data["app"]["lanes"]["fast"] |= {"tp": 1, "pp": 1}
     data["lanes"]["fast"]["replicas"] = 4
     opts = app_config(load_topology(data)).lanes.fast.ray_actor_options
-    assert opts == {"num_cpus": 0, "num_gpus": 1, "resources": {"fastmode_node_gpu": 1, "chip": 1}}
+    assert opts == {"num_cpus": 0, "resources": {"fastmode_node_gpu": 1}}  # even one chip is a chip actor
     data["lanes"]["fast"]["replicas"] = 5  # 5 chips > 2 x 2
     with pytest.raises(TopologyError, match="lanes.fast.replicas: 5 replicas x tp=1 x pp=1 need 5 chips"):
         load_topology(data)

@@ -120,7 +120,7 @@ BAD = [
      "app.lanes.fast.device: node type 'gpu' has GPUs"),
     ("more chips than GPUs", "aws-2node-gpu", "node_types.gpu.chips", 6,
      "node_types.gpu.chips: on a GPU node type a chip is a GPU; 6 chips > 4 gpus"),
-    ("bad app field", "aws-2node-gpu", "app.lanes.fast.pp", 0, "app.lanes.fast.pp: Input should be greater"),
+    ("bad app field", "aws-2node-gpu", "app.lanes.fast.pp", 0, "app.lanes.fast.pp: Value error, must be a positive integer or 'auto' (got 0)"),
     ("unknown app field", "aws-2node-gpu", "app.lanes.turbo", {}, "app.lanes.turbo: Extra inputs"),
     ("missing app file", "aws-2node-gpu", "app", "/nonexistent/fastmode.yaml", "cannot read the app config"),
     ("no instance type", "aws-2node-gpu", "node_types.gpu.instance_type", DELETE,

@@ -7,7 +7,7 @@ config's targets match the config defaults and Ray's service-discovery file; the
 wires the files it mounts together. Where installed, ``promql_parser`` parses every query,
 ``promtool`` checks the scrape config and ``check-jsonschema`` the compose file (else those skip).
 
-Live (slow): after requests to the running application (the shared ``app`` fixture), every series
+Live (slow): after requests to a running application (its fast lane a tp=1 x pp=2 pipeline), every series
 the dashboard queries appears in a real scrape of Ray's metrics endpoint, with the labels it uses.
 """
 
@@ -355,9 +355,26 @@ def scrape_series(url: str) -> dict[str, set[str]]:
     return out
 
 
+@pytest.fixture(scope="module")
+def piped_app(tmp_path_factory):
+    """A ``fastmode up`` whose fast lane is a two-stage pipeline (tp=1 x pp=2), so that the
+    dashboard's chip-to-chip hop panels have series (the default layout on a 2-core machine is the
+    planner's 1x1, which has no hops)."""
+    from tests.serve.conftest import App
+
+    config = tmp_path_factory.mktemp("dashboard") / "app.yaml"
+    config.write_text("lanes:\n  fast: {tp: 1, pp: 2}\n")
+    a = App("--config", str(config), "--chips", "2")
+    try:
+        yield a
+    finally:
+        a.stop()
+
+
 @pytest.mark.slow
-def test_every_dashboard_series_is_in_a_real_scrape(app):
-    a = app()
+def test_every_dashboard_series_is_in_a_real_scrape(piped_app):
+    a = piped_app
+    assert a.lane_stats("fast")["layout"]["pp"] == 2
     status, _ = a.generate(model="fastmode-fast", input="def main():\n", max_output_tokens=8)
     assert status == 200
     wanted: dict[str, set[str]] = {}

@@ -25,7 +25,8 @@ def test_defaults_serve_the_shipped_models_with_the_seeds_prices():
     c = load_config(None)
     assert (c.models.full.path, c.models.fast.path) == (str(FULL), str(FAST))
     assert "full" in c.models.full.id and "fast" in c.models.fast.id
-    assert (c.lanes.fast.pp, c.lanes.priority.max_num_seqs, c.lanes.standard.max_num_seqs) == (2, 2, 32)
+    assert (c.lanes.fast.tp, c.lanes.fast.pp, c.lanes.priority.max_num_seqs, c.lanes.standard.max_num_seqs) == (
+        "auto", "auto", 2, 32)
     assert (c.lanes.standard.price, c.lanes.priority.price, c.lanes.fast.price) == (1.0, 6.0, 1.0)
     assert (c.lanes.priority.admission, c.lanes.standard.admission) == ("reject", "queue")
     assert c.http.host == "127.0.0.1"
@@ -48,6 +49,8 @@ def test_relative_model_paths_resolve_against_the_file(tmp_path):
     ({"lanes": {"fast": {"transport": "carrier pigeon"}}}, "lanes.fast.transport"),
     ({"lanes": {"fast": {"spin_us": -1}}}, "lanes.fast.spin_us"),
     ({"lanes": {"fast": {"threads_per_chip": 0}}}, "lanes.fast.threads_per_chip"),
+    ({"lanes": {"fast": {"pp": 0}}}, "lanes.fast.pp: Value error, must be a positive integer or 'auto' (got 0)"),
+    ({"lanes": {"fast": {"tp": "max"}}}, "lanes.fast.tp: Value error, must be a positive integer or 'auto'"),
     ({"lanes": {"turbo": {}}}, "lanes.turbo"),
     ({"router": {"auto_threshold": -1}}, "router.auto_threshold"),
     ({"http": {"port": 70000}}, "http.port"),

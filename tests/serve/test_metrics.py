@@ -24,7 +24,7 @@ def scrape(url: str) -> dict[str, float]:
 
 
 @pytest.mark.slow
-def test_lane_and_hop_metrics_are_exported(app):
+def test_lane_metrics_are_exported(app):
     a = app()
     for model, tier in (("fastmode-fast", None), ("fastmode-full", "priority"), ("fastmode-full", None)):
         status, _ = a.generate(model=model, service_tier=tier, input="def main():\n", max_output_tokens=16)
@@ -38,15 +38,21 @@ def test_lane_and_hop_metrics_are_exported(app):
                 for lane in ("fast", "priority", "standard")]
         want += ["ray_fastmode_requests_total{lane=fast,outcome=completed}",
                  "ray_fastmode_requests_total{lane=none,outcome=unknown_model}"]
-        if all(m.get(k, 0) > 0 for k in want) and any(k.startswith("ray_fastmode_hop_seconds_count") for k in m):
+        if all(m.get(k, 0) > 0 for k in want):
             break
         assert time.monotonic() < deadline, sorted(k for k in m if k.endswith("}") and "_bucket" not in k)
         time.sleep(1)
-    hops = {k: v for k, v in m.items() if k.startswith("ray_fastmode_hop_seconds_count")}
-    # The ring: stage 0 -> stage 1 and the tokens back to the head, both labelled by chip.
-    pairs = {(k.split("src_chip=")[1].split(",")[0], k.split("dst_chip=")[1].split(",")[0]) for k in hops}
-    assert len(pairs) == 2 and {(b, a) for a, b in pairs} == pairs and all("/chip" in a for a, _ in pairs)
-    assert all("transport=tcp" in k for k in hops)
     assert m["ray_fastmode_ttft_seconds_sum{lane=fast}"] > 0
     # Buckets are cumulative: the +Inf bucket holds every observation.
     assert m["ray_fastmode_ttft_seconds_bucket{lane=fast,le=+Inf}"] == m["ray_fastmode_ttft_seconds_count{lane=fast}"]
+
+
+def hop_pairs(metrics_url: str, want: int, timeout_s: float = 60) -> dict[str, float]:
+    """The ``ray_fastmode_hop_seconds_count`` series once ``want`` chip pairs have reported."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        hops = {k: v for k, v in scrape(metrics_url).items() if k.startswith("ray_fastmode_hop_seconds_count")}
+        if len(hops) >= want:
+            return hops
+        assert time.monotonic() < deadline, sorted(hops)
+        time.sleep(1)

@@ -196,7 +196,7 @@ CHAT = {"model": "fastmode-full", "messages": [{"role": "user", "content": "hi"}
 
 
 class ScriptedStream:
-    """What ``router.options(stream=True).generate.remote`` returns: the script's events, then the end."""
+    """What ``Router.stream`` returns: the script's events, then the end."""
 
     def __init__(self, events: list) -> None:
         self.events, self.cancelled = iter(events), False
@@ -220,15 +220,7 @@ class ScriptedRouter:
     def __init__(self, events: list) -> None:
         self.script, self.bodies, self.streams = events, [], []
 
-    def options(self, stream: bool):
-        assert stream
-        return self
-
-    @property
-    def generate(self):
-        return self
-
-    def remote(self, body: dict) -> ScriptedStream:
+    def stream(self, body: dict) -> ScriptedStream:
         self.bodies.append(body)
         self.streams.append(ScriptedStream(list(self.script)))
         return self.streams[-1]

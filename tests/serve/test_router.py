@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from tests.serve.conftest import text_of
@@ -80,3 +82,126 @@ def test_priority_cap_rejects_or_spills_the_third_stream(app):
     status, events = a.generate(**(long | {"max_output_tokens": 4}))  # room again once they are gone
     assert status == 200 and events[-1]["lane"] == "priority", events
     assert text_of(events)
+
+
+# --- in process: the router library over scripted lane handles ----------------------------------
+
+class LaneStream:
+    """What a lane handle's ``options(stream=True).generate.remote`` returns."""
+
+    def __init__(self, events: list, log: list) -> None:
+        self.events, self.log = iter(events), log
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        await asyncio.sleep(0.001)
+        event = next(self.events, None)
+        if event is None:
+            raise StopAsyncIteration
+        if isinstance(event, Exception):
+            raise event
+        return dict(event)
+
+    def cancel(self) -> None:
+        self.log.append("cancelled")
+
+
+class LaneHandle:
+    """A lane with ``room`` streams left: each one more is refused with ``Overloaded`` (wrapped as
+    Ray wraps a replica's exception), as ``serve.lanes.lane.Lane`` does."""
+
+    def __init__(self, name: str, room: int = 100, deltas: int = 3) -> None:
+        self.name, self.room, self.deltas = name, room, deltas
+        self.calls, self.logs = 0, []
+
+    def options(self, stream: bool):
+        assert stream
+        return self
+
+    @property
+    def generate(self):
+        return self
+
+    def remote(self, request: dict) -> LaneStream:
+        from ray.exceptions import RayTaskError
+
+        from serve.errors import Overloaded
+
+        self.calls += 1
+        self.logs.append([])
+        if self.room <= 0:
+            cause = Overloaded(f"the {self.name} lane's batch is full (2 sequences)", retry_after=1.5)
+            return LaneStream([RayTaskError("generate", "traceback", cause)], self.logs[-1])
+        self.room -= 1
+        events = ([{"type": "accepted", "input_tokens": 3}]
+                  + [{"type": "delta", "seq": i, "text": "x", "tokens": 1} for i in range(self.deltas)]
+                  + [{"type": "done", "lane": self.name, "model": "m", "finish_reason": "length",
+                      "usage": {"input_tokens": 3, "output_tokens": self.deltas, "total_tokens": 3 + self.deltas},
+                      "timing": {"ttft_s": 0.001, "decode_tokens_per_s": None, "total_s": 0.01}, "cost_units": 0.0}])
+        return LaneStream(events, self.logs[-1])
+
+
+def router_over(config: dict | None = None, **rooms: int):
+    from serve.config import load_config
+    from serve.router import Router
+
+    lanes = {name: LaneHandle(name, rooms.get(name, 100)) for name in ("fast", "priority", "standard")}
+    return Router(load_config(config or {}), **lanes), lanes
+
+
+async def events_of(router, **body) -> list[dict]:
+    return [e async for e in router.stream({"model": "fastmode-full", "input": "x = 1\n", **body})]
+
+
+def test_the_router_streams_from_the_lane_it_picks():
+    router, lanes = router_over()
+    events = asyncio.run(events_of(router, service_tier="priority"))
+    assert [e["type"] for e in events] == ["created", "delta", "delta", "delta", "done"]
+    assert events[0]["lane"] == events[-1]["lane"] == "priority" and events[-1]["route"] == {"by": "model"}
+    assert all(e["id"] == events[0]["id"] for e in events) and events[-1]["timing"]["engine_ttft_s"] == 0.001
+    assert (lanes["priority"].calls, lanes["standard"].calls, lanes["fast"].calls) == (1, 0, 0)
+
+
+def test_a_lane_refusal_is_overloaded_or_spills_to_standard():
+    router, lanes = router_over(priority=0)
+    events = asyncio.run(events_of(router, service_tier="priority"))
+    assert [(e["type"], e["code"], e["status"], e["retry_after"]) for e in events] == [
+        ("error", "overloaded", 429, 1.5)]
+    assert "allow_spill" in events[0]["message"] and lanes["priority"].logs == [["cancelled"]]
+    events = asyncio.run(events_of(router, service_tier="priority", allow_spill=True))
+    assert events[0]["lane"] == events[-1]["lane"] == "standard" and events[-1]["type"] == "done"
+    assert events[0]["route"] == {"by": "model", "spilled_from": "priority"}
+    router, lanes = router_over(priority=0, standard=0)
+    events = asyncio.run(events_of(router, service_tier="priority", allow_spill=True))
+    assert events[0]["code"] == "overloaded" and "priority and standard lanes are full" in events[0]["message"]
+
+
+def test_a_refused_stream_is_offered_once_per_replica():
+    router, lanes = router_over({"lanes": {"priority": {"replicas": 3}}}, priority=0)
+    events = asyncio.run(events_of(router, service_tier="priority"))
+    assert events[0]["code"] == "overloaded" and lanes["priority"].calls == 3
+
+
+def test_cancelling_a_stream_cancels_the_lanes_stream_and_frees_the_count():
+    router, lanes = router_over()
+
+    async def main():
+        stream = router.stream({"model": "fastmode-fast", "input": "x = 1\n"})
+        assert (await stream.__anext__())["type"] == "created"
+        assert (await stream.__anext__())["type"] == "delta"
+        assert router.in_flight["fast"] == 1
+        stream.cancel()
+        await asyncio.sleep(0.05)
+        return stream
+
+    stream = asyncio.run(main())
+    assert lanes["fast"].logs == [["cancelled"]] and router.in_flight["fast"] == 0
+    stream.cancel()  # twice: nothing more
+
+
+def test_bad_requests_fail_before_any_lane_is_called():
+    router, lanes = router_over()
+    events = asyncio.run(events_of(router, model="gpt-5"))
+    assert events[0]["code"] == "unknown_model" and sum(h.calls for h in lanes.values()) == 0

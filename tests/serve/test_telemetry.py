@@ -15,6 +15,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 from websockets.asyncio.client import connect
 
 from tests.serve.conftest import App, free_port
+from tests.serve.test_metrics import hop_pairs
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 CALLER_SPAN = "00f067aa0ba902b7"
@@ -92,7 +93,7 @@ def test_one_trace_from_the_caller_down_to_each_hop(traced):
 
     request = next(s for s in by_id.values() if s.name == "text_completion fastmode-fast")
     assert request.parent_span_id.hex() == CALLER_SPAN  # continues the caller's trace
-    assert request.kind == request.SPAN_KIND_SERVER and process[request.span_id] == "router"
+    assert request.kind == request.SPAN_KIND_SERVER and process[request.span_id] == "gateway"
     a = attrs(request)
     assert a["gen_ai.operation.name"] == "text_completion" and a["gen_ai.request.model"] == "fastmode-fast"
     assert a["gen_ai.usage.input_tokens"] == done["usage"]["input_tokens"]
@@ -128,6 +129,21 @@ def test_one_trace_from_the_caller_down_to_each_hop(traced):
     assert len(totals["fastmode.hops.pair"]) == 5 and set(totals["fastmode.hops.pair_count"]) == {12}
     assert sum(totals["fastmode.hops.pair_count"]) == totals["fastmode.hops.count"]
     assert all(m > 0 for m in totals["fastmode.hops.pair_max_seconds"])
+
+
+@pytest.mark.slow
+def test_hop_metrics_label_each_chip_pair_of_the_ring(traced):
+    app, _ = traced
+    assert app.lane_stats("fast")["layout"] == {"tp": 2, "pp": 2, "why": "set in the config"}
+    status, _ = app.generate(model="fastmode-fast", input="def main():\n", max_output_tokens=16)
+    assert status == 200
+    hops = hop_pairs(app.metrics_url, want=5)
+    # tp=2 x pp=2: the head's token ids to its TP peer, rank r of stage 0 -> rank r of stage 1, and
+    # both last-stage ranks back to the head; each labelled by chip.
+    pairs = {(k.split("src_chip=")[1].split(",")[0], k.split("dst_chip=")[1].split(",")[0]) for k in hops}
+    assert len(pairs) == 5 and all("/chip" in a and "/chip" in b for a, b in pairs)
+    heads = {a for a, _ in pairs} & {b for _, b in pairs}
+    assert all("transport=tcp" in k for k in hops) and len(heads) >= 1
 
 
 def request_span(receiver: Receiver, trace_id: str, timeout_s: float = 30):

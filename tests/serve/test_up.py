@@ -30,6 +30,21 @@ def test_health_is_ready_only_once_every_engine_has_loaded(app):
 
 
 @pytest.mark.slow
+def test_the_default_fast_lane_deploys_the_planners_layout(app):
+    import os
+
+    from models import FAST
+    from sharding.planner import auto_layout
+
+    a = app()
+    layout = a.lane_stats("fast")["layout"]
+    best, _ = auto_layout(FAST, chips=os.cpu_count(), device="cpu")  # fastmode up: one chip per core
+    assert (layout["tp"], layout["pp"]) == (best.tp, best.pp) and layout["why"].startswith("auto:")
+    out = "".join(a.output)
+    assert f"(lane: fast, tp={best.tp} x pp={best.pp}: auto: the planner's pick on {os.cpu_count()} chip(s)" in out
+
+
+@pytest.mark.slow
 def test_ctrl_c_stops_everything_it_started(app):
     a = app()
     assert a.stop(signal.SIGINT) == 0, "".join(a.output[-40:])

@@ -64,12 +64,8 @@ class FakeRouter:
     def __init__(self, n: int = 5, text: str = "ab", every_s: float = 0.0) -> None:
         self.n, self.text, self.every_s = n, text, every_s
         self.logs: dict[str, list] = {}
-        self.generate = self
 
-    def options(self, **_):
-        return self
-
-    def remote(self, body: dict) -> FakeStream:
+    def stream(self, body: dict) -> FakeStream:
         rid = body["id"]
         if body.get("model") == "nope":
             events = [{"type": "error", "id": rid, "code": "unknown_model", "message": "no", "status": 404}]

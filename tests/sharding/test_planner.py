@@ -8,7 +8,7 @@ import pytest
 
 from models import FAST, FULL
 from sharding.chips import PRESETS, ChipSpec, ChipSpecError, load_chip
-from sharding.planner import Footprint, PlanError, main, plan, predict, valid_layouts
+from sharding.planner import Footprint, PlanError, auto_layout, main, plan, predict, valid_layouts
 from tests.conftest import shipped
 
 # Llama-3.2-1B's shape (config.json fields), for planning a real model without its weights.
@@ -107,3 +107,28 @@ def test_cli(capsys, tmp_path):
     data = json.loads(capsys.readouterr().out)
     assert data["chosen"]["tokens_per_s"] > 0 and data["chip"]["name"] == "h100"
     assert main(["--model", str(path), "--chip", "nope"]) == 2
+
+
+def test_auto_layout_is_the_plan_on_the_chips_with_fixed_sizes_kept():
+    path = shipped(FAST)
+    cfg = json.loads((path / "config.json").read_text())
+    for chips in (1, 2, 4):
+        best, why = auto_layout(path, chips=chips)
+        want, _ = plan(cfg, load_chip("cpu-core"), chips)
+        assert (best.tp, best.pp) == (want.tp, want.pp) and why.endswith("per token.")
+    assert auto_layout(path, chips=4, pp=2)[0].pp == 2  # a fixed size is kept, the other chosen
+    assert (lambda b: (b.tp, b.pp))(auto_layout(path, chips=4, tp=2, pp=2)[0]) == (2, 2)
+    assert auto_layout(path, chips=4, device="cuda")[0].chips >= 1  # GPUs plan as h100s
+    with pytest.raises(PlanError, match="no valid layout with tp=3"):
+        auto_layout(path, chips=4, tp=3)
+
+
+def test_resolve_layout_follows_the_lane_config():
+    from serve.config import FastLaneConfig
+    from serve.lanes.sharded_engine import resolve_layout
+
+    path = shipped(FAST)
+    assert resolve_layout(path, FastLaneConfig(tp=1, pp=2), chips=1) == (1, 2, "set in the config")
+    best, _ = auto_layout(path, chips=2)
+    tp, pp, why = resolve_layout(path, FastLaneConfig(replicas=2), chips=4)  # 2 chips per replica
+    assert (tp, pp) == (best.tp, best.pp) and "on 2 chip(s)" in why
