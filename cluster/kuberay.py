@@ -63,7 +63,7 @@ class WorkerGroup:
 
 def serve_config(config) -> dict:
     """``serve.up.serve_config`` of ``config`` as it runs in the pods: HTTP and gRPC on all of the
-    pod's interfaces (Services reach them), the shipped models at their path in the image (other
+    pod's interfaces (Services reach them), HTTP through Ray Serve's proxy, the shipped models at their path in the image (other
     model paths are kept: they must exist on every pod, e.g. a mounted volume)."""
     from models import MODELS_DIR
     from serve.config import AppConfig
@@ -72,6 +72,7 @@ def serve_config(config) -> dict:
     data = config.model_dump(mode="json")
     data["http"]["host"] = "0.0.0.0"
     data["grpc"]["host"] = "0.0.0.0"
+    data["http"]["server"] = "serve"  # KubeRay's serve Service sends traffic to Ray Serve's proxies
     out = up_serve_config(AppConfig.model_validate(data))
     for app in out["applications"]:
         for spec in app["args"]["config"]["models"].values():

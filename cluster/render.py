@@ -63,7 +63,10 @@ def app_config(t: Topology) -> AppConfig:
         if gpus:
             opts["num_gpus"] = gpus
         lanes[lane] = cfg.model_copy(update={"replicas": place.replicas, "ray_actor_options": opts})
-    return app.model_copy(update={"lanes": app.lanes.model_copy(update=lanes)})
+    # On a cluster, Ray Serve's proxy on the head listens (what KubeRay's Service selects), unless the
+    # topology's app config chose the gateway's own server (which listens on the node it lands on).
+    http = app.http if "server" in app.http.model_fields_set else app.http.model_copy(update={"server": "serve"})
+    return app.model_copy(update={"lanes": app.lanes.model_copy(update=lanes), "http": http})
 
 
 def serve_deploy_config(t: Topology) -> dict:

@@ -144,6 +144,11 @@ class RouterConfig(_Strict):
 class HTTPConfig(_Strict):
     host: str = Field(default="127.0.0.1", description="Bind address of the HTTP port.")
     port: int = Field(default=8000, ge=1, le=65535, description="HTTP port.")
+    server: Literal["gateway", "serve"] = Field(default="gateway", description="Who listens on the port: "
+        "'gateway': the gateway replica itself (each streamed chunk goes lane replica -> gateway -> client; "
+        "gateway replicas on one node share the port); 'serve': Ray Serve's HTTP proxy on every node, which "
+        "forwards each request and each chunk to a gateway replica (what `serve deploy` clusters and "
+        "KubeRay's Service expect).")
     metrics_port: int = Field(default=8080, ge=1, le=65535, description="Prometheus metrics of a Ray that "
                               "fastmode up starts (Ray's metrics export port; ray_serve_* and ray_fastmode_*).")
 

@@ -1,4 +1,9 @@
-"""``Gateway``: the application's front door on one HTTP port (FastAPI on Serve's proxy).
+"""``Gateway``: the application's front door on one HTTP port (FastAPI).
+
+Who listens on the port is ``http.server``: ``gateway`` (the default) serves the FastAPI app from
+the gateway replica itself (``serve.listen``), so a chunk goes lane replica -> gateway -> client;
+``serve`` leaves it to Ray Serve's HTTP proxy (what ``serve deploy`` clusters and KubeRay's
+Service expect), which forwards each request and each streamed chunk to this replica.
 
 - ``GET /health``: 200 when every lane's engine answers, else 503, with per-lane detail (no key
   needed, for load balancers);
@@ -13,6 +18,8 @@ With API keys configured (``serve.auth``), every route but ``/health`` needs
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 from typing import Any
 
@@ -24,6 +31,7 @@ from . import openai_api, telemetry
 from .auth import authorized, load_keys
 from .config import load_config
 from .errors import InvalidRequest, first_event, to_event
+from .listen import listen
 from .router import Router
 from .websocket import CLOSE_POLICY, Session
 
@@ -55,13 +63,29 @@ class Gateway:
         grpc_server: the gRPC server deployment's handle, if enabled.
     """
 
-    def __init__(self, config: dict[str, Any], fast, priority, standard, grpc_server=None) -> None:
+    async def __init__(self, config: dict[str, Any], fast, priority, standard, grpc_server=None) -> None:
         telemetry.setup("gateway")
         self.config = load_config(config)
         self.grpc_server = grpc_server  # held so that Serve deploys it with the application
         self.keys = load_keys(self.config)
         self.router = Router(self.config, fast, priority, standard)
         api.state.gateway = self
+        self.server = self.serving = None
+        if self.config.http.server == "gateway":
+            http = self.config.http
+            self.server, self.serving = await listen(api, http.host, http.port,
+                                                     ws_max_size=2 * self.config.gateway.max_frame_bytes)
+
+    async def check_health(self) -> None:
+        """Serve's health check: the replica is replaced if its own HTTP server has stopped."""
+        if self.serving is not None and self.serving.done():
+            raise RuntimeError(f"the gateway's HTTP server stopped: {self.serving.exception()!r}")
+
+    async def __del__(self) -> None:
+        if self.server is not None:
+            self.server.should_exit = True
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(self.serving, 5)
 
     @api.get("/health")
     async def health(self) -> JSONResponse:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import socket
 import sys
 import time
 
@@ -24,7 +25,8 @@ from .errors import ConfigError
 def serve_config(config: AppConfig) -> dict:
     """The ``serve deploy`` / ``serve run`` config that deploys the same application."""
     return {
-        "proxy_location": "HeadOnly",
+        # http.server 'gateway': the gateway replica listens on the port itself, so no Serve proxy.
+        "proxy_location": "HeadOnly" if config.http.server == "serve" else "Disabled",
         "http_options": {"host": config.http.host, "port": config.http.port},
         "logging_config": {"log_level": "INFO", "enable_access_log": False},
         "applications": [{
@@ -32,6 +34,16 @@ def serve_config(config: AppConfig) -> dict:
             "args": {"config": config.model_dump(mode="json")},
         }],
     }
+
+
+def port_free(host: str, port: int) -> None:
+    """Raise ``OSError`` (with a readable ``strerror``) if ``host:port`` cannot be listened on."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as e:
+            raise OSError(e.errno, f"{host}:{port} is in use ({e.strerror})") from e
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -72,6 +84,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.print_serve_config:
         print(yaml.safe_dump(serve_config(config), sort_keys=False), end="")
         return 0
+    if not (args.address or os.environ.get("RAY_ADDRESS")):
+        try:  # a local start: say so now, not after a minute of loading engines
+            port_free(config.http.host, config.http.port)
+            if config.grpc.enabled:
+                port_free(config.grpc.host, config.grpc.port)
+        except OSError as e:
+            print(f"fastmode up: {e.strerror} (stop what uses it, or choose another port)", file=sys.stderr)
+            return 2
     return run(config, address=args.address or os.environ.get("RAY_ADDRESS"), chips=args.chips,
                verbose=args.verbose)
 
@@ -98,7 +118,8 @@ def run(config: AppConfig, *, address: str | None, chips: int, verbose: bool = F
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _interrupt)
     try:
-        serve.start(http_options={"host": config.http.host, "port": config.http.port},
+        serve.start(proxy_location="HeadOnly" if config.http.server == "serve" else "Disabled",
+                    http_options={"host": config.http.host, "port": config.http.port},
                     logging_config={"log_level": "INFO" if verbose else "WARNING", "enable_access_log": verbose})
         print("fastmode up: deploying (engines load: about a minute on a CPU)", flush=True)
         serve.run(build(config), name=config.name, route_prefix="/")

@@ -46,7 +46,16 @@ def test_every_example_renders_valid_configs(path, tmp_path):
     ServeDeploySchema.model_validate(serve)
     [application] = serve["applications"]
     assert application["import_path"] == "serve.app:build_app"
-    AppConfig.model_validate(application["args"]["config"])
+    app = AppConfig.model_validate(application["args"]["config"])
+    # On a cluster Serve's proxy on the head listens (no example chooses the gateway's own server).
+    assert app.http.server == "serve" and serve["proxy_location"] == "HeadOnly"
+
+
+def test_a_topology_may_choose_the_gateways_own_server(tmp_path):
+    doc = example("local-2node") | {"app": {"http": {"server": "gateway"}}}
+    (tmp_path / "t.yaml").write_text(yaml.safe_dump(doc))
+    app = app_config(load_topology(tmp_path / "t.yaml"))
+    assert app.http.server == "gateway"
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from websockets.sync.client import connect
 
 from serve.config import HTTPConfig
 
@@ -359,11 +360,12 @@ def scrape_series(url: str) -> dict[str, set[str]]:
 def piped_app(tmp_path_factory):
     """A ``fastmode up`` whose fast lane is a two-stage pipeline (tp=1 x pp=2), so that the
     dashboard's chip-to-chip hop panels have series (the default layout on a 2-core machine is the
-    planner's 1x1, which has no hops)."""
+    planner's 1x1, which has no hops), behind Ray Serve's HTTP proxy (``http.server: serve``, what
+    clusters use; the shared app has the gateway's own server)."""
     from tests.serve.conftest import App
 
     config = tmp_path_factory.mktemp("dashboard") / "app.yaml"
-    config.write_text("lanes:\n  fast: {tp: 1, pp: 2}\n")
+    config.write_text("lanes:\n  fast: {tp: 1, pp: 2}\nhttp: {server: serve}\n")
     a = App("--config", str(config), "--chips", "2")
     try:
         yield a
@@ -375,6 +377,13 @@ def piped_app(tmp_path_factory):
 def test_every_dashboard_series_is_in_a_real_scrape(piped_app):
     a = piped_app
     assert a.lane_stats("fast")["layout"]["pp"] == 2
+    with connect(a.ws_url, additional_headers={"Authorization": f"Bearer {a.key}"}) as ws:  # through the proxy
+        ws.send(json.dumps({"type": "response.create", "id": "r1", "model": "fastmode-fast", "input": "def f():",
+                            "max_output_tokens": 4}))
+        events = [json.loads(ws.recv(timeout=60))]
+        while events[-1]["type"] not in ("response.completed", "error"):
+            events.append(json.loads(ws.recv(timeout=60)))
+    assert events[-1]["type"] == "response.completed", events
     status, _ = a.generate(model="fastmode-fast", input="def main():\n", max_output_tokens=8)
     assert status == 200
     wanted: dict[str, set[str]] = {}

@@ -96,6 +96,28 @@ def test_the_serve_deploy_config_validates_against_rays_schema_and_builds():
     assert load_config(app.args["config"]) == load_config({"http": {"port": 8100}})
 
 
+def test_the_serve_proxy_runs_only_when_it_listens():
+    """``http.server: gateway`` (default): the gateway replica listens, so Serve starts no proxy;
+    ``serve``: Serve's proxy on the head listens, as before."""
+    assert load_config(None).http.server == "gateway"
+    assert serve_config(load_config(None))["proxy_location"] == "Disabled"
+    assert serve_config(load_config({"http": {"server": "serve"}}))["proxy_location"] == "HeadOnly"
+    with pytest.raises(ConfigError, match="http.server"):
+        load_config({"http": {"server": "nginx"}})
+
+
+def test_fastmode_up_refuses_a_port_in_use_before_starting_anything(capsys):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert up_main(["--port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert f"127.0.0.1:{port} is in use" in err
+
+
 def test_print_config_round_trips(capsys):
     assert up_main(["--print-config", "--port", "9001"]) == 0
     printed = yaml.safe_load(capsys.readouterr().out)
