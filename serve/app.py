@@ -34,6 +34,17 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
     return build(config)
 
 
+def actor_options(config: AppConfig, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` with ``config.serve_env`` in its ``runtime_env``'s ``env_vars`` (those already
+    there win)."""
+    options = dict(options)
+    runtime_env = dict(options.get("runtime_env") or {})
+    runtime_env["env_vars"] = dict(config.serve_env) | dict(runtime_env.get("env_vars") or {})
+    if runtime_env["env_vars"]:
+        options["runtime_env"] = runtime_env
+    return options
+
+
 def build(config: AppConfig) -> Application:
     """The application for a validated config."""
     handles = {}
@@ -43,14 +54,15 @@ def build(config: AppConfig) -> Application:
         # A rejecting lane's replica refuses a stream beyond its batch cap itself (serve.router), so
         # Serve must not queue one in front of it.
         handles[lane] = serve.deployment(Lane).options(
-            name=f"{lane}-lane", num_replicas=cfg.replicas, ray_actor_options=dict(cfg.ray_actor_options),
+            name=f"{lane}-lane", num_replicas=cfg.replicas,
+            ray_actor_options=actor_options(config, cfg.ray_actor_options),
             max_ongoing_requests=UNCAPPED, health_check_timeout_s=60, graceful_shutdown_timeout_s=5,
         ).bind(lane, model.id, model.path, cfg.model_dump(mode="json"), config.telemetry.model_dump(mode="json"))
     grpc_server = None
     if config.grpc.enabled:
         grpc_server = serve.deployment(GrpcServer).options(
-            name="grpc", num_replicas=1, ray_actor_options={"num_cpus": 0},
+            name="grpc", num_replicas=1, ray_actor_options=actor_options(config, {"num_cpus": 0}),
         ).bind(config.model_dump(mode="json"), **handles)
     return serve.deployment(Gateway).options(
-        name="gateway", ray_actor_options={"num_cpus": 0}, max_ongoing_requests=UNCAPPED,
+        name="gateway", ray_actor_options=actor_options(config, {"num_cpus": 0}), max_ongoing_requests=UNCAPPED,
     ).bind(config.model_dump(mode="json"), **handles, grpc_server=grpc_server)

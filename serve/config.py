@@ -216,6 +216,15 @@ class AppConfig(_Strict):
     telemetry: TelemetryConfig = TelemetryConfig()
     gateway: GatewayConfig = GatewayConfig()
     auth: AuthConfig = AuthConfig()
+    serve_env: dict[str, str] = Field(default_factory=lambda: dict(SERVE_ENV), description="Environment "
+        "variables of every replica of the application (Ray Serve's own knobs, read where its handles and "
+        "replicas run). The default turns on Ray Serve's throughput-optimized mode (user code and handle "
+        "routing on the replica's own event loop, handle-to-replica calls over gRPC, buffered request "
+        "logs) without its direct ingress (the gateway listens itself, http.server). {} keeps Ray's defaults.")
+
+
+SERVE_ENV = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_DIRECT_INGRESS": "0"}
+"""``serve_env``'s default (``ray.serve._private.constants``: what RAY_SERVE_THROUGHPUT_OPTIMIZED sets)."""
 
 
 def load_config(source: str | Path | dict | AppConfig | None = None) -> AppConfig:

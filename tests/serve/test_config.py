@@ -122,3 +122,21 @@ def test_print_config_round_trips(capsys):
     assert up_main(["--print-config", "--port", "9001"]) == 0
     printed = yaml.safe_load(capsys.readouterr().out)
     assert AppConfig.model_validate(printed) == load_config({"http": {"port": 9001}})
+
+
+def test_serve_env_reaches_every_replica_and_the_users_env_vars_win():
+    from serve.app import actor_options, build
+    from serve.config import SERVE_ENV
+
+    config = load_config(None)
+    assert config.serve_env == SERVE_ENV and SERVE_ENV["RAY_SERVE_ENABLE_DIRECT_INGRESS"] == "0"
+    opts = actor_options(config, {"num_cpus": 0, "runtime_env": {"env_vars": {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "0",
+                                                                              "X": "1"}, "pip": ["x"]}})
+    assert opts["runtime_env"] == {"env_vars": {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "0", "X": "1",
+                                                "RAY_SERVE_ENABLE_DIRECT_INGRESS": "0"}, "pip": ["x"]}
+    assert actor_options(load_config({"serve_env": {}}), {"num_cpus": 0}) == {"num_cpus": 0}
+    gateway = build(config)._bound_deployment  # every deployment of the application gets it
+    deployments = [gateway] + [a._bound_deployment for a in gateway.init_kwargs.values()]
+    assert sorted(d.name for d in deployments) == ["fast-lane", "gateway", "grpc", "priority-lane", "standard-lane"]
+    for d in deployments:
+        assert d.ray_actor_options["runtime_env"]["env_vars"] == SERVE_ENV, d.name
