@@ -47,7 +47,7 @@ def run_ours(path: str, tokens: int, repeats: int, compile_: bool) -> dict:
     engine = Engine.from_pretrained(path, num_slots=1, compile=compile_)
 
     def gen(n: int):
-        return lambda: engine.generate([prompt], SamplingParams(max_tokens=n, ignore_eos=True))
+        return lambda: engine.generate([prompt], SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
 
     t1, tn = _timed(gen(1), repeats), _timed(gen(tokens), repeats)
     return {"engine": "fastmode executor" + (" + torch.compile" if compile_ else ""), "dtype": "float32",

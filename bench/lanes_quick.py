@@ -99,17 +99,17 @@ def direct(tokens: int, runs: int, concurrency: int = 0) -> dict:
     try:
         with ShardedModel.from_pretrained(FAST, tp=tp, pp=pp, compile=cfg.compile) as m:
             m.warmup()
-            m.generate([[0, 100, 200]], SamplingParams(max_tokens=8))
+            m.generate([[0, 100, 200]], SamplingParams(temperature=0, max_tokens=8))
             rates = []
             for _ in range(runs):
                 t = time.perf_counter()
-                m.generate([[0, 100, 200]], SamplingParams(max_tokens=tokens, ignore_eos=True))
+                m.generate([[0, 100, 200]], SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True))
                 rates.append(tokens / (time.perf_counter() - t))
             out["sharded_fast"] = statistics.median(rates)
             ttft = []
             for _ in range(5):
                 t = time.perf_counter()
-                m.generate([[0, 100, 200]], SamplingParams(max_tokens=1))
+                m.generate([[0, 100, 200]], SamplingParams(temperature=0, max_tokens=1))
                 ttft.append(time.perf_counter() - t)
             out["sharded_fast_ttft_s"] = statistics.median(ttft)
     finally:

@@ -142,7 +142,7 @@ def layout_run(path: Path, tp: int, pp: int, steps: int, compile_: bool) -> dict
                                       max_len=min(512, len(prompt) + steps + 8)) as m:
         m.warmup()
         time.sleep(1)
-        m.add("r", prompt, SamplingParams(max_tokens=steps, ignore_eos=True))
+        m.add("r", prompt, SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True))
         infos, n = [], 0
         start = time.perf_counter()
         while m.has_work:

@@ -19,7 +19,7 @@ DEFAULT_PROMPT = "import os\n\n\ndef read_lines(path):\n"
 def _decode(engine, prompt_ids: list[int], max_tokens: int) -> tuple[list[int], float, list]:
     from sharding.sampling import SamplingParams
 
-    engine.add("demo", prompt_ids, SamplingParams(max_tokens=max_tokens))
+    engine.add("demo", prompt_ids, SamplingParams(temperature=0, max_tokens=max_tokens))
     out, hops = [], []
     started = time.perf_counter()
     while engine.has_work:

@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         target = scorer.tokenizer.encode(s.target + "\n", add_special_tokens=False).ids
         row = [scorer.score(s.prefix)]
         for eng in engines.values():
-            out = eng.generate([ids], SamplingParams(max_tokens=40))[0]
+            out = eng.generate([ids], SamplingParams(temperature=0, max_tokens=40))[0]
             row.append(first_line(scorer.tokenizer.decode(out)) == s.target)
         for eng in engines.values():  # the true next line's loss, nats per token
             logits = eng.prompt_logits(ids + target)[len(ids) - 1:-1]

@@ -13,9 +13,12 @@ Every stream ends with exactly one ``done`` or ``error``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+
+from sharding.sampling import SamplingParams
 
 from .errors import InvalidRequest, describe_validation
 
@@ -43,8 +46,9 @@ class GenerateRequest(BaseModel):
     input: str | list[Message] = Field(description="The prompt, or chat messages.")
     max_output_tokens: int | None = Field(default=None, ge=1, description="Default: the rest of the "
                                           "context window.")
-    temperature: float = Field(default=1.0, ge=0, le=2, allow_inf_nan=False)
-    top_p: float = Field(default=1.0, gt=0, le=1, allow_inf_nan=False)
+    temperature: float = Field(default=SamplingParams.temperature, ge=0, le=2, allow_inf_nan=False,
+                               description="0 is greedy; the default is the engines' (1.0, as OpenAI's).")
+    top_p: float = Field(default=SamplingParams.top_p, gt=0, le=1, allow_inf_nan=False)
     stop: _Text | list[_Text] | None = Field(default=None, description="Up to 4 stop strings; the "
                                               "text ends before the first one (which is not returned).")
     seed: int | None = Field(default=None, ge=0, lt=2**63)
@@ -69,6 +73,12 @@ class GenerateRequest(BaseModel):
             raise InvalidRequest(f"stop: at most 4 stop strings, got {len(req.stop)}")
         return req
 
+    def to_lane(self, request_id: str, trace: dict[str, str] | None = None) -> LaneRequest:
+        """What the router sends a lane: this request's generation fields, every default resolved."""
+        return LaneRequest(request_id=request_id, prompt=self.prompt, max_output_tokens=self.max_output_tokens,
+                           temperature=self.temperature, top_p=self.top_p, seed=self.seed,
+                           stop=tuple(self.stop_list), ignore_eos=self.ignore_eos, trace=trace)
+
     @property
     def stop_list(self) -> list[str]:
         return [] if self.stop is None else [self.stop] if isinstance(self.stop, str) else list(self.stop)
@@ -84,3 +94,24 @@ class GenerateRequest(BaseModel):
             raise InvalidRequest("input: the prompt is empty")
         return text
 
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaneRequest:
+    """One request as a lane replica receives it from a front door's router (``GenerateRequest.to_lane``).
+
+    Validated once, at the front door; no field has a default here, so no second default can
+    disagree with ``GenerateRequest``'s. The lane tokenizes ``prompt`` and resolves
+    ``max_output_tokens`` against its context (``None``: the rest of it).
+    """
+
+    request_id: str
+    prompt: str
+    max_output_tokens: int | None
+    temperature: float
+    top_p: float
+    seed: int | None
+    stop: tuple[str, ...]
+    ignore_eos: bool
+    trace: dict[str, str] | None
+    """The router span's W3C trace context (``telemetry.inject``), when tracing is on."""

@@ -32,7 +32,7 @@ from .config import AppConfig, load_config
 from .difficulty import DifficultyScorer
 from .errors import Overloaded, UnknownModel, UnknownServiceTier, to_event, unwrap
 from .lanes.lane import FAST, LANES, PRIORITY, STANDARD
-from .request import GenerateRequest
+from .request import GenerateRequest, LaneRequest
 
 TIERS = {None: STANDARD, "auto": STANDARD, "default": STANDARD, "priority": PRIORITY}
 AUTO = "auto"
@@ -140,10 +140,7 @@ class Router:
         try:
             req = GenerateRequest.parse(request)
             rid = req.id or f"resp_{uuid.uuid4().hex}"
-            lane_request = {"prompt": req.prompt, "max_tokens": req.max_output_tokens,
-                            "temperature": req.temperature, "top_p": req.top_p, "seed": req.seed,
-                            "stop": req.stop_list, "ignore_eos": req.ignore_eos, "request_id": rid,
-                            "trace": telemetry.inject(span) if span.is_recording() else None}
+            lane_request = req.to_lane(rid, telemetry.inject(span) if span.is_recording() else None)
             lane, route = await self.pick(req)
             lane, stream, accepted = await self._open(lane, req, route, lane_request)
         except Exception as e:  # noqa: BLE001 - every failure becomes the stream's one error event
@@ -174,7 +171,7 @@ class Router:
                 stream.cancel()
 
     async def _open(self, lane: str, req: GenerateRequest, route: dict[str, Any],
-                    lane_request: dict[str, Any]) -> tuple[str, Any, dict[str, Any]]:
+                    lane_request: LaneRequest) -> tuple[str, Any, dict[str, Any]]:
         """Start the stream on ``lane`` (or spill from priority to standard): the lane, its stream
         and its ``accepted`` event; ``Overloaded`` if every try was refused."""
         refused = None

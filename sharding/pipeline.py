@@ -163,7 +163,7 @@ class ShardedModel:
 
         Raises ``EmptyPrompt``, ``TokenOutOfRange``, ``PromptTooLong`` or ``DuplicateRequest`` at once.
         """
-        params = params or SamplingParams()
+        params = params or SamplingParams(temperature=0)
         prompt = [int(t) for t in prompt_ids]
         self.validate(request_id, prompt, params)
         if request_id in self._unfinished:
@@ -244,12 +244,12 @@ class ShardedModel:
         to the end of the context (every attention-span bucket), one-row prefills of two lengths,
         then two- and three-row prefills and decodes.
         """
-        greedy = lambda n: SamplingParams(max_tokens=max(1, min(n, self.max_len - 16)), ignore_eos=True)  # noqa: E731
+        greedy = lambda n: SamplingParams(temperature=0, max_tokens=max(1, min(n, self.max_len - 16)), ignore_eos=True)  # noqa: E731
         self.generate([[1, 2, 3]], greedy(self.max_len))
         self.generate([[1, 2, 3, 4, 5]], greedy(4))
         self.generate([[1, 2, 3, 4, 5, 6, 7], [1, 2, 3, 4, 5]], greedy(8))
         self.generate([[1, 2, 3, 4, 5, 6], [1, 2, 3, 4], [1, 2, 3, 4, 5, 6, 7, 8, 9]],
-                      SamplingParams(max_tokens=8, ignore_eos=True, temperature=1.0, seed=0))
+                      SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, temperature=1.0, seed=0))
 
     def prompt_logits(self, prompt_ids: list[int]) -> torch.Tensor:
         """Debug: the logits ``[S, V]`` of every prompt position, from the last stage, on an idle
@@ -257,7 +257,7 @@ class ShardedModel:
         if self.has_work:
             raise RuntimeError("prompt_logits() needs an idle model")
         prompt = [int(t) for t in prompt_ids]
-        self.validate("prompt_logits", prompt, SamplingParams(max_tokens=1))
+        self.validate("prompt_logits", prompt, SamplingParams(temperature=0, max_tokens=1))
         x = None
         for s in range(self.pp):
             refs = [w.prompt_logits.remote(prompt, 0, x) for w in self._workers[s * self.tp:(s + 1) * self.tp]]

@@ -20,8 +20,9 @@ from .errors import InvalidSamplingParams
 class SamplingParams:
     """How one request picks its tokens and when it stops."""
 
-    temperature: float = 0.0
-    """Softmax temperature; ``0`` means greedy (argmax)."""
+    temperature: float = 1.0
+    """Softmax temperature; ``0`` means greedy (argmax). The default, 1.0, is vLLM's and OpenAI's, and
+    the one every front door uses (``serve.request.GenerateRequest`` takes it from here)."""
     top_p: float = 1.0
     """Nucleus sampling: keep the most likely tokens whose mass reaches ``top_p``; in ``(0, 1]``."""
     seed: int | None = None

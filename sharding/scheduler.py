@@ -80,7 +80,7 @@ class Scheduler:
 
     def add(self, request_id: str, prompt_ids: Seq[int], params: SamplingParams | None = None) -> None:
         """Queue a request (see ``Engine.add`` for the errors it raises)."""
-        params = params or SamplingParams()
+        params = params or SamplingParams(temperature=0)
         prompt = [int(t) for t in prompt_ids]
         self.validate(request_id, prompt, params)
         if request_id in self._running or any(s.request_id == request_id for s in self._waiting):
@@ -152,7 +152,7 @@ class Scheduler:
         leaves in the cache is overwritten before any later sequence reads it.
         """
         prompt = [int(t) for t in prompt_ids]
-        self.validate("prompt_logits", prompt, SamplingParams(max_tokens=1))
+        self.validate("prompt_logits", prompt, SamplingParams(temperature=0, max_tokens=1))
         slot = self.slots.allocate()
         self.slots.free(slot)
         return slot

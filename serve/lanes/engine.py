@@ -10,6 +10,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from sharding.sampling import SamplingParams
+
 
 @dataclass(frozen=True)
 class EngineRequest:
@@ -18,8 +20,8 @@ class EngineRequest:
     request_id: str
     prompt_ids: list[int]
     max_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
+    temperature: float = SamplingParams.temperature
+    top_p: float = SamplingParams.top_p
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False

@@ -9,7 +9,6 @@ its batch cap, its price.
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from sharding.errors import PromptTooLong
 from .. import metrics, telemetry
 from ..config import LANE_CONFIGS, FastLaneConfig, TelemetryConfig, VLLMLaneConfig
 from ..errors import Overloaded, to_event
+from ..request import LaneRequest
 from ..stream import coalesce
 from .engine import EngineOutput, EngineRequest, LaneEngine
 
@@ -70,18 +70,15 @@ class Lane:
         self.in_flight = 0
         self.cancelled = 0
 
-    async def generate(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    async def generate(self, request: LaneRequest) -> AsyncIterator[dict[str, Any]]:
         """Stream one request: ``accepted`` (``input_tokens``), ``delta`` events, then ``done``.
 
         ``accepted`` comes before any engine work, so a caller learns of a refusal (a typed
         exception) or an admission at once.
-
-        ``request``: ``prompt`` (text), ``max_tokens`` (``None``: the rest of the context),
-        ``temperature``, ``top_p``, ``seed``, ``stop``, ``ignore_eos``; optional ``request_id``.
         """
         arrived = time.perf_counter()
         span = telemetry.tracer().start_span(f"fastmode.lane {self.lane}", context=telemetry.extract(
-            request.get("trace")), attributes={"fastmode.lane": self.lane, "gen_ai.request.model": self.model_id})
+            request.trace), attributes={"fastmode.lane": self.lane, "gen_ai.request.model": self.model_id})
         events = self._generate(request, arrived, span)
         try:
             async for event in events:
@@ -96,22 +93,20 @@ class Lane:
             await events.aclose()  # closed early by the caller: run its cleanup now, not at GC
             span.end()
 
-    async def _generate(self, request: dict[str, Any], arrived: float, span) -> AsyncIterator[dict[str, Any]]:
+    async def _generate(self, request: LaneRequest, arrived: float, span) -> AsyncIterator[dict[str, Any]]:
         if self.cap is not None and self.in_flight >= self.cap:
             raise Overloaded(f"the {self.lane} lane's batch is full ({self.cap} sequences)",
                              retry_after=self.config.retry_after_s)
-        ids = self.tokenizer.encode(request["prompt"]).ids
+        ids = self.tokenizer.encode(request.prompt).ids
         n_prompt = len(ids)
-        max_tokens = request.get("max_tokens") or self.engine.max_len - n_prompt
+        max_tokens = request.max_output_tokens or self.engine.max_len - n_prompt
         if n_prompt + max_tokens > self.engine.max_len or max_tokens < 1:
             raise PromptTooLong(f"the prompt has {n_prompt} tokens; with max_output_tokens {max_tokens} it "
                                 f"exceeds the {self.engine.max_len}-token context of {self.model_id}")
         engine_request = EngineRequest(
-            request_id=request.get("request_id") or f"{self.lane}-{uuid.uuid4().hex}", prompt_ids=ids,
-            max_tokens=max_tokens, temperature=request.get("temperature", 1.0),
-            top_p=request.get("top_p", 1.0), seed=request.get("seed"), stop=list(request.get("stop") or []),
-            ignore_eos=bool(request.get("ignore_eos")),
-            trace=trace.set_span_in_context(span) if span.is_recording() else None)
+            request_id=request.request_id, prompt_ids=ids, max_tokens=max_tokens,
+            temperature=request.temperature, top_p=request.top_p, seed=request.seed, stop=list(request.stop),
+            ignore_eos=request.ignore_eos, trace=trace.set_span_in_context(span) if span.is_recording() else None)
         self.in_flight += 1
         done = False
         try:

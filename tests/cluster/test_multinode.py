@@ -37,7 +37,7 @@ PROMPTS = ["def fibonacci(n):\n", "import os\n\n\ndef list_files(path):\n",
            "class Stack:\n    def push(self, item):\n"]
 NEW_TOKENS = 24
 MAX_LEN = 128
-GREEDY = SamplingParams(max_tokens=NEW_TOKENS)
+GREEDY = SamplingParams(temperature=0, max_tokens=NEW_TOKENS)
 SEEDED = SamplingParams(temperature=0.8, top_p=0.95, seed=11, max_tokens=NEW_TOKENS)
 
 
@@ -245,7 +245,7 @@ def test_seeded_samples_match_single_node(pipe, prompts, single_node):
 def test_hop_between_stages_crosses_nodes(pipe, prompts):
     model, nodes = pipe
     d = model.config.hidden_size
-    model.add("x", prompts[0], SamplingParams(max_tokens=3, ignore_eos=True))
+    model.add("x", prompts[0], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
     infos = []
     while model.has_work:
         model.step()

@@ -43,7 +43,7 @@ def references() -> dict:
         if name == "fast":
             engine = Engine.from_pretrained(path)
             refs[name, "engine"] = engine.generate([ids[0].tolist() for ids in prompts],
-                                                   SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
+                                                   SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True))
         else:
             refs[name, "engine"] = [o["token_ids"] for o in vllm_greedy(path)]
         refs[name, "tokenizer"] = tok

@@ -18,7 +18,7 @@ from sharding.weights import load_model
 
 from .conftest import hf_greedy, prompt_ids, resolve
 
-GREEDY = SamplingParams(max_tokens=64)
+GREEDY = SamplingParams(temperature=0, max_tokens=64)
 BATCHING = ("tiny-full", "random-tied", "full")
 """Checkpoints with varied greedy output (the tiny fast model repeats one token)."""
 
@@ -46,7 +46,7 @@ def test_batch_matches_alone(batching_checkpoint):
     path = batching_checkpoint
     engine = Engine.from_pretrained(path, num_slots=4)
     prompts = [prompt_ids(path, n, seed=n) for n in (5, 17, 11, 30)]
-    params = SamplingParams(max_tokens=24)
+    params = SamplingParams(temperature=0, max_tokens=24)
     alone = [engine.generate([p], params)[0] for p in prompts]
     assert engine.generate(prompts, params) == alone
     assert len(set(map(tuple, alone))) > 1
@@ -56,10 +56,10 @@ def test_sequence_joining_mid_batch_matches_alone(batching_checkpoint):
     path = batching_checkpoint
     engine = Engine.from_pretrained(path, num_slots=3)
     a, b, c = (prompt_ids(path, n, seed=10 + n) for n in (7, 19, 12))
-    params = SamplingParams(max_tokens=16)
+    params = SamplingParams(temperature=0, max_tokens=16)
     alone = {k: engine.generate([p], params)[0] for k, p in zip("abc", (a, b, c), strict=True)}
     engine.add("a", a, params)
-    engine.add("b", b, SamplingParams(max_tokens=5))  # leaves early, freeing its slot
+    engine.add("b", b, SamplingParams(temperature=0, max_tokens=5))  # leaves early, freeing its slot
     got: dict[str, list[int]] = {}
     for _ in range(6):
         for o in engine.step():
@@ -81,7 +81,7 @@ def test_seeded_sample_same_alone_and_in_batch(batching_checkpoint):
     others = [prompt_ids(path, n, seed=n) for n in (4, 13, 21)]
     batch = engine.generate(others[:1] + [ids] + others[1:],
                             [SamplingParams(temperature=1.0, max_tokens=20), seeded,
-                             SamplingParams(max_tokens=7),
+                             SamplingParams(temperature=0, max_tokens=7),
                              SamplingParams(temperature=0.5, seed=9, max_tokens=20)])
     assert batch[1] == alone
     # A different seed gives a different stream (else the seed would not be doing anything).
@@ -93,7 +93,7 @@ def test_requests_wait_for_a_free_slot_and_abort_frees_it(tiny_dir):
     path = tiny_dir / "full"
     engine = Engine.from_pretrained(path, num_slots=2)
     prompts = [prompt_ids(path, 6, seed=s) for s in range(4)]
-    params = SamplingParams(max_tokens=10, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
     alone = [engine.generate([p], params)[0] for p in prompts]
     for i, p in enumerate(prompts):
         engine.add(str(i), p, params)
@@ -110,10 +110,10 @@ def test_stop_tokens_and_length(tiny_dir):
     path = tiny_dir / "full"
     engine = Engine.from_pretrained(path)
     ids = prompt_ids(path, 8)
-    free = engine.generate([ids], SamplingParams(max_tokens=12, ignore_eos=True))[0]
+    free = engine.generate([ids], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0]
     assert len(free) == 12
     stop = free[5]
-    engine.add("r", ids, SamplingParams(max_tokens=12, stop_token_ids=[stop], ignore_eos=True))
+    engine.add("r", ids, SamplingParams(temperature=0, max_tokens=12, stop_token_ids=[stop], ignore_eos=True))
     outs = [o for _ in range(12) for o in engine.step()]
     assert [o.token_ids[0] for o in outs] == free[: free.index(stop) + 1]
     assert outs[-1].finished and outs[-1].finish_reason == "stop" and not engine.has_work
@@ -123,8 +123,8 @@ def test_stop_tokens_and_length(tiny_dir):
     ([], None, EmptyPrompt, "empty_prompt"),
     ([0, 5, 600], None, TokenOutOfRange, "token_out_of_range"),
     ([0, -1], None, TokenOutOfRange, "token_out_of_range"),
-    ([0] * 129, SamplingParams(max_tokens=1), PromptTooLong, "prompt_too_long"),
-    ([0] * 100, SamplingParams(max_tokens=29), PromptTooLong, "prompt_too_long"),  # context is 128
+    ([0] * 129, SamplingParams(temperature=0, max_tokens=1), PromptTooLong, "prompt_too_long"),
+    ([0] * 100, SamplingParams(temperature=0, max_tokens=29), PromptTooLong, "prompt_too_long"),  # context is 128
 ])
 def test_bad_input_raises_typed_errors(tiny_dir, prompt, params, error, code):
     engine = Engine.from_pretrained(tiny_dir / "full")
@@ -133,7 +133,7 @@ def test_bad_input_raises_typed_errors(tiny_dir, prompt, params, error, code):
     assert isinstance(info.value, ShardingError) and isinstance(info.value, ValueError)
     assert info.value.code == code and "bad" in str(info.value)
     assert not engine.has_work
-    engine.add("ok", [0] * 100, SamplingParams(max_tokens=28))  # exactly fits
+    engine.add("ok", [0] * 100, SamplingParams(temperature=0, max_tokens=28))  # exactly fits
     with pytest.raises(DuplicateRequest):
         engine.add("ok", [0, 1])
 
@@ -155,8 +155,8 @@ def test_compiled_engine_matches_eager(tiny_dir):
     # the compiled graphs see every shape change an engine makes.
     path = tiny_dir / "full"
     prompts = [prompt_ids(path, n, seed=n) for n in (9, 30, 4)]
-    long = SamplingParams(max_tokens=80, ignore_eos=True)
-    short = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (20, 6, 12)]
+    long = SamplingParams(temperature=0, max_tokens=80, ignore_eos=True)
+    short = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (20, 6, 12)]
 
     def run(engine: Engine) -> list[list[list[int]]]:
         return [engine.generate(prompts[:1], long), engine.generate(prompts, short)]

@@ -85,15 +85,15 @@ def test_prompt_logits_match_transformers(pipe):
 def test_greedy_64_tokens_match_transformers(pipe):
     model, path = pipe
     ids = prompt_ids(path, 24)
-    assert model.generate([ids], SamplingParams(max_tokens=64))[0] == hf_greedy(path, ids, 64)
+    assert model.generate([ids], SamplingParams(temperature=0, max_tokens=64))[0] == hf_greedy(path, ids, 64)
 
 
 @_pipe(TINY)
 def test_batch_and_seeded_samples_match_alone(pipe):
     model, path = pipe
     prompts = [prompt_ids(path, n, seed=n) for n in (5, 17, 11, 30)]
-    params = [SamplingParams(max_tokens=20), SamplingParams(temperature=0.9, top_p=0.95, seed=7, max_tokens=20),
-              SamplingParams(max_tokens=9), SamplingParams(temperature=0.5, seed=3, max_tokens=20)]
+    params = [SamplingParams(temperature=0, max_tokens=20), SamplingParams(temperature=0.9, top_p=0.95, seed=7, max_tokens=20),
+              SamplingParams(temperature=0, max_tokens=9), SamplingParams(temperature=0.5, seed=3, max_tokens=20)]
     alone = [model.generate([p], sp)[0] for p, sp in zip(prompts, params, strict=True)]
     assert model.generate(prompts, params) == alone
     assert len(set(map(tuple, alone))) > 1
@@ -103,11 +103,11 @@ def test_batch_and_seeded_samples_match_alone(pipe):
 def test_sequence_joining_mid_batch_matches_alone(pipe):
     model, path = pipe
     a, b, c = (prompt_ids(path, n, seed=10 + n) for n in (7, 19, 12))
-    params = SamplingParams(max_tokens=16)
-    long = SamplingParams(max_tokens=60, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=16)
+    long = SamplingParams(temperature=0, max_tokens=60, ignore_eos=True)
     alone = {k: model.generate([p], sp)[0] for k, p, sp in zip("abc", (a, b, c), (long, params, params), strict=True)}
     model.add("a", a, long)
-    model.add("b", b, SamplingParams(max_tokens=5))
+    model.add("b", b, SamplingParams(temperature=0, max_tokens=5))
     got: dict[str, list[int]] = {}
     while "b" in model._unfinished:  # b's end is sent at once, while a still runs
         for o in model.step():
@@ -124,8 +124,8 @@ def test_sequence_joining_mid_batch_matches_alone(pipe):
 def test_every_step_reports_its_hops(pipe):
     model, path = pipe
     tp, d = model.tp, model.config.hidden_size
-    model.add("x", prompt_ids(path, 5), SamplingParams(max_tokens=4, ignore_eos=True))
-    model.add("y", prompt_ids(path, 9, seed=1), SamplingParams(max_tokens=4, ignore_eos=True))
+    model.add("x", prompt_ids(path, 5), SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    model.add("y", prompt_ids(path, 9, seed=1), SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
     infos = []
     while model.has_work:
         model.step()
@@ -159,7 +159,7 @@ def test_layout_names_every_chip(pipe):
 @pytest.mark.parametrize("prompt, params, error", [
     ([], None, EmptyPrompt),
     ([0, 5, 600], None, TokenOutOfRange),
-    ([0] * 100, SamplingParams(max_tokens=29), PromptTooLong),  # context is 128
+    ([0] * 100, SamplingParams(temperature=0, max_tokens=29), PromptTooLong),  # context is 128
 ])
 def test_bad_input_raises_typed_errors(pipe, prompt, params, error):
     model, _ = pipe
@@ -205,7 +205,7 @@ def test_shutdown_releases_every_chip(pipe):
     ids = prompt_ids(path, 8)
     with model:
         assert wait_for_chips(CHIPS - 2) == CHIPS - 2  # the previous layout's chips came back
-        assert model.generate([ids], SamplingParams(max_tokens=4))[0] == hf_greedy(path, ids, 4)
+        assert model.generate([ids], SamplingParams(temperature=0, max_tokens=4))[0] == hf_greedy(path, ids, 4)
     assert wait_for_chips(CHIPS) == CHIPS and live_groups() == 0
     model.shutdown()  # idempotent
     with pytest.raises(RingFailed, match="shut down"):
@@ -217,17 +217,17 @@ def test_abort_frees_the_slot_within_a_step_and_a_dead_chip_is_reported(pipe):
     model, path = pipe
     ids = prompt_ids(path, 6)
     for i in range(4):  # fill every slot, then abort them all mid-stream
-        model.add(f"r{i}", ids, SamplingParams(max_tokens=100, ignore_eos=True))
+        model.add(f"r{i}", ids, SamplingParams(temperature=0, max_tokens=100, ignore_eos=True))
     model.step()
     for i in range(4):
         assert model.abort(f"r{i}")
     assert not model.has_work and model.step() == []
     # Every slot is free again: four new requests fit at once and decode to the end.
-    assert model.generate([ids] * 4, SamplingParams(max_tokens=3)) == [hf_greedy(path, ids, 3)] * 4
+    assert model.generate([ids] * 4, SamplingParams(temperature=0, max_tokens=3)) == [hf_greedy(path, ids, 3)] * 4
     model.check_alive()
     ray.kill(model._workers[1], no_restart=True)
     with pytest.raises(RingFailed):
-        model.generate([ids], SamplingParams(max_tokens=50, ignore_eos=True))
+        model.generate([ids], SamplingParams(temperature=0, max_tokens=50, ignore_eos=True))
 
 
 def test_prompt_logits_in_process_match_transformers(tiny_dir):

@@ -17,9 +17,9 @@ CONFIG = ModelConfig(vocab_size=50, hidden_size=8, intermediate_size=16, num_lay
 
 def test_first_step_prefills_padded_rows_with_their_last_index():
     sched = Scheduler(CONFIG, SlotPool(2), 32)
-    sched.add("a", [5, 6, 7], SamplingParams(max_tokens=4))
+    sched.add("a", [5, 6, 7], SamplingParams(temperature=0, max_tokens=4))
     sched.add("b", [8], SamplingParams(temperature=1.0, seed=11, max_tokens=4))
-    sched.add("c", [9, 9], SamplingParams(max_tokens=4))  # waits: two slots
+    sched.add("c", [9, 9], SamplingParams(temperature=0, max_tokens=4))  # waits: two slots
     batch = sched.schedule()
     assert batch.decode is None and batch.prefill.tokens.tolist() == [[5, 6, 7], [8, 0, 0]]
     assert batch.prefill.positions.tolist() == [[0, 1, 2]] * 2

@@ -41,7 +41,7 @@ def run(rank: int, world_size: int, init_file: str, jobs: list[dict], out_dir: s
             stages = [load_model(path, layer_range=(0, n_layers // 2), **tp),
                       load_model(path, layer_range=(n_layers // 2, n_layers), **tp)]
             engine = Engine(model, num_slots=2)
-            greedy = engine.generate([ids], SamplingParams(max_tokens=job["new_tokens"]))[0]
+            greedy = engine.generate([ids], SamplingParams(temperature=0, max_tokens=job["new_tokens"]))[0]
             seeded = SamplingParams(temperature=1.0, top_p=0.9, seed=3, max_tokens=8)
             sampled = engine.generate([ids], seeded)[0]
             layer = model.model.layers["0"]
