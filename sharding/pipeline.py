@@ -249,7 +249,7 @@ class ShardedModel:
         self.generate([[1, 2, 3, 4, 5]], greedy(4))
         self.generate([[1, 2, 3, 4, 5, 6, 7], [1, 2, 3, 4, 5]], greedy(8))
         self.generate([[1, 2, 3, 4, 5, 6], [1, 2, 3, 4], [1, 2, 3, 4, 5, 6, 7, 8, 9]],
-                      SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, temperature=1.0, seed=0))
+                      SamplingParams(max_tokens=8, ignore_eos=True, temperature=1.0, seed=0))
 
     def prompt_logits(self, prompt_ids: list[int]) -> torch.Tensor:
         """Debug: the logits ``[S, V]`` of every prompt position, from the last stage, on an idle
