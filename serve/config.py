@@ -139,6 +139,9 @@ class RouterConfig(_Strict):
         "under the fast model (nats) is at most this go to the fast lane; harder ones to the full model. "
         "See docs/serving.md for how the default was measured.")
     auto_max_tokens: int = Field(default=128, ge=1, description="Score only the prompt's last N tokens.")
+    lane_links: bool = Field(default=True, description="Stream from each lane replica over a direct TCP "
+        "link (serve/lanes/link.py: no Serve call per request, no Serve item per chunk); false: through "
+        "Ray Serve's handles only.")
 
 
 class HTTPConfig(_Strict):

@@ -32,6 +32,7 @@ from .config import AppConfig, load_config
 from .difficulty import DifficultyScorer
 from .errors import Overloaded, UnknownModel, UnknownServiceTier, to_event, unwrap
 from .lanes.lane import FAST, LANES, PRIORITY, STANDARD
+from .lanes.link import LaneLinks
 from .request import GenerateRequest, LaneRequest
 
 TIERS = {None: STANDARD, "auto": STANDARD, "default": STANDARD, "priority": PRIORITY}
@@ -73,6 +74,8 @@ class Router:
                     STANDARD: self.config.models.full.id}
         self.tries = {name: getattr(self.config.lanes, name).replicas for name in LANES}
         self.in_flight = dict.fromkeys(LANES, 0)
+        self.links = ({name: LaneLinks(self.handles[name], self.tries[name]) for name in LANES}
+                      if self.config.router.lane_links else {})
         self.scorer = DifficultyScorer(self.config.models.fast.path, self.config.router.auto_max_tokens)
 
     async def pick(self, req: GenerateRequest) -> tuple[str, dict[str, Any]]:
@@ -175,8 +178,9 @@ class Router:
         """Start the stream on ``lane`` (or spill from priority to standard): the lane, its stream
         and its ``accepted`` event; ``Overloaded`` if every try was refused."""
         refused = None
+        tried: set[str] = set()
         for _ in range(self.tries[lane]):
-            stream = self.handles[lane].options(stream=True).generate.remote(lane_request)
+            stream = await self._start(lane, lane_request, tried)
             try:
                 return lane, stream, await stream.__anext__()  # ``accepted``, or the lane's refusal
             except BaseException as e:
@@ -194,6 +198,18 @@ class Router:
         except Overloaded:
             raise Overloaded(f"the priority and standard lanes are full; retry after {retry} s",
                              retry_after=retry) from None
+
+    async def _start(self, lane: str, lane_request: LaneRequest, tried: set[str]):
+        """Start the stream on one of ``lane``'s replicas (not one in ``tried``): over its link when
+        one is up (``serve.lanes.link``), else through Serve's handle."""
+        links = self.links.get(lane)
+        if links is not None:
+            opened = await links.open(lane_request, tried)
+            if opened is not None:
+                replica, stream = opened
+                tried.add(replica)
+                return stream
+        return self.handles[lane].options(stream=True).generate.remote(lane_request)
 
     def models(self) -> list[dict[str, Any]]:
         """The served model ids and the lanes behind each."""

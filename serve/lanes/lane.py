@@ -25,6 +25,7 @@ from ..errors import Overloaded, to_event
 from ..request import LaneRequest
 from ..stream import coalesce
 from .engine import EngineOutput, EngineRequest, LaneEngine
+from .link import LinkServer
 
 FAST = "fast"
 PRIORITY = "priority"
@@ -69,6 +70,15 @@ class Lane:
             self.cap = self.config.max_num_seqs if self.config.admission == "reject" else None
         self.in_flight = 0
         self.cancelled = 0
+        self.link = LinkServer(self.generate)
+
+    async def link_address(self) -> dict[str, Any]:
+        """Where a front door's router streams from this replica directly (``serve.lanes.link``):
+        replica id, host (this node's IP), port and the connection's secret."""
+        import ray
+
+        host = ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
+        return await self.link.address(host)
 
     async def generate(self, request: LaneRequest) -> AsyncIterator[dict[str, Any]]:
         """Stream one request: ``accepted`` (``input_tokens``), ``delta`` events, then ``done``.
@@ -183,6 +193,9 @@ class Lane:
         await self.engine.check_health()
 
     def __del__(self) -> None:
+        link = getattr(self, "link", None)
+        if link is not None:
+            link.close()
         engine = getattr(self, "engine", None)
         if engine is not None:
             try:

@@ -1,0 +1,267 @@
+"""Lane links: a front door streams from a lane replica over one TCP connection, not a Serve call.
+
+Why: a Ray Serve handle call costs a request milliseconds here before its first item comes back.
+Measured on the fast lane (warm WebSocket, 4 tokens, p50 of 22, this 2-core VM, 2026-11-24,
+``fastmode up`` with the handle path): the first token reached the client 7.4 ms after the
+request; the lane replica's own share (tokenize, the ring's prefill and first token) was 3.0 ms,
+the gateway's and the WebSocket's about 1 ms, and the handle call that carried the request to the
+replica and its first items back about 3.4 ms. Each streamed chunk costs Serve about 0.5 ms of CPU
+too, on both sides. The fast lane's chips already talk over plain TCP links for the same reason.
+
+So every lane replica also listens on a TCP port of its node (``LinkServer``), and each front
+door's router keeps one connection per replica (``LaneLinks``), multiplexing its requests by a
+connection-local id. Messages are ``sharding.transport`` frames (pickled, as Ray's are):
+
+    front door ── ("gen", cid, LaneRequest) ──▶ lane replica     starts Lane.generate
+               ◀── ("ev", cid, event) ────────                  accepted, delta chunks, done
+               ◀── ("end", cid) | ("exc", cid, exception) ──    the stream's end (exactly one)
+               ── ("cancel", cid) ────────────▶                 the caller went away: free the sequence
+
+Ray Serve still owns the replicas (placement, health checks, restarts) and its handles carry
+everything else (``stats``, discovery). A connection must open with the replica's 32-byte secret,
+which only Ray's authenticated handle call hands out (``Lane.link_address``); anything else is
+closed unread. When a connection breaks, its open streams end with ``lane_unavailable`` and the
+next request discovers the replicas again; while no link can be had, the router uses the handle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import secrets
+import socket
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from sharding.errors import ShardingError
+from sharding.transport import LinkClosed, frame, read_frame
+
+from ..errors import FastmodeError, LaneUnavailable
+
+log = logging.getLogger(__name__)
+SECRET_BYTES = 32
+HELLO_TIMEOUT_S = 10.0
+REDISCOVER_S = 5.0
+"""How often a router may ask a lane for its replicas' links again while it has fewer than
+``replicas`` (or none, falling back to Serve's handle meanwhile)."""
+
+
+def _picklable(exc: BaseException) -> BaseException:
+    """``exc`` itself if it is one of ours (typed, picklable), else an internal error naming it."""
+    if isinstance(exc, (FastmodeError, ShardingError)):
+        return exc
+    return FastmodeError(f"{type(exc).__name__}: {exc}")
+
+
+class LinkServer:
+    """The lane replica's side: serves ``generate(request)`` streams to the front doors' links.
+
+    Args:
+        generate: the replica's stream of events for one ``LaneRequest`` (``Lane.generate``).
+    """
+
+    def __init__(self, generate: Callable[[Any], AsyncIterator[dict[str, Any]]]) -> None:
+        self.generate = generate
+        self.secret = secrets.token_bytes(SECRET_BYTES)
+        self.replica = secrets.token_hex(8)
+        self._server: asyncio.AbstractServer | None = None
+        self._address: tuple[str, int] | None = None
+        self._starting = asyncio.Lock()
+
+    async def address(self, host: str) -> dict[str, Any]:
+        """Start listening on ``host`` (once) and say where: replica id, host, port and secret."""
+        async with self._starting:
+            if self._server is None:
+                self._server = await asyncio.start_server(self._serve, host, 0)
+                self._address = (host, self._server.sockets[0].getsockname()[1])
+        return {"replica": self.replica, "host": self._address[0], "port": self._address[1],
+                "secret": self.secret}
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        tasks: dict[int, asyncio.Task] = {}
+        try:
+            async with asyncio.timeout(HELLO_TIMEOUT_S):
+                hello = await reader.readexactly(SECRET_BYTES)
+            if not hmac.compare_digest(hello, self.secret):
+                return
+            while True:
+                msg = await read_frame(reader)
+                if msg[0] == "gen":
+                    cid = msg[1]
+                    tasks[cid] = asyncio.create_task(self._stream(cid, msg[2], writer, tasks))
+                elif msg[0] == "cancel":
+                    task = tasks.pop(msg[1], None)
+                    if task is not None:
+                        task.cancel()
+        except (LinkClosed, asyncio.IncompleteReadError, TimeoutError, ConnectionError):
+            pass  # the front door went away (or never said the secret): its streams end below
+        finally:
+            for task in tasks.values():
+                task.cancel()  # frees every engine sequence this connection had
+            writer.close()
+
+    async def _stream(self, cid: int, request: Any, writer: asyncio.StreamWriter,
+                      tasks: dict[int, asyncio.Task]) -> None:
+        events = self.generate(request)
+        try:
+            try:
+                async for event in events:
+                    writer.write(frame(("ev", cid, event)))
+                    await writer.drain()  # a front door that stops reading holds this stream only
+                end = ("end", cid)
+            except Exception as e:  # noqa: BLE001 - the stream's typed end, raised at the front door
+                end = ("exc", cid, _picklable(e))
+            writer.write(frame(end))
+        except (ConnectionError, RuntimeError):
+            pass  # the connection is gone; _serve cancels the rest
+        finally:
+            tasks.pop(cid, None)
+            await events.aclose()
+
+
+class LinkStream:
+    """One request's events from a lane replica: the interface of a Serve streaming response
+    (``__anext__`` raises the lane's exception; ``cancel()`` frees the sequence)."""
+
+    def __init__(self, conn: _Conn, cid: int) -> None:
+        self._conn, self._cid = conn, cid
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self._ended = False
+
+    def __aiter__(self) -> LinkStream:
+        return self
+
+    async def __anext__(self) -> dict[str, Any]:
+        if self._ended:
+            raise StopAsyncIteration
+        item = await self._queue.get()
+        if isinstance(item, dict):
+            return item
+        self._ended = True
+        self._conn.streams.pop(self._cid, None)
+        if item is None:
+            raise StopAsyncIteration
+        raise item
+
+    def cancel(self) -> None:
+        if not self._ended:
+            self._ended = True
+            self._conn.cancel(self._cid)
+
+
+class _Conn:
+    """One connection to one lane replica, shared by every request of a front door."""
+
+    def __init__(self, replica: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.replica, self.writer = replica, writer
+        self.streams: dict[int, LinkStream] = {}
+        self.alive = True
+        self._next = 0
+        self._reader = asyncio.create_task(self._read(reader))
+
+    @classmethod
+    async def open(cls, where: dict[str, Any]) -> _Conn:
+        reader, writer = await asyncio.open_connection(where["host"], where["port"])
+        writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        writer.write(where["secret"])
+        return cls(where["replica"], reader, writer)
+
+    def start(self, request: Any) -> LinkStream:
+        self._next += 1
+        stream = self.streams[self._next] = LinkStream(self, self._next)
+        self.writer.write(frame(("gen", self._next, request)))
+        return stream
+
+    def cancel(self, cid: int) -> None:
+        if self.streams.pop(cid, None) is not None and self.alive:
+            with contextlib.suppress(Exception):
+                self.writer.write(frame(("cancel", cid)))
+
+    async def _read(self, reader: asyncio.StreamReader) -> None:
+        error: BaseException = LaneUnavailable("the link to the lane replica closed")
+        try:
+            while True:
+                msg = await read_frame(reader)
+                stream = self.streams.get(msg[1])
+                if stream is None:
+                    continue  # cancelled here already
+                kind = msg[0]
+                stream._queue.put_nowait(msg[2] if kind in ("ev", "exc") else None)
+        except LinkClosed as e:
+            error = LaneUnavailable(f"the link to the lane replica closed ({e})")
+        except BaseException as e:  # noqa: BLE001 - ends every open stream below
+            error = LaneUnavailable(f"the link to the lane replica failed ({type(e).__name__}: {e})")
+            if isinstance(e, asyncio.CancelledError):
+                raise
+        finally:
+            self.alive = False
+            for stream in list(self.streams.values()):
+                stream._queue.put_nowait(error)
+            self.streams.clear()
+            self.writer.close()
+
+    def close(self) -> None:
+        self._reader.cancel()
+
+
+class LaneLinks:
+    """A front door's links to the replicas of one lane.
+
+    Args:
+        handle: the lane's Serve handle (for ``link_address``, Serve-routed to some replica).
+        replicas: how many replicas the lane has (discovery asks until it has seen this many).
+    """
+
+    def __init__(self, handle: Any, replicas: int) -> None:
+        self.handle, self.replicas = handle, replicas
+        self.conns: dict[str, _Conn] = {}
+        self._discovered_at = -float("inf")
+        self._discovering: asyncio.Lock | None = None
+
+    async def _discover(self) -> None:
+        self._discovering = self._discovering or asyncio.Lock()
+        async with self._discovering:
+            live = {r: c for r, c in self.conns.items() if c.alive}
+            if len(live) >= self.replicas or time.monotonic() - self._discovered_at < REDISCOVER_S:
+                self.conns = live
+                return
+            self._discovered_at = time.monotonic()
+            # Serve routes each call to some replica: ask a few times to meet them all.
+            try:
+                answers = await asyncio.gather(
+                    *(self.handle.link_address.remote() for _ in range(2 * self.replicas)), return_exceptions=True)
+            except Exception as e:  # noqa: BLE001 - a lane without links: the router uses its handle
+                log.warning("lane link discovery failed: %s", e)
+                answers = []
+            for where in answers:
+                if isinstance(where, dict) and where["replica"] not in live:
+                    try:
+                        live[where["replica"]] = await _Conn.open(where)
+                    except OSError as e:
+                        log.warning("cannot open a link to lane replica %s: %s", where["replica"], e)
+                elif isinstance(where, BaseException):
+                    log.warning("lane link discovery failed: %s", where)
+            self.conns = live
+
+    async def open(self, request: Any, tried: set[str]) -> tuple[str, LinkStream] | None:
+        """Start ``request`` on the least-busy replica not in ``tried``; ``None`` if no link is up
+        (the router then uses the Serve handle)."""
+        if len([c for c in self.conns.values() if c.alive]) < self.replicas:
+            await self._discover()
+        choices = [c for c in self.conns.values() if c.alive and c.replica not in tried]
+        if not choices:
+            return None
+        conn = min(choices, key=lambda c: len(c.streams))
+        return conn.replica, conn.start(request)
+
+    def close(self) -> None:
+        for conn in self.conns.values():
+            conn.close()

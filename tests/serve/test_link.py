@@ -1,0 +1,166 @@
+"""Lane links (``serve.lanes.link``) in process: a ``LinkServer`` over a scripted ``generate``, and
+the ``LaneLinks`` a router holds, over loopback TCP. The app-level tests (test_router, test_lanes,
+test_websocket, ...) run every request of the served app over these links too."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from serve.errors import LaneUnavailable, Overloaded
+from serve.lanes.link import LaneLinks, LinkServer
+
+
+class Scripted:
+    """A lane replica's ``generate``: ``n`` deltas ``every_s`` apart, or a refusal; records closes."""
+
+    def __init__(self, n: int = 3, every_s: float = 0.0, refuse: bool = False) -> None:
+        self.n, self.every_s, self.refuse = n, every_s, refuse
+        self.started, self.closed = [], []
+
+    async def generate(self, request):
+        self.started.append(request["id"])
+        try:
+            if self.refuse:
+                raise Overloaded("the priority lane's batch is full (2 sequences)", retry_after=1.5)
+            yield {"type": "accepted", "input_tokens": 3}
+            for i in range(self.n):
+                await asyncio.sleep(self.every_s)
+                yield {"type": "delta", "seq": i, "text": f"t{i}", "tokens": 1}
+            yield {"type": "done", "finish_reason": "length"}
+        finally:
+            self.closed.append(request["id"])
+
+
+class Handle:
+    """A lane's Serve handle as ``LaneLinks`` uses it: ``link_address.remote()``."""
+
+    def __init__(self, *servers: LinkServer) -> None:
+        self.servers, self.calls = servers, 0
+
+    @property
+    def link_address(self):
+        return self
+
+    async def remote(self):
+        self.calls += 1
+        return await self.servers[self.calls % len(self.servers)].address("127.0.0.1")
+
+
+async def drain(stream) -> list[dict]:
+    return [event async for event in stream]
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 30))
+
+
+def test_events_stream_in_order_and_many_requests_share_one_connection():
+    async def main():
+        lane = Scripted(n=5, every_s=0.001)
+        links = LaneLinks(Handle(LinkServer(lane.generate)), replicas=1)
+        streams = [(await links.open({"id": i}, set()))[1] for i in range(8)]
+        results = await asyncio.gather(*(drain(s) for s in streams))
+        assert len(links.conns) == 1
+        for events in results:
+            assert [e["type"] for e in events] == ["accepted"] + ["delta"] * 5 + ["done"]
+            assert [e["seq"] for e in events if e["type"] == "delta"] == list(range(5))
+        assert sorted(lane.closed) == list(range(8))
+        links.close()
+    run(main())
+
+
+def test_a_refusal_arrives_as_the_lanes_typed_error():
+    async def main():
+        links = LaneLinks(Handle(LinkServer(Scripted(refuse=True).generate)), replicas=1)
+        _, stream = await links.open({"id": "r"}, set())
+        with pytest.raises(Overloaded) as e:
+            await stream.__anext__()
+        assert e.value.retry_after == 1.5 and e.value.code == "overloaded"
+        links.close()
+    run(main())
+
+
+def test_cancel_closes_the_lanes_stream_and_the_connection_lives_on():
+    async def main():
+        lane = Scripted(n=10_000, every_s=0.001)
+        links = LaneLinks(Handle(LinkServer(lane.generate)), replicas=1)
+        _, stream = await links.open({"id": "a"}, set())
+        assert (await stream.__anext__())["type"] == "accepted"
+        await stream.__anext__()
+        stream.cancel()
+        for _ in range(200):
+            if lane.closed:
+                break
+            await asyncio.sleep(0.005)
+        assert lane.closed == ["a"]  # the lane's generator was closed: its engine sequence is freed
+        _, again = await links.open({"id": "b"}, set())
+        assert (await drain(again))[0]["type"] == "accepted"
+        links.close()
+    run(main())
+
+
+def test_a_front_door_that_goes_away_frees_every_stream_it_had():
+    async def main():
+        lane = Scripted(n=10_000, every_s=0.001)
+        links = LaneLinks(Handle(LinkServer(lane.generate)), replicas=1)
+        streams = [(await links.open({"id": i}, set()))[1] for i in range(3)]
+        for s in streams:
+            await s.__anext__()
+        links.close()  # the connection drops without a cancel for any stream
+        for _ in range(200):
+            if len(lane.closed) == 3:
+                break
+            await asyncio.sleep(0.005)
+        assert sorted(lane.closed) == [0, 1, 2]
+    run(main())
+
+
+def test_a_lane_replica_that_goes_away_ends_open_streams_with_lane_unavailable():
+    async def main():
+        server = LinkServer(Scripted(n=10_000, every_s=0.001).generate)
+        links = LaneLinks(Handle(server), replicas=1)
+        _, stream = await links.open({"id": "x"}, set())
+        await stream.__anext__()
+        [conn] = links.conns.values()
+        server.close()
+        conn.writer.transport.abort()  # as if the replica's process died
+        with pytest.raises(LaneUnavailable):
+            while True:
+                await stream.__anext__()
+    run(main())
+
+
+def test_a_connection_without_the_secret_is_closed_unread():
+    async def main():
+        lane = Scripted()
+        server = LinkServer(lane.generate)
+        where = await server.address("127.0.0.1")
+        reader, writer = await asyncio.open_connection(where["host"], where["port"])
+        writer.write(b"\0" * len(where["secret"]))
+        assert await reader.read() == b""  # closed by the replica
+        assert lane.started == []
+        server.close()
+    run(main())
+
+
+def test_requests_go_to_the_least_busy_replica_and_a_retry_to_another():
+    async def main():
+        a, b = Scripted(n=10_000, every_s=0.001), Scripted(n=10_000, every_s=0.001)
+        links = LaneLinks(Handle(LinkServer(a.generate), LinkServer(b.generate)), replicas=2)
+        first, s1 = await links.open({"id": 1}, set())
+        second, s2 = await links.open({"id": 2}, set())
+        assert len(links.conns) == 2 and first != second
+        assert (await links.open({"id": 3}, {first, second})) is None  # every replica tried
+        for s in (s1, s2):
+            s.cancel()
+        links.close()
+    run(main())
+
+
+def test_a_lane_without_links_leaves_the_router_on_its_handle():
+    async def main():
+        links = LaneLinks(object(), replicas=1)  # no link_address: an old or scripted lane
+        assert await links.open({"id": 1}, set()) is None
+    run(main())
