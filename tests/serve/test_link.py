@@ -56,6 +56,13 @@ def run(coro):
     return asyncio.run(asyncio.wait_for(coro, 30))
 
 
+async def eventually(condition, timeout_s: float = 2.0) -> None:
+    for _ in range(int(timeout_s / 0.005)):
+        if condition():
+            return
+        await asyncio.sleep(0.005)
+
+
 def test_events_stream_in_order_and_many_requests_share_one_connection():
     async def main():
         lane = Scripted(n=5, every_s=0.001)
@@ -90,11 +97,9 @@ def test_cancel_closes_the_lanes_stream_and_the_connection_lives_on():
         assert (await stream.__anext__())["type"] == "accepted"
         await stream.__anext__()
         stream.cancel()
-        for _ in range(200):
-            if lane.closed:
-                break
-            await asyncio.sleep(0.005)
+        await eventually(lambda: lane.closed)
         assert lane.closed == ["a"]  # the lane's generator was closed: its engine sequence is freed
+        lane.n = 2
         _, again = await links.open({"id": "b"}, set())
         assert (await drain(again))[0]["type"] == "accepted"
         links.close()
@@ -109,10 +114,7 @@ def test_a_front_door_that_goes_away_frees_every_stream_it_had():
         for s in streams:
             await s.__anext__()
         links.close()  # the connection drops without a cancel for any stream
-        for _ in range(200):
-            if len(lane.closed) == 3:
-                break
-            await asyncio.sleep(0.005)
+        await eventually(lambda: len(lane.closed) == 3)
         assert sorted(lane.closed) == [0, 1, 2]
     run(main())
 

@@ -43,3 +43,22 @@ def test_bad_fields_are_named(body, field):
 def test_empty_prompt():
     with pytest.raises(InvalidRequest, match="empty"):
         _ = GenerateRequest.parse({"model": "m", "input": ""}).prompt
+
+
+def test_the_lane_request_carries_every_field_once_with_the_engines_defaults():
+    import dataclasses
+
+    from serve.request import LaneRequest
+    from sharding.sampling import SamplingParams
+
+    lane = GenerateRequest.parse({"model": "m", "input": [{"role": "user", "content": "a"}], "stop": "x"}).to_lane("r1")
+    assert lane == LaneRequest(request_id="r1", prompt="a", max_output_tokens=None, temperature=1.0, top_p=1.0,
+                               seed=None, stop=("x",), ignore_eos=False, trace=None)
+    assert (lane.temperature, lane.top_p) == (SamplingParams().temperature, SamplingParams().top_p)
+    with pytest.raises(TypeError):  # no defaults of its own: every field comes from the front door
+        LaneRequest(request_id="r2", prompt="a")
+    assert all(f.default is dataclasses.MISSING for f in dataclasses.fields(LaneRequest))
+    greedy = GenerateRequest.parse({"model": "m", "input": "b", "temperature": 0, "max_output_tokens": 7,
+                                    "seed": 3, "ignore_eos": True}).to_lane("r3", {"traceparent": "t"})
+    assert (greedy.temperature, greedy.max_output_tokens, greedy.seed, greedy.ignore_eos, greedy.trace) == \
+        (0, 7, 3, True, {"traceparent": "t"})
