@@ -175,8 +175,10 @@ def sharding_section(doc: dict | None) -> list[str]:
     out = ["## 4. Sharding", ""]
     if doc is None:
         return out + ["Not run.", ""]
+    trials = len(doc["layouts"][0].get("trials_tokens_per_s", [0])) if doc["layouts"] else 1
+    median = f" (the median of {trials} such sequences per layout)" if trials > 1 else ""
     out += ["The fast model on our executor, one sequence, "
-            f"{doc['steps']} decode steps, Ray with one `chip` per shard on {doc['cores']} cores (layouts of more "
+            f"{doc['steps']} decode steps{median}, Ray with one `chip` per shard on {doc['cores']} cores (layouts of more "
             "chips than cores share them):", ""]
     rows = []
     for r in doc["layouts"]:
