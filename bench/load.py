@@ -73,6 +73,10 @@ CONNECTION = {"websocket": "one persistent WebSocket (clients.sdk.AsyncClient) f
               "openai": "OpenAI-compatible /v1/completions streamed over SSE, one pooled httpx.AsyncClient "
                         "(keep-alive connections)"}
 QUICK = {"levels": [1, 2], "tokens": 16, "requests_per_stream": 1}
+MIN_REQUESTS_PER_LEVEL = 12
+"""A full run's level completes at least this many requests (streams x per-stream requests, the
+per-stream count raised at low concurrency): three 128-token requests of the fast lane last a
+third of a second, and their median swung by 30% between runs on this shared machine."""
 LEVELS = [1, 4, 8, 16, 32]
 """Concurrency levels of the full run (vLLM's server is measured at the same ones)."""
 
@@ -275,21 +279,30 @@ def summary(results: dict[str, list[dict]], head: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def per_stream_at(level: int, per_stream: int, min_per_level: int) -> int:
+    """Requests per stream at ``level`` streams: ``per_stream``, or more so that the level completes
+    at least ``min_per_level`` requests."""
+    return max(per_stream, -(-min_per_level // level))
+
+
 async def sweep_targets(targets: dict[str, tuple[Callable[[int], Awaitable[dict]], int]], levels: list[int],
-                        tokens: int, per_stream: int, desc: str = "lanes") -> dict[str, list[dict]]:
+                        tokens: int, per_stream: int, desc: str = "lanes",
+                        min_per_level: int = 0) -> dict[str, list[dict]]:
     """The closed-loop sweep over ``targets`` (name -> (send, chips)): a short warm-up request per
-    target, then each level with the targets interleaved (slow drift hits every target alike)."""
+    target, then each level with the targets interleaved (slow drift hits every target alike);
+    each level completes at least ``min_per_level`` requests per target (``per_stream_at``)."""
     from tqdm import tqdm
 
     results: dict[str, list[dict]] = {name: [] for name in targets}
     for send, _ in targets.values():  # warm-up: first-call costs out of the numbers
         await send(min(8, tokens))
-    total = sum(levels) * per_stream * len(targets)
+    total = sum(level * per_stream_at(level, per_stream, min_per_level) for level in levels) * len(targets)
     with tqdm(total=total, unit="req", desc=desc, file=sys.stderr, dynamic_ncols=True) as bar:
         for level in levels:
+            n = per_stream_at(level, per_stream, min_per_level)
             for name, (send, chips) in targets.items():
                 bar.set_description(f"{desc}: {name} x{level}")
-                results[name].append(await run_level(send, name, level, tokens, per_stream, chips, bar))
+                results[name].append(await run_level(send, name, level, tokens, n, chips, bar))
     return results
 
 
@@ -305,10 +318,12 @@ async def sweep(args) -> dict[str, list[dict]]:
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
         async with httpx.AsyncClient(base_url=args.url, headers=headers, timeout=600, limits=limits) as http:
             targets = {lane: (_bind(openai_request, http, *LANES[lane]), chips[lane]) for lane in args.lanes}
-            return await sweep_targets(targets, args.levels, args.tokens, args.requests_per_stream, "lanes/http")
+            return await sweep_targets(targets, args.levels, args.tokens, args.requests_per_stream, "lanes/http",
+                                       args.min_requests_per_level)
     async with AsyncClient(args.url, api_key=args.api_key) as client:
         targets = {lane: (_bind(websocket_request, client, *LANES[lane]), chips[lane]) for lane in args.lanes}
-        return await sweep_targets(targets, args.levels, args.tokens, args.requests_per_stream, "lanes")
+        return await sweep_targets(targets, args.levels, args.tokens, args.requests_per_stream, "lanes",
+                                   args.min_requests_per_level)
 
 
 def _bind(request, conn, model: str, tier: str | None) -> Callable[[int], Awaitable[dict]]:
@@ -325,6 +340,7 @@ def lanes_main(args, argv: list[str]) -> int:
     args.levels = args.levels or LEVELS
     args.tokens = args.tokens or 128
     args.requests_per_stream = args.requests_per_stream or 3
+    args.min_requests_per_level = 0 if args.quick else MIN_REQUESTS_PER_LEVEL
     args.layout = served_layout(args.url)
     started = datetime.now(timezone.utc)
     t0 = time.perf_counter()
@@ -340,7 +356,8 @@ def lanes_main(args, argv: list[str]) -> int:
         "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
                     "python": platform.python_version(), "processor": platform.processor() or None},
         "settings": {"url": args.url, "levels": args.levels, "max_output_tokens": args.tokens,
-                     "requests_per_stream": args.requests_per_stream, "prompt": PROMPT, "temperature": 0,
+                     "requests_per_stream": args.requests_per_stream,
+                     "min_requests_per_level": args.min_requests_per_level, "prompt": PROMPT, "temperature": 0,
                      "ignore_eos": True, "allow_spill": False, "lanes": {l: {"model": m, "service_tier": t}
                                                                          for l, (m, t) in LANES.items()
                                                                          if l in args.lanes},

@@ -78,7 +78,9 @@ def lanes_section(doc: dict | None, results: Path, docs: Path) -> list[str]:
         return out + ["Not run.", ""]
     s = doc["settings"]
     out += [f"Closed loop over {s['connection']}: each of N streams sends `{s['max_output_tokens']}`-token "
-            f"greedy requests (`ignore_eos`) back to back, {s['requests_per_stream']} each; priority "
+            f"greedy requests (`ignore_eos`) back to back, {s['requests_per_stream']} each"
+            + (f" (more at low concurrency: at least {s['min_requests_per_level']} per level)"
+               if s.get("min_requests_per_level") else "") + "; priority "
             "rejections wait `retry_after` and retry (never spilled). Chips per lane: "
             + ", ".join(f"{k} {v}" for k, v in doc["assumptions"]["chips"].items()) + " (" +
             doc["assumptions"]["chips_rule"].split(". Read")[0] + ").", ""]

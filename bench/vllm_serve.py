@@ -32,7 +32,7 @@ from typing import Iterator
 import httpx
 
 from bench.app import free_port
-from bench.load import LEVELS, QUICK, _ints, headline, summary, sweep_targets
+from bench.load import LEVELS, MIN_REQUESTS_PER_LEVEL, QUICK, _ints, headline, summary, sweep_targets
 from bench.targets import PROMPT, openai_request
 from models import FAST, FULL
 from serve.config import StandardLaneConfig
@@ -95,11 +95,11 @@ def _tail(log: Path, n: int = 30) -> str:
     return "\n".join(log.read_text(errors="replace").splitlines()[-n:])
 
 
-async def _sweep(url: str, model_id: str, name: str, levels, tokens, per_stream) -> list[dict]:
+async def _sweep(url: str, model_id: str, name: str, levels, tokens, per_stream, min_per_level) -> list[dict]:
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as http:
         targets = {name: (lambda n: openai_request(http, model_id, None, n), 1)}
-        return (await sweep_targets(targets, levels, tokens, per_stream, "vllm serve"))[name]
+        return (await sweep_targets(targets, levels, tokens, per_stream, "vllm serve", min_per_level))[name]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -121,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     q = QUICK if args.quick else {"levels": LEVELS, "tokens": 128, "requests_per_stream": 3}
     levels, tokens = args.levels or q["levels"], args.tokens or q["tokens"]
     per_stream = args.requests_per_stream or q["requests_per_stream"]
+    min_per_level = 0 if args.quick else MIN_REQUESTS_PER_LEVEL  # as the lanes' sweep
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     started, t0 = datetime.now(timezone.utc), time.perf_counter()
@@ -131,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"starting vLLM's OpenAI server on {path} ...", file=sys.stderr, flush=True)
         with vllm_server(path, model_id, out / f"vllm_serve_{name}.log") as url:
             starts[name] = time.perf_counter() - t
-            results[f"vllm-{name}"] = asyncio.run(_sweep(url, model_id, f"vllm-{name}", levels, tokens, per_stream))
+            results[f"vllm-{name}"] = asyncio.run(_sweep(url, model_id, f"vllm-{name}", levels, tokens, per_stream,
+                                                            min_per_level))
     doc = {
         "benchmark": "vLLM's own OpenAI server, same load generator (issue 8, part 5)",
         "command": "fastmode bench vllm " + shlex.join(argv),
@@ -139,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
                     "python": platform.python_version()},
         "settings": {"levels": levels, "max_output_tokens": tokens, "requests_per_stream": per_stream,
+                     "min_requests_per_level": min_per_level,
                      "prompt": PROMPT, "temperature": 0, "ignore_eos": True, "api": "openai",
                      "server_commands": {n: shlex.join(server_command(CHECKPOINTS[n][1], CHECKPOINTS[n][0], 0))
                                          .replace("--port 0", "--port PORT") for n in names},

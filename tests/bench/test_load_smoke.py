@@ -70,3 +70,12 @@ def test_headline_ratios():
     assert h["priority_price_ratio"] == pytest.approx(6)
     assert h["fast_per_user_speed_ratio"] == pytest.approx(2)
     assert h["fast_per_user_speed_ratio_at_equal_load"] == pytest.approx(50 / 75)
+
+
+def test_low_concurrency_levels_complete_enough_requests_for_a_median():
+    from bench.load import MIN_REQUESTS_PER_LEVEL, per_stream_at
+
+    for level in (1, 4, 8, 16, 32):
+        n = per_stream_at(level, 3, MIN_REQUESTS_PER_LEVEL)
+        assert n >= 3 and level * n >= MIN_REQUESTS_PER_LEVEL and level * (n - 1) < max(MIN_REQUESTS_PER_LEVEL, 3 * level)
+    assert per_stream_at(1, 1, 0) == 1  # --quick: as asked
