@@ -44,6 +44,8 @@ from ..errors import FastmodeError, LaneUnavailable
 log = logging.getLogger(__name__)
 SECRET_BYTES = 32
 HELLO_TIMEOUT_S = 10.0
+CANCEL_WAIT_S = 1.0
+"""Longest a connection's reader waits for a cancelled stream's cleanup before reading on."""
 REDISCOVER_S = 5.0
 """How often a router may ask a lane for its replicas' links again while it has fewer than
 ``replicas`` (or none, falling back to Serve's handle meanwhile)."""
@@ -101,6 +103,9 @@ class LinkServer:
                     task = tasks.pop(msg[1], None)
                     if task is not None:
                         task.cancel()
+                        # Let its cleanup (the engine's abort, the lane's count) run before the next
+                        # message: a request sent after a cancel then finds the slot free.
+                        await asyncio.wait([task], timeout=CANCEL_WAIT_S)
         except (LinkClosed, asyncio.IncompleteReadError, TimeoutError, ConnectionError):
             pass  # the front door went away (or never said the secret): its streams end below
         finally:

@@ -166,3 +166,31 @@ def test_a_lane_without_links_leaves_the_router_on_its_handle():
         links = LaneLinks(object(), replicas=1)  # no link_address: an old or scripted lane
         assert await links.open({"id": 1}, set()) is None
     run(main())
+
+
+def test_a_request_sent_after_a_cancel_finds_the_cancelled_streams_slot_free():
+    class Capped(Scripted):  # one sequence at a time, as the priority lane's admission
+        in_flight = 0
+
+        async def generate(self, request):
+            if self.in_flight >= 1:
+                raise Overloaded("the batch is full (1 sequence)", retry_after=1.0)
+            self.in_flight += 1
+            try:
+                async for event in super().generate(request):
+                    yield event
+            finally:
+                await asyncio.sleep(0.01)  # an engine abort that takes a moment
+                self.in_flight -= 1
+
+    async def main():
+        lane = Capped(n=10_000, every_s=0.001)
+        links = LaneLinks(Handle(LinkServer(lane.generate)), replicas=1)
+        _, first = await links.open({"id": "a"}, set())
+        assert (await first.__anext__())["type"] == "accepted"
+        first.cancel()
+        lane.n = 1
+        _, second = await links.open({"id": "b"}, set())  # right behind the cancel, on the same connection
+        assert [e["type"] for e in await drain(second)] == ["accepted", "delta", "done"]
+        links.close()
+    run(main())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -79,6 +80,10 @@ def test_priority_cap_rejects_or_spills_the_third_stream(app):
         assert events[0]["lane"] == events[-1]["lane"] == "standard"
         assert events[0]["route"]["spilled_from"] == "priority"
         assert events[-1]["cost_units"] == pytest.approx(events[-1]["usage"]["total_tokens"] / 1000)
+    deadline = time.monotonic() + 30  # the gateway notices the closed streams, the lane frees them
+    while (stats := a.lane_stats("priority"))["running"] or stats["in_flight"]:
+        assert time.monotonic() < deadline, stats
+        time.sleep(0.05)
     status, events = a.generate(**(long | {"max_output_tokens": 4}))  # room again once they are gone
     assert status == 200 and events[-1]["lane"] == "priority", events
     assert text_of(events)
