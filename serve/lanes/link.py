@@ -120,7 +120,9 @@ class LinkServer:
             try:
                 async for event in events:
                     writer.write(frame(("ev", cid, event)))
-                    await writer.drain()  # a front door that stops reading holds this stream only
+                    # The front door's reader never stops (it queues per stream); drain only bounds
+                    # this replica's buffer while that process stalls.
+                    await writer.drain()
                 end = ("end", cid)
             except Exception as e:  # noqa: BLE001 - the stream's typed end, raised at the front door
                 end = ("exc", cid, _picklable(e))
