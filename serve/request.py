@@ -95,7 +95,6 @@ class GenerateRequest(BaseModel):
         return text
 
 
-
 @dataclass(frozen=True, kw_only=True)
 class LaneRequest:
     """One request as a lane replica receives it from a front door's router (``GenerateRequest.to_lane``).
