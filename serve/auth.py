@@ -2,11 +2,14 @@
 
 Keys may be off only when the HTTP port is bound to loopback; otherwise the gateway refuses to
 start without them. Clients send ``Authorization: Bearer KEY`` on every HTTP request and on the
-WebSocket upgrade.
+WebSocket upgrade. A browser cannot set headers on a WebSocket upgrade, so there the key may come
+as a subprotocol instead (``KEY_SUBPROTOCOL``).
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hmac
 import os
 from pathlib import Path
@@ -15,6 +18,9 @@ from .config import AppConfig
 from .errors import ConfigError
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+KEY_SUBPROTOCOL = "fastmode.key."
+"""A browser offers ``fastmode.key.`` + the key in base64url (no padding) as a WebSocket subprotocol,
+next to the protocol's version, which is the one the server selects (the key is never echoed)."""
 
 
 def load_keys(config: AppConfig) -> frozenset[str]:
@@ -39,5 +45,19 @@ def authorized(keys: frozenset[str], header: str | None) -> bool:
         return True
     if not header or not header.startswith("Bearer "):
         return False
-    token = header[len("Bearer "):].strip()
-    return any(hmac.compare_digest(token, k) for k in keys)
+    token = header[len("Bearer "):].strip().encode()  # bytes: compare_digest refuses non-ASCII str
+    return any(hmac.compare_digest(token, k.encode()) for k in keys)
+
+
+def subprotocol_bearer(offered: list[str]) -> str | None:
+    """The ``Authorization`` value carried by an offered ``KEY_SUBPROTOCOL`` (``None`` if none is
+    offered, or it is not base64url of UTF-8 text)."""
+    for protocol in offered:
+        if protocol.startswith(KEY_SUBPROTOCOL):
+            encoded = protocol[len(KEY_SUBPROTOCOL):]
+            try:
+                key = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)).decode()
+            except (binascii.Error, ValueError):
+                return None
+            return f"Bearer {key}"
+    return None

@@ -7,13 +7,16 @@ Service expect), which forwards each request and each streamed chunk to this rep
 
 - ``GET /health``: 200 when every lane's engine answers, else 503, with per-lane detail (no key
   needed, for load balancers);
+- ``GET /playground/``: a page that races the lanes over the WebSocket (static files from
+  ``serve/playground``, no key needed: the WebSocket it opens asks for one); ``GET /`` redirects there;
 - ``WS /v1/responses``: the persistent WebSocket (``serve.websocket``, ``docs/protocol.md``);
 - ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions``: OpenAI-compatible
   (``serve.openai_api``);
 - ``POST /v1/generate``: the router's events as newline-delimited JSON (one event per line).
 
-With API keys configured (``serve.auth``), every route but ``/health`` needs
-``Authorization: Bearer KEY``: 401 on HTTP, close code 1008 on the WebSocket.
+With API keys configured (``serve.auth``), every route but ``/health`` and the playground's files
+needs ``Authorization: Bearer KEY``: 401 on HTTP, close code 1008 on the WebSocket (where a browser
+may send the key as a subprotocol instead, ``serve.auth.KEY_SUBPROTOCOL``).
 """
 
 from __future__ import annotations
@@ -21,21 +24,32 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request, WebSocket
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, RedirectResponse, StreamingResponse
+from fastapi.staticfiles import StaticFiles
 from ray import serve
 
 from . import openai_api, telemetry
-from .auth import authorized, load_keys
+from .auth import authorized, load_keys, subprotocol_bearer
 from .config import load_config
 from .errors import InvalidRequest, first_event, to_event
 from .listen import listen
+from .protocol import VERSION
 from .router import Router
 from .websocket import CLOSE_POLICY, Session
 
 api = FastAPI(title="fastmode", docs_url=None, redoc_url=None)
+PLAYGROUND = "/playground"
+api.mount(PLAYGROUND, StaticFiles(directory=Path(__file__).parent / "playground", html=True), name="playground")
+PUBLIC = ("/health", "/", PLAYGROUND)
+"""Paths served without a key (the playground's files below ``PLAYGROUND`` too)."""
+
+
+def _public(path: str) -> bool:
+    return path in PUBLIC or path.startswith(PLAYGROUND + "/")
 
 
 def _error(event: dict[str, Any]) -> JSONResponse:
@@ -46,7 +60,7 @@ def _error(event: dict[str, Any]) -> JSONResponse:
 @api.middleware("http")
 async def _require_key(request: Request, call_next):
     gateway = request.app.state.gateway
-    if request.url.path != "/health" and not authorized(gateway.keys, request.headers.get("authorization")):
+    if not _public(request.url.path) and not authorized(gateway.keys, request.headers.get("authorization")):
         return JSONResponse({"error": {"message": "missing or wrong API key (Authorization: Bearer KEY)",
                                        "type": "authentication_error", "code": "unauthorized"}},
                             status_code=401, headers={"WWW-Authenticate": "Bearer"})
@@ -92,10 +106,16 @@ class Gateway:
         stats = await self.router.stats()
         return JSONResponse(stats, status_code=200 if stats["status"] == "ok" else 503)
 
+    @api.get("/")
+    async def index(self) -> RedirectResponse:
+        return RedirectResponse(PLAYGROUND + "/")
+
     @api.websocket("/v1/responses")
     async def responses(self, ws: WebSocket) -> None:
-        await ws.accept()
-        if not authorized(self.keys, ws.headers.get("authorization")):
+        offered = ws.scope.get("subprotocols") or []
+        # A browser that offered subprotocols fails the handshake unless one is selected.
+        await ws.accept(subprotocol=VERSION if VERSION in offered else None)
+        if not authorized(self.keys, ws.headers.get("authorization") or subprotocol_bearer(offered)):
             await ws.close(CLOSE_POLICY, reason="missing or wrong API key")
             return
         await Session(ws, self.router, self.config.gateway).run()

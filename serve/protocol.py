@@ -67,6 +67,8 @@ class OutputTextDelta(_Event):
     id: str
     seq: int = Field(ge=0)
     delta: str = Field(min_length=1)
+    tokens: int | None = Field(default=None, ge=0, description="Output tokens whose text this delta carries "
+                               "(a client's live tokens/s; the completed event's usage is the exact total).")
 
 
 class Usage(_Event):
@@ -82,6 +84,18 @@ class Timing(_Event):
     total_s: float = Field(description="Router entry to the end, seconds.")
 
 
+class HopPair(_Event):
+    """Every chip-to-chip hop of one response's engine steps from chip ``src`` to chip ``dst``."""
+
+    src: str = Field(description="Sending chip, 'NODE_IP/chipN'.")
+    dst: str = Field(description="Receiving chip.")
+    count: int = Field(ge=1, description="Hops (one per engine step that crossed this pair).")
+    seconds: float = Field(ge=0, description="Their seconds in total (receiver's clock on entry minus sender's "
+                           "send time).")
+    max_seconds: float = Field(ge=0, description="The slowest one, seconds.")
+    bytes: int = Field(ge=0, description="Their payload in total.")
+
+
 class ResponseCompleted(_Event):
     """Server -> client: the response ended normally; the last event of its id."""
 
@@ -94,6 +108,8 @@ class ResponseCompleted(_Event):
     cost_units: float = Field(ge=0, description="price x total tokens / 1000 (lane prices in the config).")
     lane: Literal["fast", "priority", "standard"]
     model: str
+    hops: list[HopPair] | None = Field(default=None, description="Fast lane only: every chip-to-chip hop of "
+                                       "this response's steps, per chip pair (sorted by sender, receiver).")
 
 
 class ResponseCancelled(_Event):

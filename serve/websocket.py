@@ -154,9 +154,11 @@ class Session:
                 kind = ev["type"]
                 if kind == "delta":
                     if pending is None:
-                        pending = {"type": "response.output_text.delta", "id": rid, "seq": 0, "delta": ev["text"]}
+                        pending = {"type": "response.output_text.delta", "id": rid, "seq": 0, "delta": ev["text"],
+                                   "tokens": ev["tokens"]}
                     else:  # the reader is behind: merge into the delta still waiting
                         pending["delta"] += ev["text"]
+                        pending["tokens"] += ev["tokens"]
                     if not self.out.full():
                         pending["seq"], seq = seq, seq + 1
                         self.out.put_nowait(pending)
@@ -174,9 +176,12 @@ class Session:
                                      "protocol": VERSION})
                 elif kind == "done":
                     finished = True
-                    await self._put({"type": "response.completed", "id": rid, "finish_reason": ev["finish_reason"],
-                                     "usage": ev["usage"], "timing": ev["timing"], "cost_units": ev["cost_units"],
-                                     "lane": ev["lane"], "model": ev["model"]})
+                    completed = {"type": "response.completed", "id": rid, "finish_reason": ev["finish_reason"],
+                                 "usage": ev["usage"], "timing": ev["timing"], "cost_units": ev["cost_units"],
+                                 "lane": ev["lane"], "model": ev["model"]}
+                    if "hops" in ev:  # the fast lane's chip-to-chip hops, per chip pair
+                        completed["hops"] = ev["hops"]
+                    await self._put(completed)
                 elif kind == "error":
                     finished = True
                     await self._put(_ws_error(ev, rid))

@@ -43,6 +43,9 @@ class EngineOutput:
     """On the first output: seconds from arrival at the engine to the step that started it."""
     batch_size: int | None = None
     """On the first output: sequences in the engine at that step."""
+    hops: list[dict[str, Any]] | None = None
+    """On the last output of an engine whose chips hand each step on (the fast lane's): every
+    chip-to-chip hop of the request's steps, per chip pair (``HopTotals.per_pair``)."""
 
 
 class LaneEngine(Protocol):

@@ -121,7 +121,7 @@ class Lane:
         done = False
         try:
             yield {"type": "accepted", "input_tokens": n_prompt}
-            n_out, seq, first, last, reason, queue_s = 0, 0, None, None, None, None
+            n_out, seq, first, last, reason, queue_s, hops = 0, 0, None, None, None, None, None
             async for outs in coalesce(self.engine.generate(engine_request), self.config.stream_interval_ms / 1e3,
                                        min_interval_s=MIN_STREAM_INTERVAL_S, final=_is_last):
                 now = time.perf_counter()
@@ -131,6 +131,7 @@ class Lane:
                 tokens = sum(len(o.token_ids) for o in outs)
                 n_out += tokens
                 reason = outs[-1].finish_reason or reason
+                hops = outs[-1].hops or hops
                 if n_out == tokens:  # the request's first output
                     queue_s = outs[0].queue_s
                     if self.lane != FAST and outs[0].batch_size is not None:
@@ -140,6 +141,8 @@ class Lane:
                     seq += 1
             done = True
             event = self._done(n_prompt, n_out, reason, arrived, first, last)
+            if hops is not None:
+                event["hops"] = hops
             metrics.latency(self.lane, ttft=event["timing"]["ttft_s"], queue=queue_s,
                             tpot=(last - first) / (n_out - 1) if first is not None and n_out > 1 else None)
             if span.is_recording():

@@ -32,7 +32,7 @@ from .. import metrics
 from ..config import FastLaneConfig, TelemetryConfig
 from ..errors import LaneUnavailable
 from .engine import EngineOutput, EngineRequest
-from .step_spans import StepSpans
+from .step_spans import HopTotals, StepSpans
 from .text import TextStream
 
 
@@ -153,6 +153,7 @@ class ShardedLaneEngine:
         if request.trace is not None:
             spans = StepSpans(request.trace, self.telemetry.step_spans_first, self.telemetry.step_spans_every,
                               self.layout)
+        hops = HopTotals()
         finished = False
         try:
             while True:
@@ -162,8 +163,9 @@ class ShardedLaneEngine:
                     raise item
                 outs, infos = item
                 tokens = [t for t, _, _ in outs]
-                if spans is not None:
-                    for info in infos[-len(outs):]:  # the steps this request took part in
+                for info in infos[-len(outs):]:  # the steps this request took part in
+                    hops.add(info.hops)
+                    if spans is not None:
                         spans.step(info)
                 first = {}
                 if added_ns:  # this request's first output: its prefill step
@@ -177,7 +179,8 @@ class ShardedLaneEngine:
                     finished = done
                     if not text.stopped:
                         delta += text.flush()
-                    yield EngineOutput(tokens, delta, "stop" if text.stopped else reason, **first)
+                    yield EngineOutput(tokens, delta, "stop" if text.stopped else reason, hops=hops.per_pair(),
+                                       **first)
                     return
                 yield EngineOutput(tokens, delta, **first)
         finally:
@@ -186,7 +189,7 @@ class ShardedLaneEngine:
                 with contextlib.suppress(Exception):  # closed early, or ended by a stop string: free the slot
                     self._writer.write(frame(("abort", rid)))
             if spans is not None:
-                spans.finish()
+                spans.finish(hops)
 
     def num_unfinished(self) -> int:
         return len(self._sinks)

@@ -3,7 +3,8 @@
 An engine step serves every request in its batch; each request's trace gets the steps it took
 part in (its prefill, its first ``first`` decode steps and every ``every``-th after), each with a
 child span per hop timed by the hop's own record: ``[received_at - seconds, received_at]``. Totals
-over every step (count, bytes, seconds, p50, p99 per request) go on the lane span at the end.
+over every step (count, bytes, seconds, p50, p99 per request) go on the lane span at the end, and,
+per chip pair, on the response's ``done`` event (``HopTotals.per_pair``) whether traced or not.
 """
 
 from __future__ import annotations
@@ -41,6 +42,11 @@ class HopTotals:
                 p[2] = max(p[2], h.seconds)
                 p[3] += h.bytes
 
+    def per_pair(self) -> list[dict[str, str | int | float]]:
+        """One entry per chip pair (sender, receiver): hops, their seconds in total and at most, bytes."""
+        return [{"src": a, "dst": b, "count": n, "seconds": s, "max_seconds": m, "bytes": nb}
+                for (a, b), (n, s, m, nb) in sorted(self.pairs.items())]
+
     def attributes(self) -> dict[str, float | int | list]:
         s = sorted(self.seconds)
         if not s:
@@ -62,12 +68,10 @@ class StepSpans:
 
     def __init__(self, parent: Context, first: int, every: int, layout: dict[str, int]) -> None:
         self.parent, self.first, self.every, self.layout = parent, first, every, layout
-        self.totals = HopTotals()
         self.index = 0  # 0: the prefill step; then decode steps 1, 2, ...
 
     def step(self, info: StepInfo) -> None:
         i, self.index = self.index, self.index + 1
-        self.totals.add(info.hops)
         if not (i <= self.first or i % self.every == 0):
             return
         name = "fastmode.prefill" if i == 0 else "fastmode.decode"
@@ -86,7 +90,7 @@ class StepSpans:
             hop.end(end_time=end)
         span.end(end_time=info.end_ns)
 
-    def finish(self) -> None:
-        """Put the hop totals on the lane span."""
-        trace.get_current_span(self.parent).set_attributes({**self.totals.attributes(),
+    def finish(self, totals: HopTotals) -> None:
+        """Put the request's hop totals (over every step, sampled or not) on the lane span."""
+        trace.get_current_span(self.parent).set_attributes({**totals.attributes(),
                                                             "fastmode.steps": self.index})
