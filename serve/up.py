@@ -102,6 +102,7 @@ def run(config: AppConfig, *, address: str | None, chips: int, verbose: bool = F
     from ray import serve
 
     from .app import build
+    from .gateway import PLAYGROUND
 
     if not verbose:
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
@@ -127,6 +128,7 @@ def run(config: AppConfig, *, address: str | None, chips: int, verbose: bool = F
         base = f"http://{config.http.host}:{config.http.port}"
         m = config.models
         print(f"fastmode up: ready in {time.perf_counter() - started:.0f} s\n"
+              f"  page     {base}{PLAYGROUND}/   (playground: race one prompt on every tier, in a browser)\n"
               f"  WS       {base.replace('http', 'ws', 1)}/v1/responses   (persistent WebSocket, docs/protocol.md)\n"
               f"  HTTP     {base}/v1   (OpenAI API: chat/completions, completions, models)\n"
               f"           {base}/health   {base}/v1/generate (NDJSON)\n"
