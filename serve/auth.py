@@ -56,7 +56,7 @@ def subprotocol_bearer(offered: list[str]) -> str | None:
         if protocol.startswith(KEY_SUBPROTOCOL):
             encoded = protocol[len(KEY_SUBPROTOCOL):]
             try:
-                key = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)).decode()
+                key = base64.b64decode(encoded + "=" * (-len(encoded) % 4), altchars=b"-_", validate=True).decode()
             except (binascii.Error, ValueError):
                 return None
             return f"Bearer {key}"

@@ -252,6 +252,7 @@ function completed(run, e) {
   field(run, "cost", e.cost_units.toPrecision(3));
   field(run, "finish", e.finish_reason);
   if (e.hops && e.hops.length) heatmap(run.pane.querySelector(".hops"), e.hops);
+  else if (e.lane === "fast") noHops(run.pane.querySelector(".hops"));
   end(run, "completed");
 }
 
@@ -316,6 +317,12 @@ function heatmap(figure, hops) {
   const kib = hops.reduce((a, h) => a + h.bytes, 0) / 1024;
   figure.querySelector("figcaption").textContent =
     `chip-to-chip hops: ${n}, mean ${(total / n * 1e6).toFixed(0)} µs each (µs per hop below), ${kib.toFixed(0)} KiB`;
+  figure.hidden = false;
+}
+
+function noHops(figure) {
+  figure.querySelector("table").textContent = "";
+  figure.querySelector("figcaption").textContent = "one chip: no chip-to-chip hops to show";
   figure.hidden = false;
 }
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import base64
+
 import pytest
 
-from serve.auth import authorized, load_keys
+from serve.auth import KEY_SUBPROTOCOL, authorized, load_keys, subprotocol_bearer
 from serve.config import load_config
 from serve.errors import ConfigError
 from serve.up import main as up_main
@@ -43,3 +45,22 @@ def test_unreadable_key_file():
 def test_authorized(header, ok):
     assert authorized(frozenset({"k1", "k2"}), header) is ok
     assert authorized(frozenset(), header) is True
+
+
+def test_a_non_ascii_key_is_refused_not_an_error():
+    assert authorized(frozenset({"k1"}), "Bearer kü") is False
+    assert authorized(frozenset({"kü"}), "Bearer kü") is True
+
+
+@pytest.mark.parametrize("key", ["k1", "sk-fastmode-test", "kü?/+=", "a" * 100])
+def test_a_browser_sends_the_key_as_a_subprotocol(key):
+    encoded = base64.urlsafe_b64encode(key.encode()).decode().rstrip("=")  # what the playground's base64url does
+    bearer = subprotocol_bearer(["fastmode.responses.v1", KEY_SUBPROTOCOL + encoded])
+    assert bearer == f"Bearer {key}"
+    assert authorized(frozenset({key}), bearer) and not authorized(frozenset({"other"}), bearer)
+
+
+@pytest.mark.parametrize("offered", [[], ["fastmode.responses.v1"], [KEY_SUBPROTOCOL + "%%%"],
+                                     [KEY_SUBPROTOCOL + base64.urlsafe_b64encode(b"\xff\xfe").decode()]])
+def test_no_or_an_unreadable_key_subprotocol_carries_no_key(offered):
+    assert subprotocol_bearer(offered) is None

@@ -2,11 +2,12 @@
 
 Its files are served without a key and reach for nothing outside the server; a browser's key rides
 on a WebSocket subprotocol. Then, in headless Chromium (the system's, through Playwright; skipped
-where there is none): the page races every tier the server lists and each pane streams the text the
-SDK returns for the same greedy request, cancel stops a stream, and a wrong key, bad input and an
-overloaded lane each show their error in the panes. The race's screenshot is saved (to
-``$PLAYGROUND_SCREENSHOT``, else the test's temporary directory: ``docs/playground.png`` came from
-``PLAYGROUND_SCREENSHOT=docs/playground.png``).
+where there is none), against an app whose fast lane spans two chips (pp=2, so it has hops to draw):
+the page races every tier the server lists and each pane streams the text the SDK returns for the
+same greedy request, the fast pane draws its chip-to-chip hops, cancel stops a stream, and a wrong
+key, bad input and an overloaded lane each show their error in the panes. The race's screenshot is
+saved (to ``$PLAYGROUND_SCREENSHOT``, else the test's temporary directory: ``docs/playground.png``
+came from ``PLAYGROUND_SCREENSHOT=docs/playground.png``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from websockets.exceptions import ConnectionClosed
 from clients.sdk import Client
 from serve.auth import KEY_SUBPROTOCOL
 from serve.protocol import VERSION
+from tests.serve.conftest import App
 
 PLAYGROUND = Path(__file__).resolve().parents[2] / "serve" / "playground"
 CHROMIUM = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
@@ -57,11 +59,11 @@ def test_the_page_is_served_without_a_key_and_the_api_still_needs_one(app):
     with httpx.Client(base_url=a.base, timeout=30) as anonymous:
         r = anonymous.get("/")
         assert r.status_code == 307 and r.headers["location"] == "/playground/"
-        for path, kind in (("/playground/", "text/html"), ("/playground/app.js", "javascript"),
-                           ("/playground/style.css", "text/css")):
+        for path, name, kind in (("/playground/", "index.html", "text/html"), ("/playground/app.js", "app.js",
+                                  "javascript"), ("/playground/style.css", "style.css", "text/css")):
             r = anonymous.get(path)
             assert r.status_code == 200 and kind in r.headers["content-type"], (path, r.headers)
-            assert r.text == (PLAYGROUND / (Path(path).name or "index.html")).read_text()
+            assert r.text == (PLAYGROUND / name).read_text()
         assert anonymous.get("/playground/nope.js").status_code == 404
         assert anonymous.get("/v1/models").status_code == 401
     assert f"  page     {a.base}/playground/" in "".join(a.output)
@@ -99,6 +101,19 @@ def browser():
         b = p.chromium.launch(executable_path=CHROMIUM, headless=True)
         yield b
         b.close()
+
+
+@pytest.fixture(scope="module")
+def ring_app(browser, tmp_path_factory):
+    """``fastmode up`` with the fast lane on two chips, one pipeline stage each (started only where a
+    browser is: hence ``browser`` first)."""
+    config = tmp_path_factory.mktemp("playground") / "app.yaml"
+    config.write_text("lanes:\n  fast: {tp: 1, pp: 2}\n")
+    app = App("--config", str(config), "--chips", "2")
+    try:
+        yield app
+    finally:
+        app.stop()
 
 
 def open_page(browser, a, key: str | None = None):
@@ -139,12 +154,13 @@ def pane(page, tier: str) -> dict[str, str]:
             : p.querySelector('.error').textContent,
         hops: p.querySelector('.hops').hidden ? null : [...p.querySelectorAll('.hops tr')].map(
             r => [...r.cells].map(c => c.textContent)),
+        hops_caption: p.querySelector('.hops figcaption').textContent,
         ...Object.fromEntries([...p.querySelectorAll('dd')].map(d => [d.dataset.field, d.textContent]))})""")
 
 
 @pytest.mark.slow
-def test_every_tier_races_and_streams_what_the_sdk_returns(app, browser, tmp_path):
-    a = app()
+def test_every_tier_races_and_streams_what_the_sdk_returns(ring_app, browser, tmp_path):
+    a = ring_app
     page = open_page(browser, a)
     listed = page.eval_on_selector_all("#tiers input", "bs => bs.map(b => b.id.slice(5))")
     assert listed == ["fast", "priority", "standard", "auto"]  # what GET /v1/models lists, in that order
@@ -173,21 +189,21 @@ def test_every_tier_races_and_streams_what_the_sdk_returns(app, browser, tmp_pat
                     f"threshold {route['threshold']}" in got["route"], got["route"]
     assert not page.errors
 
-    # The fast pane's heatmap: one row and column per chip of the lane's layout, numbers in µs.
-    layout = a.lane_stats("fast")["layout"]
-    hops = pane(page, "fast")["hops"]
-    if layout["tp"] * layout["pp"] == 1:
-        assert hops is None  # one chip: no chip-to-chip hop to show
-    else:
-        chips = len(hops) - 1
-        assert chips == layout["tp"] * layout["pp"] and all(len(row) == chips + 1 for row in hops)
-        cells = [c for row in hops[1:] for c in row[1:] if c]
-        assert cells and all(float(c) > 0 for c in cells), hops
+    # The fast pane's heatmap: one row and column per chip, µs per hop where the ring hands a step on.
+    assert a.lane_stats("fast")["layout"]["pp"] == 2
+    fast = pane(page, "fast")
+    chips = fast["hops"][0][1:]
+    assert len(chips) == 2 and all(len(row) == 3 for row in fast["hops"]), fast["hops"]
+    cells = {(row[0], chips[j]): c for row in fast["hops"][1:] for j, c in enumerate(row[1:]) if c}
+    assert set(cells) == {(chips[0], chips[1]), (chips[1], chips[0])}, cells  # stage 0 -> 1 -> 0
+    assert all(float(c) > 0 for c in cells.values()), cells
+    # Every step of the response crossed both pairs once: its prefill and a decode step per token after.
+    assert fast["hops_caption"].startswith(f"chip-to-chip hops: {2 * int(fast['tokens'])},"), fast
 
 
 @pytest.mark.slow
-def test_cancel_stops_a_stream(app, browser):
-    a = app()
+def test_cancel_stops_a_stream(ring_app, browser):
+    a = ring_app
     page = open_page(browser, a)
     race(page, tiers={"standard"}, max_tokens="480", temperature="1", fixed=True)
     page.wait_for_function("() => document.querySelector('#pane-standard .text').textContent.length > 0",
@@ -208,8 +224,8 @@ def test_cancel_stops_a_stream(app, browser):
 
 
 @pytest.mark.slow
-def test_a_wrong_key_shows_the_error_in_every_pane(app, browser):
-    a = app()
+def test_a_wrong_key_shows_the_error_in_every_pane(ring_app, browser):
+    a = ring_app
     page = open_page(browser, a)
     page.fill("#api-key", "sk-wrong")
     page.dispatch_event("#api-key", "change")
@@ -223,8 +239,8 @@ def test_a_wrong_key_shows_the_error_in_every_pane(app, browser):
 
 
 @pytest.mark.slow
-def test_bad_input_shows_the_servers_error_in_each_pane(app, browser):
-    a = app()
+def test_bad_input_shows_the_servers_error_in_each_pane(ring_app, browser):
+    a = ring_app
     page = open_page(browser, a)
     race(page, temperature="5")
     wait_ended(page, TIERS, timeout_s=60)
@@ -240,8 +256,8 @@ def test_bad_input_shows_the_servers_error_in_each_pane(app, browser):
 
 
 @pytest.mark.slow
-def test_an_overloaded_lane_shows_retry_after(app, browser):
-    a = app()
+def test_an_overloaded_lane_shows_retry_after(ring_app, browser):
+    a = ring_app
     page = open_page(browser, a)
     with Client(a.base.replace("http", "ws", 1), api_key=a.key) as sdk:
         cap = a.lane_stats("priority")["cap"]

@@ -129,6 +129,13 @@ def test_one_trace_from_the_caller_down_to_each_hop(traced):
     assert len(totals["fastmode.hops.pair"]) == 5 and set(totals["fastmode.hops.pair_count"]) == {12}
     assert sum(totals["fastmode.hops.pair_count"]) == totals["fastmode.hops.count"]
     assert all(m > 0 for m in totals["fastmode.hops.pair_max_seconds"])
+    # response.completed carries the same per-pair totals (for every response, traced or not).
+    hops = done["hops"]
+    assert [f"{h['src']}->{h['dst']}" for h in hops] == totals["fastmode.hops.pair"]
+    assert [h["count"] for h in hops] == totals["fastmode.hops.pair_count"]
+    assert [h["bytes"] for h in hops] == totals["fastmode.hops.pair_bytes"]
+    assert [h["seconds"] for h in hops] == pytest.approx(totals["fastmode.hops.pair_seconds"])
+    assert [h["max_seconds"] for h in hops] == pytest.approx(totals["fastmode.hops.pair_max_seconds"])
 
 
 @pytest.mark.slow
