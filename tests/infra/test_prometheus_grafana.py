@@ -362,15 +362,11 @@ def piped_app(tmp_path_factory):
     dashboard's chip-to-chip hop panels have series (the default layout on a 2-core machine is the
     planner's 1x1, which has no hops), behind Ray Serve's HTTP proxy (``http.server: serve``, what
     clusters use; the shared app has the gateway's own server)."""
-    from tests.serve.conftest import App
+    from tests.serve.conftest import app_with_config
 
-    config = tmp_path_factory.mktemp("dashboard") / "app.yaml"
-    config.write_text("lanes:\n  fast: {tp: 1, pp: 2}\nhttp: {server: serve}\n")
-    a = App("--config", str(config), "--chips", "2")
-    try:
+    with app_with_config("lanes:\n  fast: {tp: 1, pp: 2}\nhttp: {server: serve}\n",
+                         tmp_path_factory.mktemp("dashboard"), "--chips", "2") as a:
         yield a
-    finally:
-        a.stop()
 
 
 @pytest.mark.slow

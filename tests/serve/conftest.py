@@ -105,5 +105,18 @@ class App:
         return self.proc.returncode
 
 
+@contextmanager
+def app_with_config(yaml_text: str, tmp_dir: Path, *args: str, env: dict[str, str] | None = None):
+    """A ``fastmode up`` of its own, on the deployment YAML ``yaml_text`` (written to ``tmp_dir``),
+    stopped on leaving."""
+    config = tmp_dir / "app.yaml"
+    config.write_text(yaml_text)
+    app = App("--config", str(config), *args, env=env)
+    try:
+        yield app
+    finally:
+        app.stop()
+
+
 def text_of(events: list[dict]) -> str:
     return "".join(e["text"] for e in events if e["type"] == "delta")
