@@ -131,7 +131,7 @@ class Lane:
                 tokens = sum(len(o.token_ids) for o in outs)
                 n_out += tokens
                 reason = outs[-1].finish_reason or reason
-                hops = outs[-1].hops or hops
+                hops = outs[-1].hops  # on the last output only
                 if n_out == tokens:  # the request's first output
                     queue_s = outs[0].queue_s
                     if self.lane != FAST and outs[0].batch_size is not None:

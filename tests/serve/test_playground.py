@@ -112,16 +112,16 @@ def ring_app(browser, tmp_path_factory):
         yield app
 
 
-def open_page(browser, a, key: str | None = None):
+def open_page(browser, a):
     """The playground, the key typed in (the server asks for one), every tier listed and ticked."""
     page = browser.new_page(viewport={"width": 1600, "height": 1000})
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(str(e)))
-    page.errors = errors
+    page.errors = errors  # uncaught exceptions in the page's script
     page.goto(a.base + "/")
     page.wait_for_selector("#key-row:not([hidden])")  # the server has keys: the page asks for one
     assert "needs an API key" in page.text_content("#key-status")
-    page.fill("#api-key", key or a.key)
+    page.fill("#api-key", a.key)
     page.dispatch_event("#api-key", "change")
     page.wait_for_selector("#pane-auto")
     return page
