@@ -1,0 +1,164 @@
+"""Where the exact tier should run: speculative decoding of the full model, the fast model drafting,
+in vLLM and in fastmode's executor, against each one's plain decoding (issue 17, item 1).
+
+One stream, greedy, ``--tokens`` tokens after each of ``--prompts`` code prompts, every
+configuration in its own subprocess (vLLM's engine processes stay out of ours), one after the
+other, alone on the machine:
+
+- vLLM ``LLM`` on ``models/full`` (the lanes' settings), plain, then with
+  ``speculative_config={"method": "draft_model", "model": models/fast, "num_speculative_tokens": k}``;
+- fastmode's executor (``sharding.engine.Engine``, ``torch.compile``) on ``models/full``, plain,
+  then ``sharding.speculative.SpeculativeEngine`` with ``k`` fixed and adaptive.
+
+For each: tokens/s per user (all tokens of a request over its wall time, median over prompts and
+repeats, after a warm-up), drafts accepted per draft, tokens per verify step, and whether every
+output is token for token the plain greedy output of the same engine.
+
+Usage: python -m bench.speculative [--tokens 128] [--prompts 4] [--repeats 2] [--ks 1,2,4]
+                                   [--json bench/results/speculative.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from models import FAST, FULL
+
+REPO = Path(__file__).resolve().parents[1]
+PROMPTS = ["import os\n\n\ndef read_lines(path):\n", "class Stack:\n    def __init__(self):\n",
+           "def fibonacci(n):\n", "# Parse the command line\nimport argparse\n\n",
+           "def merge_sorted(a, b):\n", "for i in range(10):\n"]
+
+
+def _prompt_ids(n: int) -> list[list[int]]:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(FULL)
+    return [tok(p).input_ids for p in PROMPTS[:n]]
+
+
+def _measure(generate, prompts: list[list[int]], repeats: int) -> tuple[list[list[int]], list[float]]:
+    outs = [generate(p) for p in prompts]  # warm-up (compilation), and the outputs compared
+    rates = []
+    for _ in range(repeats):
+        for p in prompts:
+            t = time.perf_counter()
+            out = generate(p)
+            rates.append(len(out) / (time.perf_counter() - t))
+    return outs, rates
+
+
+def run_vllm(k: int, tokens: int, prompts: list[list[int]], repeats: int) -> dict:
+    from vllm import LLM, SamplingParams, TokensPrompt
+
+    from bench.ray_serve_llm import engine_kwargs
+    from serve.config import PriorityLaneConfig
+
+    kw = {**engine_kwargs(PriorityLaneConfig()), "disable_log_stats": False}
+    if k:
+        kw["speculative_config"] = {"method": "draft_model", "model": str(FAST), "num_speculative_tokens": k}
+    llm = LLM(model=str(FULL), **{k_: v for k_, v in kw.items() if v is not None})
+    params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
+
+    def generate(ids):
+        return list(llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)[0].outputs[0].token_ids)
+
+    outs, rates = _measure(generate, prompts, repeats)
+    m = {x.name: getattr(x, "value", None) for x in llm.get_metrics()}
+    drafts, drafted = m.get("vllm:spec_decode_num_drafts"), m.get("vllm:spec_decode_num_draft_tokens")
+    accepted = m.get("vllm:spec_decode_num_accepted_tokens")
+    return {"engine": "vLLM", "k": k, "outputs": outs, "tokens_per_s": rates,
+            "acceptance": accepted / drafted if drafted else None,
+            "tokens_per_verify": (accepted + drafts) / drafts if drafts else None}
+
+
+def run_ours(k: int, adaptive: bool, tokens: int, prompts: list[list[int]], repeats: int) -> dict:
+    import torch
+
+    from sharding.engine import Engine
+    from sharding.sampling import SamplingParams
+    from sharding.speculative import SpeculativeEngine
+
+    torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "1")))
+    params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
+    if k:
+        engine = SpeculativeEngine.from_pretrained(FULL, FAST, num_slots=1, k=k, adaptive=adaptive, compile=True)
+    else:
+        engine = Engine.from_pretrained(FULL, num_slots=1, compile=True)
+    outs, rates = _measure(lambda ids: engine.generate([ids], params)[0], prompts, repeats)
+    stats = getattr(engine, "stats", None)
+    return {"engine": "fastmode executor", "k": k, "adaptive": adaptive, "outputs": outs, "tokens_per_s": rates,
+            "acceptance": stats.acceptance if stats else None,
+            "tokens_per_verify": stats.tokens_per_round if stats else None,
+            "final_k": engine.k if k else None}
+
+
+def _subprocess(args: argparse.Namespace, worker: str) -> dict:
+    cmd = [sys.executable, "-m", "bench.speculative", "--worker", worker, "--tokens", str(args.tokens),
+           "--prompts", str(args.prompts), "--repeats", str(args.repeats)]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=1200, env=env)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    if proc.returncode or not lines:
+        return {"worker": worker, "error": proc.stderr[-2000:]}
+    return {"worker": worker, **json.loads(lines[-1][7:])}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.speculative", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--ks", default="1,2,4", help="fixed numbers of drafts to try")
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        kind, k, mode = args.worker.split(":")
+        prompts = _prompt_ids(args.prompts)
+        r = (run_vllm(int(k), args.tokens, prompts, args.repeats) if kind == "vllm"
+             else run_ours(int(k), mode == "adaptive", args.tokens, prompts, args.repeats))
+        print("RESULT " + json.dumps(r))
+        return 0
+    ks = [int(k) for k in args.ks.split(",") if k.strip()]
+    workers = ([f"vllm:{k}:fixed" for k in [0, *ks]] + [f"ours:{k}:fixed" for k in [0, *ks]]
+               + [f"ours:{max(ks)}:adaptive"])
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    results = [_subprocess(args, w) for w in workers]
+    plain = {r["engine"]: r["outputs"] for r in results if "error" not in r and r["k"] == 0}
+    print(f"{'engine':<20} {'k':>9} {'tok/s p50':>9} {'vs plain':>8} {'accept':>7} {'tok/verify':>10} identical")
+    base = {}
+    for r in results:
+        if "error" in r:
+            print(f"{r['worker']:<30} ERROR {r['error'][-400:]}")
+            continue
+        r["tokens_per_s_p50"] = statistics.median(r["tokens_per_s"])
+        base.setdefault(r["engine"], r["tokens_per_s_p50"])
+        r["speedup_over_plain"] = r["tokens_per_s_p50"] / base[r["engine"]]
+        r["identical_to_plain"] = r["outputs"] == plain.get(r["engine"])
+        k = f"{r['k']}{' adapt' if r.get('adaptive') else ''}"
+        acc = "-" if r["acceptance"] is None else f"{r['acceptance']:.2f}"
+        tpv = "-" if r["tokens_per_verify"] is None else f"{r['tokens_per_verify']:.2f}"
+        print(f"{r['engine']:<20} {k:>9} {r['tokens_per_s_p50']:>9.0f} {r['speedup_over_plain']:>7.2f}x "
+              f"{acc:>7} {tpv:>10} {r['identical_to_plain']}")
+        del r["outputs"]
+    if args.json:
+        doc = {"benchmark": "speculative decoding, vLLM against fastmode's executor (issue 17)",
+               "command": "python -m bench.speculative " + " ".join(argv if argv is not None else sys.argv[1:]),
+               "date": started, "machine": {"cpu_count": os.cpu_count()},
+               "settings": {"tokens": args.tokens, "prompts": PROMPTS[:args.prompts], "repeats": args.repeats,
+                            "greedy": True, "target": "models/full", "draft": "models/fast"},
+               "results": results}
+        args.json.write_text(json.dumps(doc, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

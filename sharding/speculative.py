@@ -1,0 +1,368 @@
+"""Speculative decoding: the fast model drafts ``k`` tokens, the full model verifies them in one
+forward pass, and the output is the full model's own.
+
+Each round, for every running sequence:
+
+1. **Draft**: the draft model decodes ``k`` tokens one at a time (``d1 .. dk``), greedily or by
+   sampling from its own distribution ``q``.
+2. **Verify**: the target model runs ``[last, d1 .. dk]`` as one row of ``k + 1`` tokens (the same
+   path as a prefill, over the cache it already holds) and yields its distribution ``p`` at every
+   position.
+3. **Accept** (``accept_greedy`` / ``accept_sampled``): the longest prefix of the drafts the target
+   agrees with, then one token of the target's own: the correction at the first disagreement, or a
+   bonus token after ``dk``. Greedy: a draft is kept when it is the target's argmax, so the output is
+   token for token the target's greedy output. Sampled: the standard rejection rule (Leviathan et
+   al., 2023; Chen et al., 2023) keeps ``d`` with probability ``min(1, p(d) / q(d))`` and otherwise
+   draws from ``norm(max(p - q, 0))``, so every token follows the target's distribution (after its
+   temperature and top-p) exactly.
+
+A round therefore makes between 1 and ``k + 1`` tokens for one target forward and ``k`` draft
+forwards. Nothing is rolled back in the KV caches: positions past a sequence's accepted tokens are
+overwritten before they are read (``sharding.kv_cache``). Invariant between rounds: the target's
+cache holds every token of the sequence but the last; the draft's holds the same, except after a
+round that accepted all ``k`` drafts, when ``dk`` is still to be written (``pending``: the draft's
+next input is then ``[dk, bonus]``).
+
+``k`` adapts per round (``adaptive``): from the acceptance rate seen so far and the measured cost
+of a draft step against a verify step, it picks the ``k`` that maximizes expected tokens per
+second, ``(1 - a**(k+1)) / (1 - a) / (t_verify + k * t_draft)``. A seeded sampled request draws
+the same tokens again only for the same sequence of ``k``s: with ``adaptive`` (timings decide ``k``)
+its tokens follow the target's distribution but are not reproducible; greedy output is always the
+same.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .batch import Rows
+from .errors import DuplicateRequest, InvalidLayout
+from .kv_cache import SlotPool
+from .model import Llama
+from .sampling import SamplingParams, generator_for_seed, params_per_prompt, top_p_filter
+from .scheduler import StepOutput, validate_request
+from .stage import StageRunner
+from .weights import load_model
+
+K_MAX = 8
+"""The most drafts per round ``adaptive`` may choose."""
+
+
+class DraftMismatch(InvalidLayout):
+    """The draft model cannot draft for the target (another vocabulary)."""
+
+
+@dataclass
+class SpecStats:
+    """One sequence's (or the engine's) speculative rounds: drafts made, drafts accepted, tokens."""
+
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    rejections: int = 0
+    """Rounds in which the target refused a draft (the rest accepted all of theirs)."""
+    tokens: int = 0
+
+    @property
+    def acceptance(self) -> float | None:
+        """Accepted drafts / drafted (``None`` before any draft)."""
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def per_position(self) -> float | None:
+        """The chance that a draft is accepted given the ones before it were: accepted drafts /
+        (accepted + refused), the ``a`` of ``best_k``."""
+        seen = self.accepted + self.rejections
+        return self.accepted / seen if seen else None
+
+    @property
+    def tokens_per_round(self) -> float | None:
+        """Tokens produced per target forward."""
+        return self.tokens / self.rounds if self.rounds else None
+
+    def add(self, drafted: int, accepted: int, tokens: int) -> None:
+        self.rounds += 1
+        self.drafted += drafted
+        self.accepted += accepted
+        self.rejections += accepted < drafted
+        self.tokens += tokens
+
+
+@dataclass
+class _Seq:
+    request_id: str
+    prompt: list[int]
+    params: SamplingParams
+    slot: int
+    gen: torch.Generator | None
+    output: list[int] = field(default_factory=list)
+    pending: list[int] = field(default_factory=list)
+    """Tokens the draft model has not cached yet (the last one, or ``[dk, last]``)."""
+    stats: SpecStats = field(default_factory=SpecStats)
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt) + len(self.output)
+
+
+# -- the acceptance rules ------------------------------------------------------------------------
+def accept_greedy(drafts: torch.Tensor, target_logits: torch.Tensor) -> tuple[int, int]:
+    """``(accepted, next_token)`` for one row: ``drafts [k]``, ``target_logits [k + 1, V]``."""
+    g = target_logits.argmax(dim=-1)
+    k = int(drafts.shape[0])
+    agree = (drafts == g[:k]).int()
+    a = int(agree.cumprod(0).sum()) if k else 0
+    return a, int(g[a])
+
+
+def accept_sampled(drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
+                   gen: torch.Generator | None) -> tuple[int, int]:
+    """``(accepted, next_token)`` for one row by the rejection rule.
+
+    ``drafts [k]`` were drawn from ``q [k, V]`` (the draft's warped distributions); ``p [k + 1, V]``
+    are the target's at the same positions and one more.
+    """
+    k = int(drafts.shape[0])
+    for i in range(k):
+        d = int(drafts[i])
+        u = torch.rand((), generator=gen, device=p.device)
+        if float(u) * float(q[i, d]) < float(p[i, d]):  # u < p/q, without dividing by a zero q
+            continue
+        residual = (p[i] - q[i]).clamp_min(0)
+        total = residual.sum()
+        dist = residual / total if float(total) > 0 else p[i]
+        return i, int(torch.multinomial(dist, 1, generator=gen))
+    return k, int(torch.multinomial(p[k], 1, generator=gen))
+
+
+def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The probabilities ``[..., V]`` a sampled request draws from: softmax at its temperature, top-p."""
+    probs = torch.softmax(logits.float() / params.temperature, dim=-1)
+    if params.top_p < 1:
+        flat = probs.reshape(-1, probs.shape[-1])
+        flat = top_p_filter(flat, torch.full((flat.shape[0],), params.top_p, device=flat.device))
+        probs = (flat / flat.sum(-1, keepdim=True)).view_as(probs)
+    return probs
+
+
+def best_k(per_position: float, t_draft: float, t_verify: float, k_max: int = K_MAX) -> int:
+    """The ``k`` in ``1 .. k_max`` that maximizes expected tokens per second of a round, each draft
+    accepted with chance ``per_position`` if the ones before it were. (Never 0: a round without
+    drafts would stop measuring the acceptance.)"""
+    a = min(max(per_position, 0.0), 0.999)
+
+    def rate(k: int) -> float:
+        return (1 - a ** (k + 1)) / (1 - a) / (t_verify + k * t_draft)
+
+    return max(range(1, k_max + 1), key=rate)
+
+
+# -- the engine ----------------------------------------------------------------------------------
+class SpeculativeEngine:
+    """The target model's output, drafted by a smaller model, for a batch of sequences in process.
+
+    Args:
+        target: the full model (whole: embedding and head).
+        draft: the draft model; same vocabulary as the target.
+        num_slots: sequences decoded at once (each holds a KV-cache slot in both models).
+        max_len: tokens per sequence; default and cap: the smaller of the two models' contexts.
+        k: drafts per round (the start value when ``adaptive``).
+        adaptive: choose ``k`` each round from the acceptance and step costs measured so far.
+        compile: run both models under ``torch.compile`` (``sharding.stage``).
+    """
+
+    def __init__(self, target: Llama, draft: Llama, *, num_slots: int = 2, max_len: int | None = None,
+                 k: int = 4, adaptive: bool = True, compile: bool = False) -> None:
+        if target.config.vocab_size != draft.config.vocab_size:
+            raise DraftMismatch(f"the draft model's vocabulary ({draft.config.vocab_size}) is not the "
+                                f"target's ({target.config.vocab_size})")
+        if not 0 <= k <= K_MAX:
+            raise InvalidLayout(f"k must be in [0, {K_MAX}], got {k}")
+        cap = min(target.config.max_position_embeddings, draft.config.max_position_embeddings)
+        max_len = cap if max_len is None else max_len
+        if compile:
+            # Both models share Llama.forward's code object, whose graphs dynamo counts together.
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 32)
+        self.config = target.config
+        self.target = StageRunner(target, num_slots=num_slots, max_len=max_len, compile=compile)
+        self.draft = StageRunner(draft, num_slots=num_slots, max_len=max_len, compile=compile)
+        self.max_len = self.target.cache.max_len
+        self.slots = SlotPool(num_slots)
+        self.k, self.adaptive = k, adaptive
+        self.stats = SpecStats()
+        self._t_draft = self._t_verify = None  # seconds per forward, smoothed
+        self._waiting: list[_Seq] = []
+        self._running: dict[str, _Seq] = {}
+
+    @classmethod
+    def from_pretrained(cls, target_path: str | Path, draft_path: str | Path, *,
+                        dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+                        **kw) -> SpeculativeEngine:
+        return cls(load_model(target_path, dtype=dtype, device=device),
+                   load_model(draft_path, dtype=dtype, device=device), **kw)
+
+    # -- requests ----------------------------------------------------------------------------
+    @property
+    def has_work(self) -> bool:
+        return bool(self._waiting or self._running)
+
+    def add(self, request_id: str, prompt_ids: Seq[int], params: SamplingParams | None = None) -> None:
+        """Queue a request (typed errors as ``Engine.add``)."""
+        prompt, params = [int(t) for t in prompt_ids], params or SamplingParams()
+        validate_request(self.config, self.max_len, request_id, prompt, params)
+        if request_id in self._running or any(s.request_id == request_id for s in self._waiting):
+            raise DuplicateRequest(f"request {request_id!r} is already in flight")
+        gen = None if params.greedy else generator_for_seed(params.seed, self.target.device)
+        self._waiting.append(_Seq(request_id, prompt, params, -1, gen))
+
+    def abort(self, request_id: str) -> bool:
+        for s in self._waiting:
+            if s.request_id == request_id:
+                self._waiting.remove(s)
+                return True
+        seq = self._running.pop(request_id, None)
+        if seq is not None:
+            self.slots.free(seq.slot)
+        return seq is not None
+
+    def request_stats(self, request_id: str) -> SpecStats | None:
+        seq = self._running.get(request_id)
+        return seq.stats if seq is not None else None
+
+    # -- steps -------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def step(self) -> list[StepOutput]:
+        """Admit (prefill both models) what fits, then one speculative round for the others."""
+        outputs = self._round(list(self._running.values())) if self._running else []
+        admitted = []
+        while self._waiting and self.slots.num_free:
+            seq = self._waiting.pop(0)
+            seq.slot = self.slots.allocate()
+            admitted.append(seq)
+        if admitted:
+            outputs += self._prefill(admitted)
+        return outputs
+
+    def _prefill(self, seqs: list[_Seq]) -> list[StepOutput]:
+        lens = [len(s.prompt) for s in seqs]
+        width = max(lens)
+        rows = Rows(torch.tensor([s.prompt + [0] * (width - len(s.prompt)) for s in seqs]),
+                    torch.arange(width).repeat(len(seqs), 1), torch.tensor([s.slot for s in seqs]),
+                    torch.tensor(lens) - 1, width)
+        self.draft.forward([rows])  # the draft caches the prompt; its logits are not needed
+        logits = self.target.logits([rows], self.target.forward([rows]))[0]  # [B, V]
+        out = []
+        for i, seq in enumerate(seqs):
+            self._running[seq.request_id] = seq
+            token = int(logits[i].argmax()) if seq.params.greedy else int(
+                torch.multinomial(warp(logits[i], seq.params), 1, generator=seq.gen))
+            out.append(self._emit(seq, [token], drafted=0, accepted=0, first=True))
+        return out
+
+    def _k_for(self, seqs: list[_Seq]) -> int:
+        k = self.k
+        if self.adaptive and self._t_draft and self._t_verify and self.stats.drafted >= 16:
+            k = best_k(self.stats.per_position, self._t_draft, self._t_verify)
+            self.k = k
+        for s in seqs:  # never draft past max_tokens or the context
+            k = min(k, s.params.max_tokens - len(s.output) - 1, self.max_len - s.length - 1)
+        return max(k, 0)
+
+    def _round(self, seqs: list[_Seq]) -> list[StepOutput]:
+        k = self._k_for(seqs)
+        B = len(seqs)
+        slots = torch.tensor([s.slot for s in seqs])
+        drafts = torch.zeros(B, k, dtype=torch.long)
+        q = [[] for _ in seqs]  # the draft's warped distributions of sampled rows
+        # 1. draft: the pending tokens (1 or 2 per row, right-padded), then one token at a time.
+        if k:
+            t0 = time.perf_counter()
+            width = max(len(s.pending) for s in seqs)
+            tokens = torch.tensor([s.pending + [0] * (width - len(s.pending)) for s in seqs])
+            start = torch.tensor([s.length - len(s.pending) for s in seqs])
+            rows = Rows(tokens, start[:, None] + torch.arange(width), slots,
+                        torch.tensor([len(s.pending) - 1 for s in seqs]), int((start + width).max()))
+            pos = torch.tensor([s.length for s in seqs])  # where d1 goes
+            for i in range(k):
+                logits = self.draft.logits([rows], self.draft.forward([rows]))[0]  # [B, V]
+                for b, s in enumerate(seqs):
+                    if s.params.greedy:
+                        drafts[b, i] = logits[b].argmax()
+                    else:
+                        probs = warp(logits[b], s.params)
+                        q[b].append(probs)
+                        drafts[b, i] = torch.multinomial(probs, 1, generator=s.gen)[0]
+                if i + 1 < k:
+                    p = pos + i
+                    rows = Rows(drafts[:, i:i + 1], p[:, None], slots, torch.zeros(B, dtype=torch.long),
+                                int(p.max()) + 1)
+            self._t_draft = _smooth(self._t_draft, (time.perf_counter() - t0) / k)
+        # 2. verify: [last, d1 .. dk] at the sequence's next k + 1 positions.
+        t0 = time.perf_counter()
+        last = torch.tensor([[s.output[-1]] for s in seqs])
+        base = torch.tensor([s.length - 1 for s in seqs])
+        rows = Rows(torch.cat([last, drafts], dim=1), base[:, None] + torch.arange(k + 1), slots,
+                    torch.full((B,), k), int(base.max()) + k + 1)
+        hidden = self.target.forward([rows])[0]
+        logits = self.target.model.compute_logits(hidden)  # [B, k + 1, V]
+        self._t_verify = _smooth(self._t_verify, time.perf_counter() - t0)
+        # 3. accept, per row.
+        out = []
+        for b, s in enumerate(seqs):
+            if s.params.greedy:
+                a, nxt = accept_greedy(drafts[b], logits[b])
+            else:
+                qb = torch.stack(q[b]) if q[b] else logits.new_zeros(0, logits.shape[-1])
+                a, nxt = accept_sampled(drafts[b], qb, warp(logits[b], s.params), s.gen)
+            new = drafts[b, :a].tolist() + [nxt]
+            if k == 0:  # nothing drafted: the draft has still to see what it had not
+                s.pending = s.pending + [nxt]
+            else:
+                s.pending = [int(drafts[b, k - 1]), nxt] if a == k else [nxt]
+            out.append(self._emit(s, new, drafted=k, accepted=a))
+        return out
+
+    def _emit(self, seq: _Seq, new: list[int], *, drafted: int, accepted: int, first: bool = False) -> StepOutput:
+        p, reason, kept = seq.params, None, []
+        for t in new:
+            kept.append(t)
+            if t in p.stop_token_ids or (not p.ignore_eos and t in self.config.eos_token_ids):
+                reason = "stop"
+                break
+            if len(seq.output) + len(kept) >= p.max_tokens:
+                reason = "length"
+                break
+        seq.output += kept
+        if first:
+            seq.pending = [kept[0]]
+        else:
+            seq.stats.add(drafted, accepted, len(kept))
+            self.stats.add(drafted, accepted, len(kept))
+        if reason is not None:
+            self._running.pop(seq.request_id, None)
+            self.slots.free(seq.slot)
+        return StepOutput(seq.request_id, kept, reason is not None, reason)
+
+    # -- offline -----------------------------------------------------------------------------
+    def generate(self, prompts: list[list[int]],
+                 params: SamplingParams | list[SamplingParams] | None = None) -> list[list[int]]:
+        """Generate for every prompt and return the new tokens of each (on an idle engine)."""
+        if self.has_work:
+            raise RuntimeError("generate() needs an idle engine; drive add()/step() instead")
+        ids = [f"generate-{id(self)}-{i}" for i in range(len(prompts))]
+        for rid, prompt, p in zip(ids, prompts, params_per_prompt(prompts, params), strict=True):
+            self.add(rid, prompt, p)
+        out: dict[str, list[int]] = {rid: [] for rid in ids}
+        while self.has_work:
+            for o in self.step():
+                out[o.request_id] += o.token_ids
+        return [out[rid] for rid in ids]
+
+
+def _smooth(old: float | None, new: float, weight: float = 0.2) -> float:
+    return new if old is None else (1 - weight) * old + weight * new

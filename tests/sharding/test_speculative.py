@@ -1,0 +1,139 @@
+"""Speculative decoding (``sharding.speculative``): greedy output is the target's greedy output in
+transformers, token for token; the rejection rule keeps the target's distribution; ``k`` adapts;
+bad input gets typed errors."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from models import FAST, FULL
+from sharding.errors import DuplicateRequest, InvalidLayout, PromptTooLong
+from sharding.model import Llama
+from sharding.sampling import SamplingParams
+from sharding.speculative import K_MAX, DraftMismatch, SpeculativeEngine, accept_sampled, best_k
+from sharding.weights import load_model
+from tests.conftest import shipped
+
+from .conftest import hf_greedy
+
+PROMPTS = ["def read_config(path):\n", "import os\nimport sys\n\n\nclass ", "    for i in range(",
+           "# Return the n-th Fibonacci number\ndef fib(n):\n"]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    full, fast = shipped(FULL), shipped(FAST)
+    tok = AutoTokenizer.from_pretrained(full)
+    return full, fast, [tok(p).input_ids for p in PROMPTS]
+
+
+@pytest.mark.parametrize("k,adaptive", [(1, False), (4, False), (3, True)])
+def test_greedy_is_the_targets_greedy_output_in_transformers(pair, k, adaptive):
+    full, fast, prompts = pair
+    engine = SpeculativeEngine.from_pretrained(full, fast, num_slots=4, k=k, adaptive=adaptive)
+    ours = engine.generate(prompts, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))
+    want = [hf_greedy(full, ids, 40) for ids in prompts]
+    assert ours == want
+    stats = engine.stats
+    assert stats.drafted > 0 and 0 < stats.accepted <= stats.drafted
+    assert stats.tokens == sum(len(o) - 1 for o in ours)  # every token after each prefill's first
+    assert 1 <= stats.tokens_per_round <= (K_MAX if adaptive else k) + 1  # at most k drafts + 1
+
+
+def test_greedy_alone_equals_batched_and_joining_midway(pair):
+    full, fast, prompts = pair
+    engine = SpeculativeEngine.from_pretrained(full, fast, num_slots=2, k=3, adaptive=False)
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    alone = [engine.generate([p], params)[0] for p in prompts]
+    # 4 requests on 2 slots: two wait and join while the others run.
+    assert engine.generate(prompts, params) == alone
+
+
+def test_stops_at_max_tokens_and_eos_like_the_engine(pair):
+    full, fast, prompts = pair
+    engine = SpeculativeEngine.from_pretrained(full, fast, num_slots=2, k=4, adaptive=False)
+    out = engine.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=7, ignore_eos=True))
+    assert [len(o) for o in out] == [7, 7]
+    eos = load_model(full).config.eos_token_ids
+    with_eos = engine.generate(prompts, SamplingParams(temperature=0, max_tokens=120))
+    for o, ids in zip(with_eos, prompts, strict=True):
+        assert o == hf_greedy(full, ids, 120)  # transformers stops after eos too
+        assert all(t not in eos for t in o[:-1])
+
+
+def test_sampled_output_is_seeded_and_within_the_vocabulary(pair):
+    full, fast, prompts = pair
+    # A fixed k: the draws a seed makes depend on how many drafts each round has (see the module).
+    engine = SpeculativeEngine.from_pretrained(full, fast, num_slots=2, k=3, adaptive=False)
+    params = SamplingParams(temperature=0.8, top_p=0.95, seed=7, max_tokens=30, ignore_eos=True)
+    a = engine.generate(prompts[:2], params)
+    b = engine.generate(prompts[:2], params)
+    assert a == b and all(len(o) == 30 for o in a)
+    assert all(0 <= t < engine.config.vocab_size for o in a for t in o)
+    other = engine.generate(prompts[:2], dataclasses.replace(params, seed=8))
+    assert other != a
+
+
+def test_rejection_rule_keeps_the_targets_distribution():
+    """Drafts from q, accepted by the rule: every emitted position follows p (chi-square-free check
+    on 40,000 draws of a 5-token vocabulary, 3 drafts)."""
+    g = torch.Generator().manual_seed(0)
+    p = torch.softmax(torch.randn(4, 5, generator=g) * 1.5, dim=-1)
+    q = torch.softmax(torch.randn(3, 5, generator=g) * 1.5, dim=-1)
+    n = 40_000
+    first = torch.zeros(5)
+    second_after = torch.zeros(5, 5)  # [first token, second token] counts when both are emitted
+    for _ in range(n):
+        drafts = torch.stack([torch.multinomial(q[i], 1, generator=g)[0] for i in range(3)])
+        a, nxt = accept_sampled(drafts, q, p, g)
+        emitted = drafts[:a].tolist() + [nxt]
+        first[emitted[0]] += 1
+        if len(emitted) > 1 and emitted[0] == 2:
+            second_after[2, emitted[1]] += 1
+    assert torch.allclose(first / n, p[0], atol=0.01)
+    # The second position, given an accepted first draft, follows p[1] (in this test p does not
+    # depend on the prefix, as a real target's would).
+    row = second_after[2]
+    assert row.sum() > 2000
+    assert torch.allclose(row / row.sum(), p[1], atol=0.03)
+
+
+def test_best_k_follows_acceptance_and_costs():
+    assert best_k(0.95, t_draft=0.1, t_verify=1.0) == 8  # cheap drafts, nearly always right
+    assert best_k(0.1, t_draft=0.5, t_verify=1.0) == 1  # mostly wrong: draft as little as allowed
+    assert best_k(0.8, t_draft=0.1, t_verify=1.0) > best_k(0.8, t_draft=0.4, t_verify=1.0)
+
+
+def test_bad_input_gets_typed_errors(pair):
+    full, fast, prompts = pair
+    engine = SpeculativeEngine.from_pretrained(full, fast, num_slots=1, k=2)
+    engine.add("a", prompts[0], SamplingParams(temperature=0, max_tokens=4))
+    with pytest.raises(DuplicateRequest):
+        engine.add("a", prompts[0], SamplingParams(temperature=0, max_tokens=4))
+    with pytest.raises(PromptTooLong):
+        engine.add("b", prompts[0], SamplingParams(temperature=0, max_tokens=engine.max_len))
+    assert engine.abort("a") and not engine.abort("a")
+    target = load_model(full)
+    other = Llama(dataclasses.replace(target.config, vocab_size=target.config.vocab_size + 1))
+    with pytest.raises(DraftMismatch):
+        SpeculativeEngine(target, other)
+    with pytest.raises(InvalidLayout):
+        SpeculativeEngine(target, load_model(fast), k=99)
+
+
+def test_abort_frees_the_slot_for_the_next_request(pair):
+    full, fast, prompts = pair
+    engine = SpeculativeEngine.from_pretrained(full, fast, num_slots=1, k=2, adaptive=False)
+    engine.add("a", prompts[0], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))
+    engine.add("b", prompts[1], SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))
+    engine.step()
+    engine.step()
+    assert engine.abort("a")
+    got = []
+    while engine.has_work:
+        got += [t for o in engine.step() if o.request_id == "b" for t in o.token_ids]
+    assert got == hf_greedy(full, prompts[1], 5)
