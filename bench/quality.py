@@ -1,15 +1,25 @@
 """Quality against speed, per lane and for ``auto``: the Pareto report the seeds never published.
 
-Every lane answers the held-out next-line questions of the quality eval (``models.eval``) through
-the running application's WebSocket with the SDK, greedy, stopping at the end of the line; next-line
-exact match is scored on what the lane returned, and speed on the same requests (per-user decode
-tokens/s and mean latency, from each response's own timing, two streams at a time: the priority
-lane's batch cap). Bits per byte need the likelihood of whole texts, which the lanes do not serve:
-each lane's figure is that of the weights it serves (standard and priority: the full checkpoint;
-fast: the fast one; ``auto``: per text, the model the router's difficulty rule picks), computed
-with transformers, which vLLM and our executor match token for token (tests/models, tests/serve).
+Every lane answers the held-out next-line questions of the quality eval (``models.eval``, 1,000 by
+default) through the running application's WebSocket with the SDK, greedy, stopping at the end of
+the line; next-line exact match is scored on what the lane returned, with its Wilson 95% interval,
+and every lane is compared with standard on the same samples (paired bootstrap interval of the
+difference, exact McNemar p: ``models.eval.stats``). Speed comes from the same requests (per-user
+decode tokens/s and mean latency, from each response's own timing, two streams at a time: the
+priority lane's batch cap). A lane the server refuses (an older server without the ``exact`` tier,
+a lane that is not deployed) is skipped with a message, except standard, the reference.
 
-Usage: fastmode bench quality [--url ws://127.0.0.1:8000] [--api-key K] [--samples 320]
+Bits per byte need the likelihood of whole texts, which the lanes do not serve: each lane's figure
+is that of the weights it serves (standard, priority and exact: the full checkpoint, exact being
+the full model's own greedy output; fast: the fast one; ``auto``: per text, the model the router's
+difficulty rule picks), computed with transformers, which vLLM and our executor match token for
+token (tests/models, tests/serve).
+
+Per sample, every lane's hit and latency (``timing.total_s``) and the prompt's difficulty under the
+router's own scorer (timed) go to ``quality_samples.jsonl``; from them ``bench.auto_policy``
+replays threshold policies for ``auto`` (issue 17) and recommends one.
+
+Usage: fastmode bench quality [--url ws://127.0.0.1:8000] [--api-key K] [--samples 1000]
                               [--quick] [--out bench/results]
 """
 
@@ -23,16 +33,23 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from tqdm import tqdm
 
+from bench.auto_policy import Sample, analyse, pareto, summary
 from models import FAST, FULL
 from models.eval.backend import TransformersBackend
 from models.eval.run import evaluate
+from models.eval.stats import diff_text, pct_ci
 
 LANES = {"standard": ("fastmode-full", "default"), "priority": ("fastmode-full", "priority"),
-         "fast": ("fastmode-fast", None), "auto": ("auto", None)}
+         "exact": ("fastmode-full", "exact"), "fast": ("fastmode-fast", None), "auto": ("auto", None)}
+"""Lane name -> (model, service_tier) of its requests; standard first: everything is compared with it."""
+REFERENCE = "standard"
+SAMPLES_FILE = "quality_samples.jsonl"
+PROBE_PROMPT = "def main():\n"
 
 
 class CachedNLL:
@@ -51,37 +68,61 @@ class CachedNLL:
 
 
 class ServedLane:
-    """A ``models.eval`` backend whose completions come from a lane of the running application."""
+    """A ``models.eval`` backend whose completions come from a lane of the running application.
 
-    def __init__(self, name: str, url: str, api_key: str | None, nll, concurrency: int = 2) -> None:
-        self.name, self.url, self.api_key, self._nll, self.concurrency = name, url, api_key, nll, concurrency
+    ``connect()`` returns an async context manager yielding a client with the SDK's
+    ``responses.create`` (default: ``clients.sdk.AsyncClient(url, api_key=api_key)``; tests pass a
+    fake). After ``complete``, ``responses[i]`` is the response to prompt ``i``."""
+
+    def __init__(self, name: str, url: str, api_key: str | None, nll: Callable[[list[str]], list[float]],
+                 concurrency: int = 2, connect: Callable | None = None) -> None:
+        self.name, self._nll, self.concurrency = name, nll, concurrency
         self.model, self.tier = LANES[name]
+        self.connect = connect or (lambda: _sdk_client(url, api_key))
         self.responses: list = []
+
+    async def probe(self) -> str | None:
+        """``None`` if the lane answers one short request on its own lane; else why to skip it (the
+        server's error, e.g. ``unknown_service_tier`` from a server without the ``exact`` tier)."""
+        from clients.sdk.errors import InvalidRequest, LaneUnavailable
+
+        try:
+            async with self.connect() as client:
+                r = await client.responses.create(model=self.model, service_tier=self.tier, input=PROBE_PROMPT,
+                                                  max_output_tokens=1, temperature=0)
+        except (InvalidRequest, LaneUnavailable) as e:  # UnknownModel, UnknownServiceTier are InvalidRequests
+            return f"the server refused model={self.model!r} service_tier={self.tier!r}: {e}"
+        if self.name != "auto" and r.lane != self.name:
+            return (f"model={self.model!r} service_tier={self.tier!r} was served on lane {r.lane!r}, "
+                    f"not {self.name!r}")
+        return None
 
     def complete(self, prompts: list[str], max_tokens: int) -> list[str]:
         return asyncio.run(self._complete(prompts, max_tokens))
 
     async def _complete(self, prompts: list[str], max_tokens: int) -> list[str]:
-        from clients.sdk import AsyncClient
-
-        out: list[str | None] = [None] * len(prompts)
+        responses: list = [None] * len(prompts)
         gate = asyncio.Semaphore(self.concurrency)
         bar = tqdm(total=len(prompts), desc=f"{self.name:<8}", unit="q", leave=False, file=sys.stderr)
-        async with AsyncClient(self.url, api_key=self.api_key) as client:
+        async with self.connect() as client:
             async def one(i: int, prompt: str) -> None:
                 async with gate:
-                    r = await client.responses.create(model=self.model, service_tier=self.tier, input=prompt,
-                                                      max_output_tokens=max_tokens, temperature=0, stop=["\n"])
-                self.responses.append(r)
-                out[i] = r.text
+                    responses[i] = await client.responses.create(
+                        model=self.model, service_tier=self.tier, input=prompt, max_output_tokens=max_tokens,
+                        temperature=0, stop=["\n"])
                 bar.update()
 
             await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
         bar.close()
-        return out
+        self.responses = responses
+        return [r.text for r in responses]
 
     def nll(self, texts: list[str]) -> list[float]:
         return self._nll(texts)
+
+    def threshold(self) -> float | None:
+        """The deployed ``router.auto_threshold``, as an ``auto`` response's route reports it."""
+        return next((r.route["threshold"] for r in self.responses if r.route and "threshold" in r.route), None)
 
     def speed(self) -> dict:
         rates = [r.timing.decode_tokens_per_s for r in self.responses if r.timing.decode_tokens_per_s]
@@ -92,97 +133,221 @@ class ServedLane:
                 "served_by": {lane: lanes.count(lane) / len(lanes) for lane in sorted(set(lanes))}}
 
 
-def auto_nll(full: CachedNLL, fast: CachedNLL, threshold: float, max_tokens: int):
-    """Per text, the likelihood under the model the router's difficulty rule would pick."""
-    from serve.difficulty import DifficultyScorer
+def _sdk_client(url: str, api_key: str | None):
+    from clients.sdk import AsyncClient
 
-    scorer = DifficultyScorer(FAST, max_tokens)
+    return AsyncClient(url, api_key=api_key)
+
+
+def auto_nll(full: CachedNLL, fast: CachedNLL, threshold: Callable[[], float], score: Callable[[str], float]):
+    """Per text, the likelihood under the model the router's difficulty rule would pick."""
 
     def nll(texts: list[str]) -> list[float]:
-        f, s = full(texts), fast(texts)
-        return [s[i] if scorer.score(t) <= threshold else f[i] for i, t in enumerate(texts)]
+        f, s, t = full(texts), fast(texts), threshold()
+        return [s[i] if score(text) <= t else f[i] for i, text in enumerate(texts)]
 
     return nll
 
 
-def pareto(points: dict[str, tuple[float, float]]) -> list[str]:
-    """The names on the frontier: no other point is at least as fast and as good, and better in one."""
-    front = []
-    for n, (x, y) in points.items():
-        if not any((x2 >= x and y2 >= y) and (x2 > x or y2 > y) for m, (x2, y2) in points.items() if m != n):
-            front.append(n)
-    return sorted(front, key=lambda n: points[n][0])
+def timed_scores(prompts: list[str], score: Callable[[str], float]) -> list[tuple[float, float]]:
+    """(score, seconds) per prompt, after one warm-up call (the router's scorer is warm too)."""
+    score(prompts[0])
+    out = []
+    for p in tqdm(prompts, desc="scoring", unit="q", leave=False, file=sys.stderr):
+        t = time.perf_counter()
+        out.append((score(p), time.perf_counter() - t))
+    return out
+
+
+def measure(lanes: list[ServedLane], score: Callable[[str], float], samples: int, max_files: int | None = None,
+            max_tokens: int = 40, context: int = 512) -> tuple[dict, list[dict]]:
+    """Probe, then run the eval through every lane that answers; returns (the quality.json fields
+    of the lanes, the comparisons and the ``auto`` sweep; the per-sample records)."""
+    skipped = dict(zip((lane.name for lane in lanes), asyncio.run(_probe_all(lanes))))
+    skipped = {n: why for n, why in skipped.items() if why}
+    for name, why in skipped.items():
+        print(f"quality: skipping the {name} lane: {why}", file=sys.stderr)
+    if REFERENCE in skipped or lanes[0].name != REFERENCE:
+        raise ValueError(f"the {REFERENCE} lane must come first and answer: every lane is compared with it "
+                         f"({skipped.get(REFERENCE, 'it is not first')})")
+    lanes = [lane for lane in lanes if lane.name not in skipped]
+    result = evaluate(lanes, n_samples=samples, seed=0, max_tokens=max_tokens, max_files=max_files,
+                      tokenizer_dir=FULL, context=context, per_sample=True)
+    per_sample = result.pop("per_sample")
+    scores = {m["name"]: m for m in result["models"]}
+    out = {"samples": samples, "held_out_files": result["held_out_files"], "lanes": {}, "skipped_lanes": skipped,
+           "baseline_exact_match": result["baseline"]["exact_match"],
+           "baseline_exact_match_ci95": list(result["baseline"]["exact_match_ci95"]),
+           "agreement_with_standard": result["agreement"]}
+    for lane in lanes:
+        s = scores[lane.name]
+        out["lanes"][lane.name] = {"exact_match": s["exact_match"], "exact_match_count": s["exact_match_count"],
+                                   "exact_match_ci95": list(s["exact_match_ci95"]),
+                                   "bits_per_byte": s["bits_per_byte"], **lane.speed()}
+        if lane.name != REFERENCE:
+            out["lanes"][lane.name]["vs_standard"] = result["paired_with_first"][f"{lane.name} vs {REFERENCE}"]
+    pts = {n: (v["per_user_tokens_per_s_p50"] or 0.0, v["exact_match"]) for n, v in out["lanes"].items()}
+    out["pareto_frontier"] = pareto(pts)
+    std = out["lanes"][REFERENCE]["exact_match"]
+    out["fast_quality_retention"] = (out["lanes"]["fast"]["exact_match"] / std
+                                     if std and "fast" in out["lanes"] else None)
+
+    timed = timed_scores([s["prefix"] for s in per_sample], score)
+    records = sample_records(lanes, per_sample, timed)
+    seconds = [secs for _, secs in timed]
+    out["difficulty_scoring"] = {"mean_s": statistics.fmean(seconds), "p50_s": statistics.median(seconds),
+                                 "max_s": max(seconds)}
+    auto = next((lane for lane in lanes if lane.name == "auto"), None)
+    served_threshold = auto.threshold() if auto else None
+    if served_threshold is not None:
+        agree = sum((r["difficulty"] <= served_threshold) == (r["lanes"]["auto"]["served_by"] == "fast")
+                    for r in records)
+        a = out["lanes"]["auto"]
+        out["auto_served"] = {"threshold": served_threshold, "served_by": a["served_by"],
+                              "mean_latency_s": a["mean_latency_s"], "exact_match": a["exact_match"],
+                              "exact_match_count": a["exact_match_count"],
+                              "exact_match_ci95": a["exact_match_ci95"],
+                              "routing_agreement_with_offline_scorer": agree / len(records)}
+    out.update(analyse([Sample.from_record(r) for r in records], served_threshold))
+    return out, records
+
+
+def sample_records(lanes: list[ServedLane], per_sample: list[dict], timed: list[tuple[float, float]]) -> list[dict]:
+    """One ``quality_samples.jsonl`` record per sample: ``i``, ``file``, ``line``, ``target``,
+    ``difficulty`` and ``scoring_s`` (the router's scorer, offline), and per lane ``hit``,
+    ``latency_s`` (``timing.total_s``) and ``text`` (the predicted line); for ``auto`` also
+    ``served_by`` and ``route_difficulty`` (the lane the router chose and the score it reported)."""
+    records = []
+    for i, (s, (difficulty, secs)) in enumerate(zip(per_sample, timed, strict=True)):
+        rec = {"i": i, "file": s["file"], "line": s["line"], "target": s["target"], "difficulty": difficulty,
+               "scoring_s": secs, "lanes": {}}
+        for lane in lanes:
+            r = lane.responses[i]
+            rec["lanes"][lane.name] = {"hit": s["hits"][lane.name], "latency_s": r.timing.total_s,
+                                       "text": s["predictions"][lane.name]}
+            if lane.name == "auto":
+                rec["lanes"]["auto"].update(served_by=r.lane, route_difficulty=(r.route or {}).get("difficulty"))
+        records.append(rec)
+    return records
+
+
+async def _probe_all(lanes: list[ServedLane]) -> list[str | None]:
+    return [await lane.probe() for lane in lanes]
 
 
 def plot(result: dict, path: Path) -> None:
+    """Left: per-user speed against exact match per lane (Wilson 95% bars). Right: mean latency
+    against exact match of every replayed ``auto`` policy, the lanes, and the frontier."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    pts = {n: (v["per_user_tokens_per_s_p50"], v["exact_match"]) for n, v in result["lanes"].items()}
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for n, (x, y) in pts.items():
-        ax.scatter([x], [y], s=60)
-        bpb = result["lanes"][n]["bits_per_byte"]
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for n, v in result["lanes"].items():
+        x, y = v["per_user_tokens_per_s_p50"] or 0.0, v["exact_match"]
+        lo, hi = v.get("exact_match_ci95") or (y, y)
+        ax.errorbar([x], [y], yerr=[[max(0.0, y - lo)], [max(0.0, hi - y)]], fmt="o", capsize=3)
+        bpb = v["bits_per_byte"]
         ax.annotate(f"{n}\n{y:.1%} EM, {bpb:.3f} bpb" if bpb else n, (x, y), textcoords="offset points",
                     xytext=(6, 6), fontsize=8)
     front = result["pareto_frontier"]
-    ax.plot([pts[n][0] for n in front], [pts[n][1] for n in front], "--", color="gray", label="Pareto frontier")
+    ax.plot([result["lanes"][n]["per_user_tokens_per_s_p50"] or 0.0 for n in front],
+            [result["lanes"][n]["exact_match"] for n in front], "--", color="gray", label="Pareto frontier")
     ax.set_xlabel("per-user decode tokens/s (p50)")
-    ax.set_ylabel("next-line exact match")
+    ax.set_ylabel("next-line exact match (95% CI)")
     ax.set_title(f"quality against speed ({result['samples']} held-out prompts, {result['date']})", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
+    for tier in sorted({p["full_tier"] for p in result.get("auto_policies", [])}):
+        pol = [p for p in result["auto_policies"] if p["full_tier"] == tier]
+        ax2.plot([1e3 * p["mean_latency_s"] for p in pol], [p["exact_match"] for p in pol], ".-", alpha=0.6,
+                 label=f"fast if score <= t, else {tier}")
+    for n, v in result["lanes"].items():  # each lane as measured (auto: the deployed router)
+        ax2.scatter([1e3 * v["mean_latency_s"]], [v["exact_match"]], marker="s", color="black", s=20)
+        ax2.annotate(n, (1e3 * v["mean_latency_s"], v["exact_match"]), textcoords="offset points",
+                     xytext=(4, -10), fontsize=7)
+    front2 = result.get("auto_policy_frontier", [])
+    ax2.plot([1e3 * p["mean_latency_s"] for p in front2], [p["exact_match"] for p in front2], "--", color="gray",
+             label="frontier")
+    rec = result.get("auto_recommended")
+    if rec:
+        ax2.scatter([1e3 * rec["mean_latency_s"]], [rec["exact_match"]], marker="*", s=160, color="red", zorder=5,
+                    label=f"recommended: {rec['name']}")
+    ax2.set_xlabel("mean latency per request, ms (scoring included)")
+    ax2.set_ylabel("next-line exact match")
+    ax2.set_title("auto: threshold policies replayed on the measured samples", fontsize=10)
+    ax2.grid(alpha=0.3)
+    ax2.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def print_summary(out: dict) -> None:
+    print(f"{'lane':<9}{'exact match [95% CI]':>24}{'bits/byte':>11}{'tok/s p50':>11}{'latency':>10}  vs standard")
+    for n, v in out["lanes"].items():
+        vs = diff_text(v["vs_standard"]) if "vs_standard" in v else "-"
+        print(f"{n:<9}{pct_ci(v['exact_match_count'], out['samples']):>24}{v['bits_per_byte']:>11.3f}"
+              f"{v['per_user_tokens_per_s_p50'] or 0:>11.0f}{v['mean_latency_s'] * 1e3:>8.0f}ms  {vs}")
+    for n, why in out["skipped_lanes"].items():
+        print(f"{n:<9}skipped: {why}")
+    retention = out["fast_quality_retention"]
+    print(f"Pareto frontier: {', '.join(out['pareto_frontier'])}; fast keeps "
+          f"{'-' if retention is None else f'{retention:.0%}'} of standard's exact match; "
+          f"auto served {out['lanes'].get('auto', {}).get('served_by')}")
+    print("\n".join(summary(out)))
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="fastmode bench quality", description=__doc__.split("\n\n")[0])
     ap.add_argument("--url", default="ws://127.0.0.1:8000")
     ap.add_argument("--api-key", default=os.environ.get("FASTMODE_API_KEY"))
-    ap.add_argument("--samples", type=int, default=320)
+    ap.add_argument("--samples", type=int, default=1000, help="held-out next-line prompts (default 1000)")
     ap.add_argument("--max-files", type=int, help="held-out files for bits per byte (default: all)")
-    ap.add_argument("--auto-threshold", type=float, default=2.7, help="the deployed router.auto_threshold")
+    ap.add_argument("--auto-threshold", type=float, default=2.7,
+                    help="router.auto_threshold when no auto response reports it (bits per byte of auto)")
+    ap.add_argument("--auto-max-tokens", type=int, default=128, help="the deployed router.auto_max_tokens")
     ap.add_argument("--quick", action="store_true", help="16 prompts, 2 files: a smoke run")
     ap.add_argument("--out", default="bench/results")
     args = ap.parse_args(argv)
     if args.quick:
         args.samples, args.max_files = 16, 2
     started = time.time()
+    scorer = None
+
+    def score(text: str) -> float:  # the router's own scorer, loaded on first use
+        nonlocal scorer
+        if scorer is None:
+            from serve.difficulty import DifficultyScorer
+
+            scorer = DifficultyScorer(FAST, args.auto_max_tokens)
+        return scorer.score(text)
+
+    def threshold() -> float:  # the served one once auto has answered, else the flag
+        served = next((lane.threshold() for lane in lanes if lane.name == "auto"), None)
+        return args.auto_threshold if served is None else served
+
     full, fast = CachedNLL(FULL), CachedNLL(FAST)
-    nll = {"standard": full, "priority": full, "fast": fast, "auto": auto_nll(full, fast, args.auto_threshold, 128)}
-    lanes = [ServedLane(n, args.url, args.api_key, nll[n]) for n in LANES]
-    result = evaluate(lanes, n_samples=args.samples, seed=0, max_tokens=40, max_files=args.max_files,
-                      tokenizer_dir=FULL, context=512)
-    scores = {m["name"]: m for m in result["models"]}
-    out = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+    lanes: list[ServedLane] = []
+    nll = {"standard": full, "priority": full, "exact": full, "fast": fast,
+           "auto": auto_nll(full, fast, threshold, score)}
+    lanes += [ServedLane(n, args.url, args.api_key, nll[n]) for n in LANES]
+    try:
+        measured, records = measure(lanes, score, args.samples, args.max_files)
+    except ValueError as e:
+        print(f"fastmode bench quality: {e}", file=sys.stderr)
+        return 2
+    out = {"date": time.strftime("%Y-%m-%d %H:%M"),
+           "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
            "command": "fastmode bench quality " + " ".join(sys.argv[1:] if argv is None else argv),
-           "samples": args.samples, "held_out_files": result["held_out_files"], "seconds": time.time() - started,
-           "lanes": {}, "baseline_exact_match": result["baseline"]["exact_match"],
-           "agreement_with_standard": result["agreement"]}
-    for lane in lanes:
-        s = scores[lane.name]
-        out["lanes"][lane.name] = {"exact_match": s["exact_match"], "exact_match_count": s["exact_match_count"],
-                                   "bits_per_byte": s["bits_per_byte"], **lane.speed()}
-    pts = {n: (v["per_user_tokens_per_s_p50"], v["exact_match"]) for n, v in out["lanes"].items()}
-    out["pareto_frontier"] = pareto(pts)
-    std = out["lanes"]["standard"]["exact_match"]
-    out["fast_quality_retention"] = out["lanes"]["fast"]["exact_match"] / std if std else None
+           "seconds": time.time() - started, "per_sample_file": SAMPLES_FILE, **measured}
     outdir = Path(args.out)
     outdir.mkdir(parents=True, exist_ok=True)
     (outdir / "quality.json").write_text(json.dumps(out, indent=2))
+    (outdir / SAMPLES_FILE).write_text("".join(json.dumps(r) + "\n" for r in records))
     plot(out, outdir / "quality.png")
-    print(f"{'lane':<9}{'exact match':>13}{'bits/byte':>11}{'tok/s p50':>11}{'latency':>10}")
-    for n, v in out["lanes"].items():
-        print(f"{n:<9}{v['exact_match']:>12.1%}{v['bits_per_byte']:>11.3f}{v['per_user_tokens_per_s_p50'] or 0:>11.0f}"
-              f"{v['mean_latency_s'] * 1e3:>8.0f}ms")
-    retention = out["fast_quality_retention"]
-    print(f"Pareto frontier: {', '.join(out['pareto_frontier'])}; fast keeps "
-          f"{'-' if retention is None else f'{retention:.0%}'} of standard's exact match; "
-          f"auto served {out['lanes']['auto']['served_by']}")
+    print_summary(out)
     return 0
 
 

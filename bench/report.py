@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.app import REPO
+from models.eval.stats import diff_text, pct_ci
 
 
 def _load(results: Path, name: str) -> dict | None:
@@ -124,20 +125,63 @@ def quality_section(doc: dict | None, results: Path, docs: Path) -> list[str]:
     out = ["## 2. Quality against speed", ""]
     if doc is None:
         return out + ["Not run.", ""]
-    out += [f"{doc['samples']} held-out next-line questions through each lane (WebSocket, greedy, stop at the "
+    n = doc["samples"]
+    out += [f"{n} held-out next-line questions through each lane (WebSocket, greedy, stop at the "
             f"line end, 2 streams at a time); bits per byte on {doc['held_out_files']} held-out files under the "
-            "weights each lane serves (auto: the model its router picks per text).", ""]
-    rows = [[n, f"{v['exact_match']:.1%} ({v['exact_match_count']})", _f(v["bits_per_byte"], "{:.3f}"),
+            "weights each lane serves (auto: the model its router picks per text). Exact match with its Wilson "
+            "95% interval; against standard on the same questions: the difference in points with its paired "
+            "bootstrap 95% interval and the exact McNemar p (below 0.05: more than chance).", ""]
+    rows = [[name, f"{pct_ci(v['exact_match_count'], n)} ({v['exact_match_count']})",
+             diff_text(v["vs_standard"]) if v.get("vs_standard") else "-", _f(v["bits_per_byte"], "{:.3f}"),
              _f(v["per_user_tokens_per_s_p50"], "{:.0f}"), _ms(v["mean_latency_s"]),
-             ", ".join(f"{k} {x:.0%}" for k, x in v["served_by"].items())] for n, v in doc["lanes"].items()]
-    out += _table(["lane", "exact match", "bits/byte", "per-user tok/s p50", "mean latency ms", "served by"], rows)
+             ", ".join(f"{k} {x:.0%}" for k, x in v["served_by"].items())] for name, v in doc["lanes"].items()]
+    out += _table(["lane", "exact match [95% CI] (hits)", "vs standard [95% CI], McNemar p", "bits/byte",
+                   "per-user tok/s p50", "mean latency ms", "served by"], rows)
     out += ["", f"Pareto frontier (speed, exact match): {', '.join(doc['pareto_frontier'])}. The fast lane keeps "
             f"**{_f(doc['fast_quality_retention'] and 100 * doc['fast_quality_retention'], '{:.0f}%')}** of "
             f"standard's exact match. Agreement with standard's answers: "
             + ", ".join(f"{k} {v:.0%}" for k, v in doc["agreement_with_standard"].items()) + ".", ""]
+    for name, why in (doc.get("skipped_lanes") or {}).items():
+        out += [f"Skipped: the {name} lane ({why}).", ""]
     if doc.get("note"):
         out += [f"Note: {doc['note']}", ""]
-    return out + _image(results, docs, "quality.png", "quality against speed")
+    return out + auto_policy_section(doc) + _image(results, docs, "quality.png", "quality against speed")
+
+
+def auto_policy_section(doc: dict) -> list[str]:
+    """The offline sweep of ``auto``'s threshold policy (``bench.auto_policy``): its frontier and pick."""
+    front = doc.get("auto_policy_frontier")
+    if not front:
+        return []
+    s = doc.get("difficulty_scoring") or {}
+    out = ["### auto policy frontier", "",
+           f"Every lane answered every question, so each policy \"fast if the router's difficulty score <= t, "
+           f"else tier H\" is replayed offline ({len(doc['auto_policies'])} policies: t over the score quantiles, "
+           "H over the full-model tiers): per question, the chosen lane's measured latency plus the score's "
+           f"own time (mean {_f(s.get('mean_s') and 1e3 * s['mean_s'], '{:.2f}')} ms here) and that lane's hit. "
+           "The frontier of mean latency against exact match, over the lanes as measured and every policy:", ""]
+    rows = [[p["name"], p.get("full_tier", "-"), _f(p.get("threshold"), "{:.3f}"),
+             f"{100 * p['fast_share']:.0f}%" if "fast_share" in p else "-",
+             _ms(p["mean_latency_s"]),
+             f"{pct_ci(p['exact_match_count'], p['samples'])} ({p['exact_match_count']})"]
+            for p in front]
+    out += _table(["point", "full tier", "threshold", "to fast", "mean latency ms", "exact match [95% CI]"], rows)
+    out += [""]
+    rec = doc.get("auto_recommended")
+    if rec:
+        out += [f"Recommended: **{rec['name']}** ({_f(100 * rec['fast_share'], '{:.0f}%')} to fast): "
+                f"{pct_ci(rec['exact_match_count'], rec['samples'])} exact match at "
+                f"{_ms(rec['mean_latency_s'])} ms, "
+                f"against standard {diff_text(rec['vs_standard'])}. Rule: {rec['rule']}.", ""]
+    else:
+        out += ["Recommended: none (no replayed policy on the frontier is as fast as standard).", ""]
+    served = doc.get("auto_served")
+    if served:
+        out += [f"The deployed router (threshold {served['threshold']:g}): "
+                f"{pct_ci(served['exact_match_count'], doc['samples'])} exact match at "
+                f"{_ms(served['mean_latency_s'])} ms; the offline scorer routes "
+                f"{served['routing_agreement_with_offline_scorer']:.0%} of the questions as it did.", ""]
+    return out
 
 
 def gateway_section(doc: dict | None) -> list[str]:

@@ -6,6 +6,10 @@ Metrics, each from text alone (so later issues run the same eval through the ser
   with the true line, character for character (indentation included);
 - greedy agreement of the first model with the second (share of identical predicted lines);
 - the trivial baseline "repeat the previous line" on the same samples.
+
+Every exact match comes with its Wilson 95% interval, and every model after the first with a
+paired comparison against the first on the same samples (``models.eval.stats``): the interval of
+the difference and an exact McNemar p-value, which say whether a gap is more than chance.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from models import FAST, FULL
@@ -22,6 +26,7 @@ from models.recipe import corpus
 
 from .backend import Backend, TransformersBackend, bits_per_byte
 from .samples import LineSample, bpb_chunks, line_samples
+from .stats import compare, diff_text, pct_ci, wilson
 
 
 @dataclass
@@ -34,6 +39,11 @@ class ModelScore:
     exact_match_count: int
     samples: int
     seconds: float
+    exact_match_ci95: tuple[float, float] = field(init=False)
+    """Wilson score 95% interval of ``exact_match`` (from the count and ``samples``)."""
+
+    def __post_init__(self) -> None:
+        self.exact_match_ci95 = wilson(self.exact_match_count, self.samples)
 
 
 def first_line(text: str) -> str:
@@ -66,11 +76,15 @@ def token_budget(tokenizer_dir: Path, budget: int):
 
 def evaluate(backends: list[Backend], n_samples: int, seed: int, max_tokens: int,
              max_files: int | None = None, with_bpb: bool = True, max_prefix_chars: int = 1000,
-             max_chunk_chars: int = 1000, tokenizer_dir: Path | None = None, context: int | None = None) -> dict:
-    """Score every backend on the same samples; agreement is of the first backend with each other.
+             max_chunk_chars: int = 1000, tokenizer_dir: Path | None = None, context: int | None = None,
+             per_sample: bool = False) -> dict:
+    """Score every backend on the same samples; agreement and the paired comparison
+    (``paired_with_first``: ``models.eval.stats.compare``) are of each other backend against the first.
 
     With ``tokenizer_dir`` and ``context``, prefixes are cut to fit ``context - max_tokens`` tokens
-    and bits-per-byte chunks to fit ``context``, so every engine can take them whole."""
+    and bits-per-byte chunks to fit ``context``, so every engine can take them whole. With
+    ``per_sample``, the result also has ``per_sample``: per sample, its file, line, prefix, target,
+    and each backend's predicted line and hit (large: for callers that analyse it, not for JSON)."""
     _, held = corpus.split(corpus.list_files())
     if max_files is not None:
         held = held[:max_files]
@@ -90,7 +104,10 @@ def evaluate(backends: list[Backend], n_samples: int, seed: int, max_tokens: int
             sum(a == b for a, b in zip(preds[0], preds[i])) / len(samples)
         for i in range(1, len(backends))
     }
-    return {
+    hits = [[p == s.target for p, s in zip(pr, samples)] for pr in preds]
+    paired = {f"{backends[i].name} vs {backends[0].name}": compare(hits[i], hits[0])
+              for i in range(1, len(backends))}
+    result = {
         "held_out_files": len(held),
         "held_out_bytes": sum(len(f.text.encode("utf-8")) for f in held),
         "samples": n_samples,
@@ -101,25 +118,40 @@ def evaluate(backends: list[Backend], n_samples: int, seed: int, max_tokens: int
         "models": [asdict(s) for s in scores],
         "baseline": asdict(baseline(samples)),
         "agreement": agreement,
+        "paired_with_first": paired,
         "examples": [
             {"file": s.file, "line": s.line_no, "target": s.target,
              **{backends[i].name: preds[i][k] for i in range(len(backends))}}
             for k, s in enumerate(samples[:5])
         ],
     }
+    if per_sample:
+        result["per_sample"] = [
+            {"file": s.file, "line": s.line_no, "prefix": s.prefix, "target": s.target,
+             "predictions": {b.name: preds[i][k] for i, b in enumerate(backends)},
+             "hits": {b.name: hits[i][k] for i, b in enumerate(backends)}}
+            for k, s in enumerate(samples)
+        ]
+    return result
 
 
 def table(result: dict) -> str:
-    """The result as a Markdown table."""
-    rows = ["| model | bits per byte | next-line exact match | agreement with first |",
-            "|---|---|---|---|"]
+    """The result as a Markdown table: exact match with its Wilson 95% interval, and each model
+    after the first against the first (difference in points, paired bootstrap 95% interval, exact
+    McNemar p)."""
+    rows = ["| model | bits per byte | next-line exact match [95% CI] | agreement with first "
+            "| exact match vs first [95% CI], McNemar p |", "|---|---|---|---|---|"]
     agree = list(result["agreement"].values())
+    paired = list(result.get("paired_with_first", {}).values())
     for i, m in enumerate(result["models"]):
         bpb = f"{m['bits_per_byte']:.3f}" if m["bits_per_byte"] is not None else "-"
         ag = "-" if i == 0 else f"{agree[i - 1]:.1%}"
-        rows.append(f"| {m['name']} | {bpb} | {m['exact_match']:.1%} ({m['exact_match_count']}/{m['samples']}) | {ag} |")
+        vs = diff_text(paired[i - 1]) if i and paired else "-"
+        em = f"{pct_ci(m['exact_match_count'], m['samples'])} ({m['exact_match_count']}/{m['samples']})"
+        rows.append(f"| {m['name']} | {bpb} | {em} | {ag} | {vs} |")
     b = result["baseline"]
-    rows.append(f"| {b['name']} (baseline) | - | {b['exact_match']:.1%} ({b['exact_match_count']}/{b['samples']}) | - |")
+    em = f"{pct_ci(b['exact_match_count'], b['samples'])} ({b['exact_match_count']}/{b['samples']})"
+    rows.append(f"| {b['name']} (baseline) | - | {em} | - | - |")
     return "\n".join(rows)
 
 
@@ -128,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", action="append", type=Path,
                    help="checkpoint directory (repeatable; default: the shipped full, then fast)")
-    p.add_argument("--samples", type=int, default=320, help="next-line samples (default 320)")
+    p.add_argument("--samples", type=int, default=1000,
+                   help="next-line samples (default 1000: 50 hits then have a 95%% interval of 3.8-6.5%%)")
     p.add_argument("--seed", type=int, default=0, help="sample draw seed (default 0)")
     p.add_argument("--max-tokens", type=int, default=48, help="longest generated line, in tokens")
     p.add_argument("--max-files", type=int, default=None, help="use only the first N held-out files")
