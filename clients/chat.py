@@ -27,7 +27,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("prompt", help="the prompt ('-' reads it from stdin)")
     p.add_argument("--model", default="fastmode-full", help="model id: fastmode-full, fastmode-fast or auto "
                    "(default: %(default)s)")
-    p.add_argument("--service-tier", default=None, help="priority or default (fastmode-full's lane)")
+    p.add_argument("--service-tier", default=None, help="priority, exact or default (fastmode-full's lane)")
     p.add_argument("--max-tokens", type=int, default=None, help="max output tokens (default: the server's)")
     p.add_argument("--temperature", type=float, default=None, help="sampling temperature (0: greedy)")
     p.add_argument("--url", default="ws://127.0.0.1:8000", help="server URL (default: %(default)s)")
@@ -47,6 +47,9 @@ def stats_line(r: Response) -> str:
         parts.append(f"{r.timing.decode_tokens_per_s:.0f} tok/s")
     if r.cost_units is not None:
         parts.append(f"{r.cost_units:.2f} cost units")
+    if r.speculative:
+        s = r.speculative
+        parts.append(f"drafts accepted {s['acceptance_rate']:.0%} ({s['tokens_per_step']:.2f} tokens/verify step)")
     if r.finish_reason == "cancelled":
         parts.append("cancelled")
     return " · ".join(parts)

@@ -17,7 +17,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="fastmode grpc-chat", description=__doc__.split("\n\n")[0])
     ap.add_argument("prompt")
     ap.add_argument("--model", default="auto")
-    ap.add_argument("--service-tier", choices=["priority", "default", "auto"])
+    ap.add_argument("--service-tier", choices=["priority", "exact", "default", "auto"])
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--target", default="127.0.0.1:9000", help="host:port of the gRPC API")

@@ -59,18 +59,24 @@ class GrpcClient:
         return self.stub.Generate(request(model, input, **params), timeout=timeout, metadata=metadata)
 
     def generate(self, model: str, input: str | list[dict[str, str]], **params: Any) -> dict[str, Any]:
-        """The whole response: text, lane, model, finish_reason, usage, timing, cost_units."""
+        """The whole response: text, lane, model, finish_reason, usage, timing, cost_units (and on the
+        exact lane ``speculative``: its drafts and their acceptance)."""
         text, last = [], None
         for chunk in self.stream(model, input, **params):
             text.append(chunk.delta)
             last = chunk
-        return {"id": last.id, "text": "".join(text), "lane": last.lane, "model": last.model,
+        out = {"id": last.id, "text": "".join(text), "lane": last.lane, "model": last.model,
                 "finish_reason": last.finish_reason, "cost_units": last.cost_units,
                 "usage": {"input_tokens": last.usage.input_tokens, "output_tokens": last.usage.output_tokens,
                           "total_tokens": last.usage.total_tokens},
                 "timing": {"total_s": last.timing.total_s} | {
                     f: getattr(last.timing, f) for f in ("ttft_s", "engine_ttft_s", "decode_tokens_per_s")
                     if last.timing.HasField(f)}}
+        if last.HasField("speculative"):
+            s = last.speculative
+            out["speculative"] = {f: getattr(s, f) for f in ("draft_tokens", "verify_steps", "drafted", "accepted",
+                                                              "acceptance_rate", "tokens_per_step")}
+        return out
 
     def models(self) -> list[dict[str, Any]]:
         resp = self.stub.ListModels(pb.ListModelsRequest(), metadata=self.metadata)

@@ -27,7 +27,7 @@ from serve.config import AppConfig
 from sharding.placement import CHIP
 from serve.up import serve_config
 
-from .topology import (NODE_RESOURCE_PER_NODE, REPO_ROOT, LocalProvider, NodeType, Topology, lane_gpus,
+from .topology import (LANES, NODE_RESOURCE_PER_NODE, REPO_ROOT, LocalProvider, NodeType, Topology, lane_gpus,
                        node_resource)
 
 CLUSTER_FILE = "ray-cluster.yaml"
@@ -50,8 +50,8 @@ def app_config(t: Topology) -> AppConfig:
     ``gpus``; a fast lane's chips and GPUs belong to its executor's chip actors, not its replica)."""
     app = t.app_config
     lanes = {}
-    for lane in ("fast", "priority", "standard"):
-        place = getattr(t.lanes, lane)
+    for lane in LANES:
+        place = t.lanes.of(lane)
         cfg = getattr(app.lanes, lane)
         opts = dict(cfg.ray_actor_options)
         opts["resources"] = dict(opts.get("resources") or {}) | {node_resource(place.node_type): 1}

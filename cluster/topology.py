@@ -28,7 +28,7 @@ Placement, i.e. how "lane X runs on node type T" becomes Ray scheduling:
   declared *only* on the node type the fast lane runs on; that pins its stages there. On a GPU
   node type a chip is a GPU (``chips`` defaults to ``gpus``; a ``device: cuda`` chip also takes one
   Ray ``GPU``), on a CPU node type a CPU core (``chips`` defaults to ``cpus``).
-- The vLLM lanes (priority, standard) take ``gpus`` Ray GPUs per replica (default 1 on a GPU node
+- The vLLM lanes (priority, standard, exact) take ``gpus`` Ray GPUs per replica (default 1 on a GPU node
   type, 0 on a CPU one). A node type's GPUs are shared by the fast lane's chips and these replicas;
   ``load_topology`` checks that they fit, as it checks the fast lane's chips.
 
@@ -56,11 +56,13 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from serve.auth import LOOPBACK
-from serve.config import AppConfig
+from serve.config import LANE_CONFIGS, AppConfig
 from serve.errors import ConfigError, describe_validation, validate_mapping
 from sharding.planner import AUTO
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+LANES = tuple(LANE_CONFIGS)
+"""The application's lanes: fast, priority, standard, exact."""
 """This fastmode checkout; what ``install.source: copy`` puts on the nodes."""
 
 NODE_RESOURCE_PER_NODE = 1000
@@ -147,7 +149,7 @@ class FastLanePlacement(_Strict):
 
 
 class VLLMLanePlacement(_Strict):
-    """Where a vLLM lane (priority or standard) runs."""
+    """Where a vLLM lane (priority, standard or exact) runs."""
 
     node_type: str = Field(min_length=1, description="Node type of the replicas.")
     replicas: int = Field(default=1, ge=1, description="Serve replicas (each its own vLLM engine).")
@@ -156,11 +158,18 @@ class VLLMLanePlacement(_Strict):
 
 
 class LanePlacements(_Strict):
-    """Every lane of the application must be placed (the app always deploys all three)."""
+    """Where every lane of the application runs (the app always deploys all four)."""
 
     fast: FastLanePlacement = Field(description="The small model on fastmode's sharded executor.")
     priority: VLLMLanePlacement = Field(description="The full model on vLLM, low batch cap.")
     standard: VLLMLanePlacement = Field(description="The full model on vLLM, high batch cap.")
+    exact: VLLMLanePlacement | None = Field(default=None, description="The full model on vLLM with the "
+                                            "fast model drafting; default: priority's placement.")
+
+    def of(self, lane: str) -> FastLanePlacement | VLLMLanePlacement:
+        """The placement of ``lane`` (exact's default: priority's)."""
+        place = getattr(self, lane)
+        return self.priority if place is None else place
 
 
 class InstallConfig(_Strict):
@@ -360,8 +369,8 @@ def _check_provider(t: Topology, name: str, nt: NodeType, at: str) -> None:
 def _check_lanes(t: Topology) -> None:
     app = t.app_config
     gpu_demand = {name: 0.0 for name in t.node_types}
-    for lane in ("fast", "priority", "standard"):
-        place = getattr(t.lanes, lane)
+    for lane in LANES:
+        place = t.lanes.of(lane)
         if place.node_type not in t.node_types:
             raise TopologyError(f"lanes.{lane}.node_type: no node type {place.node_type!r} "
                                 f"(have: {', '.join(t.node_types)})")
@@ -409,7 +418,7 @@ def _check_lanes(t: Topology) -> None:
 
 def lane_gpus(t: Topology, lane: str) -> float:
     """Ray GPUs per replica of a vLLM lane."""
-    place = getattr(t.lanes, lane)
+    place = t.lanes.of(lane)
     if place.gpus is not None:
         return place.gpus
     return 1.0 if t.node_types[place.node_type].gpus else 0.0

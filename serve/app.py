@@ -3,6 +3,7 @@
     Gateway (HTTP + WebSocket ingress) -> Lane "fast"     (ShardedLaneEngine, tp x pp chips)
     GrpcServer (grpc.aio, own port)   -> Lane "priority" (VLLMLaneEngine, low max_num_seqs)
                                       -> Lane "standard" (VLLMLaneEngine, high max_num_seqs)
+                                      -> Lane "exact"    (VLLMLaneEngine, the fast model drafting)
 
 Each front door holds a ``serve.router.Router`` (a library: it picks the lane and streams from the
 lane's replica directly), so a token's chunk crosses lane replica -> front door -> client. (The
@@ -21,7 +22,7 @@ from ray.serve import Application
 
 from .config import AppConfig, load_config
 from .gateway import Gateway
-from .lanes.lane import FAST, LANES, Lane
+from .lanes.lane import EXACT, FAST, LANES, Lane
 from .rpc.server import GrpcServer
 
 # Serve's default max_ongoing_requests (5) would queue streams in front of an engine that has room.
@@ -57,7 +58,8 @@ def build(config: AppConfig) -> Application:
             name=f"{lane}-lane", num_replicas=cfg.replicas,
             ray_actor_options=actor_options(config, cfg.ray_actor_options),
             max_ongoing_requests=UNCAPPED, health_check_timeout_s=60, graceful_shutdown_timeout_s=5,
-        ).bind(lane, model.id, model.path, cfg.model_dump(mode="json"), config.telemetry.model_dump(mode="json"))
+        ).bind(lane, model.id, model.path, cfg.model_dump(mode="json"), config.telemetry.model_dump(mode="json"),
+               draft_path=config.models.fast.path if lane == EXACT else None)
     grpc_server = None
     if config.grpc.enabled:
         grpc_server = serve.deployment(GrpcServer).options(

@@ -33,9 +33,10 @@ class ModelSpec(_Strict):
 
 class ModelsConfig(_Strict):
     full: ModelSpec = Field(default=ModelSpec(id="fastmode-full", path=str(FULL)),
-                            description="The full model, served by the priority and standard lanes.")
+                            description="The full model, served by the priority, standard and exact lanes.")
     fast: ModelSpec = Field(default=ModelSpec(id="fastmode-fast", path=str(FAST)),
-                            description="The small model, served by the fast lane.")
+                            description="The small model, served by the fast lane (and the exact lane's "
+                            "drafter: it must share the full model's tokenizer).")
 
     @model_validator(mode="after")
     def _distinct_ids(self) -> ModelsConfig:
@@ -129,7 +130,29 @@ class StandardLaneConfig(VLLMLaneConfig):
     max_num_seqs: int = Field(default=32, ge=1, description="vLLM's batch cap per replica.")
 
 
-LANE_CONFIGS = {"fast": FastLaneConfig, "priority": PriorityLaneConfig, "standard": StandardLaneConfig}
+class ExactLaneConfig(VLLMLaneConfig):
+    """The exact lane: the full model's exact output, decoded faster by speculative decoding in vLLM
+    (``method: draft_model``): the fast model drafts ``num_speculative_tokens`` tokens, the full model
+    verifies them all in one forward pass and keeps the longest prefix it agrees with (greedy: token
+    for token the full model's greedy output; sampled: vLLM's rejection sampling keeps the full model's
+    distribution). Where it runs was measured (``fastmode bench speculative``, docs/serving.md): vLLM's
+    speculative decoding beat fastmode's own executor (``sharding/speculative.py``) on this CPU."""
+
+    max_num_seqs: int = Field(default=2, ge=1, description="vLLM's batch cap per replica (low, as "
+                              "priority's: speculative decoding pays where a step is not already full).")
+    admission: Literal["reject", "queue"] = Field(default="reject", description="See VLLMLaneConfig.")
+    price: float = Field(default=6.0, ge=0, description="Cost multiplier: the priority lane's, whose batch "
+                         "cap it shares.")
+    num_speculative_tokens: int = Field(default=3, ge=1, le=16, description="Tokens the fast model drafts "
+        "per verify step (k). 3 was the fastest on the 2-core CPU (fastmode bench speculative: 1-4 tried, "
+        "acceptance 0.68 per draft, 3.0 tokens per verify step); rerun it on your hardware.")
+    num_speculative_tokens_per_batch_size: list[tuple[int, int, int]] | None = Field(default=None,
+        description="vLLM's batch-size schedule of k: [[from, to, k], ...] (inclusive batch-size ranges), "
+        "e.g. fewer drafts when a larger batch already fills each step.")
+
+
+LANE_CONFIGS = {"fast": FastLaneConfig, "priority": PriorityLaneConfig, "standard": StandardLaneConfig,
+                "exact": ExactLaneConfig}
 
 
 class RouterConfig(_Strict):
@@ -138,6 +161,9 @@ class RouterConfig(_Strict):
     auto_threshold: float = Field(default=2.7, gt=0, description="Prompts whose mean per-token loss "
         "under the fast model (nats) is at most this go to the fast lane; harder ones to the full model. "
         "See docs/serving.md for how the default was measured.")
+    auto_full_tier: Literal["default", "priority", "exact"] = Field(default="default", description="Where "
+        "`auto` sends the prompts it finds hard, unless the request names a service_tier: 'default' (the "
+        "standard lane), 'priority' or 'exact'. See docs/serving.md for how the default was measured.")
     auto_max_tokens: int = Field(default=128, ge=1, description="Score only the prompt's last N tokens.")
     lane_links: bool = Field(default=True, description="Stream from each lane replica over a direct TCP "
         "link (serve/lanes/link.py: no Serve call per request, no Serve item per chunk); false: through "
@@ -205,6 +231,7 @@ class LanesConfig(_Strict):
     fast: FastLaneConfig = FastLaneConfig()
     priority: PriorityLaneConfig = PriorityLaneConfig()
     standard: StandardLaneConfig = StandardLaneConfig()
+    exact: ExactLaneConfig = ExactLaneConfig()
 
 
 class AppConfig(_Strict):

@@ -53,7 +53,7 @@ class UnknownModel(FastmodeError, ValueError):
 
 
 class UnknownServiceTier(FastmodeError, ValueError):
-    """A ``service_tier`` other than ``auto``, ``default`` or ``priority``."""
+    """A ``service_tier`` other than ``auto``, ``default``, ``priority`` or ``exact``."""
 
     code = "unknown_service_tier"
     status = 400

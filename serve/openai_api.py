@@ -7,10 +7,11 @@ one ``chat.completion`` / ``text_completion`` object; with it, server-sent event
 last chunk with the ``finish_reason``, a usage chunk with empty ``choices`` if
 ``stream_options.include_usage``, then ``data: [DONE]``.
 
-Every object has OpenAI's shape plus ``service_tier`` (``"priority"`` on the priority lane, else
-``"default"``); the answer's ``model`` is the model that served it (``auto`` names the one chosen).
-The last chunk, and a whole response, also carry a ``fastmode`` object: lane, route, timing,
-cost_units. Usage is always in a whole response.
+Every object has OpenAI's shape plus ``service_tier`` (``"priority"`` on the priority lane,
+``"exact"`` on the exact lane, else ``"default"``); the answer's ``model`` is the model that served it
+(``auto`` names the one chosen). The last chunk, and a whole response, also carry a ``fastmode``
+object: lane, route, timing, cost_units, and on the exact lane ``speculative`` (its drafts and their
+acceptance). Usage is always in a whole response.
 
 Errors use OpenAI's body, ``{"error": {message, type, param, code}}``, with the router's HTTP status
 and code (``Retry-After`` on 429). A request refused before anything streamed gets a plain HTTP
@@ -32,7 +33,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from .errors import first_event, to_event
 from .telemetry import with_traceparent
-from .lanes.lane import PRIORITY
+from .lanes.lane import EXACT, PRIORITY
 from .openai_schema import ChatCompletionRequest, CompletionRequest, OpenAIRequestError, parse
 
 # HTTP status -> OpenAI's error ``type``.
@@ -141,7 +142,7 @@ class _Reply:
 
     def created_event(self, event: dict[str, Any]) -> None:
         self.model = event["model"]
-        self.service_tier = "priority" if event["lane"] == PRIORITY else "default"
+        self.service_tier = {PRIORITY: "priority", EXACT: "exact"}.get(event["lane"], "default")
 
     def _head(self, obj: str) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
@@ -219,8 +220,11 @@ def _usage(done: dict[str, Any]) -> dict[str, int]:
 
 
 def _extension(done: dict[str, Any]) -> dict[str, Any]:
-    return {"lane": done["lane"], "route": done.get("route"), "timing": done.get("timing"),
-            "cost_units": done.get("cost_units")}
+    ext = {"lane": done["lane"], "route": done.get("route"), "timing": done.get("timing"),
+           "cost_units": done.get("cost_units")}
+    if "speculative" in done:
+        ext["speculative"] = done["speculative"]
+    return ext
 
 
 def _error_body(event: dict[str, Any], api: _Chat | _Text) -> dict[str, Any]:

@@ -42,8 +42,8 @@ class Route(_Event):
     by: Literal["model", "auto"]
     difficulty: float | None = Field(default=None, description="model=auto: the prompt's difficulty score.")
     threshold: float | None = Field(default=None, description="model=auto: the fast lane's threshold.")
-    spilled_from: Literal["priority"] | None = Field(default=None, description="Served on standard because "
-                                                     "priority was full and allow_spill was set.")
+    spilled_from: Literal["priority", "exact"] | None = Field(default=None, description="Served on standard "
+                                                              "because that lane was full and allow_spill was set.")
 
 
 class ResponseCreated(_Event):
@@ -52,7 +52,7 @@ class ResponseCreated(_Event):
     model_config = ConfigDict(extra="forbid", title="response.created")
     type: Literal["response.created"]
     id: str
-    lane: Literal["fast", "priority", "standard"]
+    lane: Literal["fast", "priority", "standard", "exact"]
     model: str
     input_tokens: int = Field(ge=1)
     route: Route
@@ -96,6 +96,19 @@ class HopPair(_Event):
     bytes: int = Field(ge=0, description="Their payload in total.")
 
 
+class Speculative(_Event):
+    """The exact lane's speculative decoding of one response: the fast model drafted, the full model
+    verified."""
+
+    draft_tokens: int = Field(ge=1, description="Tokens drafted per verify step (k).")
+    verify_steps: int = Field(ge=0, description="Forward passes of the full model that verified drafts.")
+    drafted: int = Field(ge=0, description="Draft tokens proposed in all.")
+    accepted: int = Field(ge=0, description="Draft tokens the full model kept.")
+    acceptance_rate: float = Field(ge=0, le=1, description="accepted / drafted.")
+    tokens_per_step: float = Field(ge=1, description="Output tokens per verify step (the full model's own "
+                                   "token included): the speed-up over one token per step, before costs.")
+
+
 class ResponseCompleted(_Event):
     """Server -> client: the response ended normally; the last event of its id."""
 
@@ -106,10 +119,12 @@ class ResponseCompleted(_Event):
     usage: Usage
     timing: Timing
     cost_units: float = Field(ge=0, description="price x total tokens / 1000 (lane prices in the config).")
-    lane: Literal["fast", "priority", "standard"]
+    lane: Literal["fast", "priority", "standard", "exact"]
     model: str
     hops: list[HopPair] | None = Field(default=None, description="Fast lane only: every chip-to-chip hop of "
                                        "this response's steps, per chip pair (sorted by sender, receiver).")
+    speculative: Speculative | None = Field(default=None, description="Exact lane only: its drafts and "
+                                            "their acceptance.")
 
 
 class ResponseCancelled(_Event):

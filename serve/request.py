@@ -41,8 +41,9 @@ class GenerateRequest(BaseModel):
     id: str | None = Field(default=None, min_length=1, max_length=128, description=
                            "Client-chosen request id; the router makes one up when absent.")
     model: str = Field(min_length=1, description="A served model id, or 'auto'.")
-    service_tier: str | None = Field(default=None, description="'priority', 'default' or 'auto' "
-                                     "(= 'default'): which lane serves the full model.")
+    service_tier: str | None = Field(default=None, description="'priority', 'exact', 'default' or 'auto' "
+                                     "(= 'default'; with model 'auto', the router's auto_full_tier): which "
+                                     "lane serves the full model.")
     input: str | list[Message] = Field(description="The prompt, or chat messages.")
     max_output_tokens: int | None = Field(default=None, ge=1, description="Default: the rest of the "
                                           "context window.")

@@ -5,16 +5,18 @@ gRPC server) holds one, with the lanes' handles, so a request's chunks travel la
 front door, with no replica in between that only forwards them.
 
 Routing (``pick``): ``model`` = the fast model's id -> fast lane; the full model's id -> priority
-if ``service_tier`` is ``"priority"``, else standard (``"default"``, ``"auto"`` or absent, as in
+if ``service_tier`` is ``"priority"``, exact if ``"exact"`` (speculative decoding: the full model's
+own output, the fast model drafting), else standard (``"default"``, ``"auto"`` or absent, as in
 OpenAI's API); ``"auto"`` -> the fast lane when the prompt's difficulty score
-(``serve.difficulty``) is at most ``router.auto_threshold``, else the full model by tier.
+(``serve.difficulty``) is at most ``router.auto_threshold``, else the full model on the tier the
+request names, or ``router.auto_full_tier`` if it names none (or ``"auto"``).
 
 Admission lives in the lane: a replica of a lane with ``admission: reject`` (priority by default)
 refuses a stream beyond its ``max_num_seqs`` at once with ``overloaded``, before any engine work,
 so the count is exact however many front doors there are. With several replicas, a refused
 stream is offered to the lane up to ``replicas`` times (Serve routes each try to a replica with
 fewer requests); then the caller gets ``overloaded`` with a retry hint, or, if the request says
-``allow_spill``, it is served on standard.
+``allow_spill``, a priority or exact request is served on standard.
 """
 
 from __future__ import annotations
@@ -31,11 +33,14 @@ from . import metrics, telemetry
 from .config import AppConfig, load_config
 from .difficulty import DifficultyScorer
 from .errors import Overloaded, UnknownModel, UnknownServiceTier, to_event, unwrap
-from .lanes.lane import FAST, LANES, PRIORITY, STANDARD
+from .lanes.lane import EXACT, FAST, LANES, PRIORITY, STANDARD
 from .lanes.link import LaneLinks
 from .request import GenerateRequest, LaneRequest
 
-TIERS = {None: STANDARD, "auto": STANDARD, "default": STANDARD, "priority": PRIORITY}
+TIERS = {None: STANDARD, "auto": STANDARD, "default": STANDARD, "priority": PRIORITY, "exact": EXACT}
+"""``service_tier`` -> the full model's lane."""
+SPILLS = (PRIORITY, EXACT)
+"""Lanes whose refused requests may be served on standard (``allow_spill``): the same model."""
 AUTO = "auto"
 
 
@@ -64,14 +69,14 @@ class Router:
 
     Args:
         config: the validated deployment config (an ``AppConfig`` or its dict).
-        fast, priority, standard: handles of the lane deployments.
+        fast, priority, standard, exact: handles of the lane deployments.
     """
 
-    def __init__(self, config: AppConfig | dict[str, Any], fast, priority, standard) -> None:
+    def __init__(self, config: AppConfig | dict[str, Any], fast, priority, standard, exact) -> None:
         self.config: AppConfig = config if isinstance(config, AppConfig) else load_config(config)
-        self.handles = {FAST: fast, PRIORITY: priority, STANDARD: standard}
+        self.handles = {FAST: fast, PRIORITY: priority, STANDARD: standard, EXACT: exact}
         self.ids = {FAST: self.config.models.fast.id, PRIORITY: self.config.models.full.id,
-                    STANDARD: self.config.models.full.id}
+                    STANDARD: self.config.models.full.id, EXACT: self.config.models.full.id}
         self.tries = {name: getattr(self.config.lanes, name).replicas for name in LANES}
         self.in_flight = dict.fromkeys(LANES, 0)
         self.links = ({name: LaneLinks(self.handles[name], self.tries[name]) for name in LANES}
@@ -81,7 +86,7 @@ class Router:
     async def pick(self, req: GenerateRequest) -> tuple[str, dict[str, Any]]:
         """The lane for ``req`` and why (``{"by": "model"|"auto", "difficulty": ...}``)."""
         if req.service_tier not in TIERS:
-            raise UnknownServiceTier(f"service_tier must be one of 'auto', 'default', 'priority', got "
+            raise UnknownServiceTier(f"service_tier must be one of 'auto', 'default', 'priority', 'exact', got "
                                      f"{req.service_tier!r}")
         full_lane = TIERS[req.service_tier]
         models = self.config.models
@@ -91,6 +96,8 @@ class Router:
             return full_lane, {"by": "model"}
         if req.model == AUTO:
             score = await asyncio.to_thread(self.scorer.score, req.prompt)
+            if req.service_tier in (None, "auto"):
+                full_lane = TIERS[self.config.router.auto_full_tier]
             lane = FAST if score <= self.config.router.auto_threshold else full_lane
             return lane, {"by": "auto", "difficulty": round(score, 4),
                           "threshold": self.config.router.auto_threshold}
@@ -189,14 +196,14 @@ class Router:
                     raise
                 refused = unwrap(e)
         retry = refused.retry_after
-        if not (req.allow_spill and lane == PRIORITY):
+        if not (req.allow_spill and lane in SPILLS):
             raise Overloaded(f"{refused.message}; retry after {retry} s, or set allow_spill to be served on "
                              "standard", retry_after=retry)
         route["spilled_from"] = lane
         try:
             return await self._open(STANDARD, req, route, lane_request)
         except Overloaded:
-            raise Overloaded(f"the priority and standard lanes are full; retry after {retry} s",
+            raise Overloaded(f"the {lane} and standard lanes are full; retry after {retry} s",
                              retry_after=retry) from None
 
     async def _start(self, lane: str, lane_request: LaneRequest, tried: set[str]):
@@ -214,9 +221,9 @@ class Router:
     def models(self) -> list[dict[str, Any]]:
         """The served model ids and the lanes behind each."""
         m = self.config.models
-        return [{"id": m.full.id, "lanes": [STANDARD, PRIORITY], "path": m.full.path},
+        return [{"id": m.full.id, "lanes": [STANDARD, PRIORITY, EXACT], "path": m.full.path},
                 {"id": m.fast.id, "lanes": [FAST], "path": m.fast.path},
-                {"id": AUTO, "lanes": [FAST, STANDARD, PRIORITY], "path": None}]
+                {"id": AUTO, "lanes": [FAST, STANDARD, PRIORITY, EXACT], "path": None}]
 
     async def stats(self, timeout_s: float = 10.0) -> dict[str, Any]:
         """Each lane's load (from one of its replicas) and this front door's in-flight counts.

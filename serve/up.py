@@ -135,9 +135,11 @@ def run(config: AppConfig, *, address: str | None, chips: int, verbose: bool = F
               + ("" if address else f"  metrics  http://127.0.0.1:{config.http.metrics_port}/metrics   (Prometheus)\n")
               + (f"  gRPC     {config.grpc.host}:{config.grpc.port}   (fastmode.v1.Inference, health, reflection)\n"
                  if config.grpc.enabled else "") +
-              f"  models   {m.full.id} (lanes: standard; service_tier=priority: priority)\n"
+              f"  models   {m.full.id} (lanes: standard; service_tier=priority: priority; "
+              f"service_tier=exact: exact, k={config.lanes.exact.num_speculative_tokens} drafts by {m.fast.id})\n"
               f"           {m.fast.id} (lane: fast, tp={layout['tp']} x pp={layout['pp']}: {layout['why']})\n"
-              f"           auto (router: fast if the prompt's difficulty <= {config.router.auto_threshold})\n"
+              f"           auto (router: fast if the prompt's difficulty <= {config.router.auto_threshold}, "
+              f"else {config.router.auto_full_tier})\n"
               f"  Ctrl-C to stop", flush=True)
         try:
             while True:

@@ -179,8 +179,9 @@ class Session:
                     completed = {"type": "response.completed", "id": rid, "finish_reason": ev["finish_reason"],
                                  "usage": ev["usage"], "timing": ev["timing"], "cost_units": ev["cost_units"],
                                  "lane": ev["lane"], "model": ev["model"]}
-                    if "hops" in ev:  # the fast lane's chip-to-chip hops, per chip pair
-                        completed["hops"] = ev["hops"]
+                    for key in ("hops", "speculative"):  # the fast lane's hops, the exact lane's drafts
+                        if key in ev:
+                            completed[key] = ev[key]
                     await self._put(completed)
                 elif kind == "error":
                     finished = True

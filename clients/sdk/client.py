@@ -73,6 +73,9 @@ class Response:
     cost_units: float | None = None
     route: dict[str, Any] | None = None
     input_tokens: int | None = None
+    speculative: dict[str, Any] | None = None
+    """The exact lane's drafts: ``draft_tokens`` (k), ``verify_steps``, ``drafted``, ``accepted``,
+    ``acceptance_rate``, ``tokens_per_step`` (docs/protocol.md)."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of every field."""
@@ -235,7 +238,7 @@ class ResponseStream:
             self.lane, self.model = event.get("lane", self.lane), event.get("model", self.model)
             self.result = self._response(event.get("finish_reason"), usage=_pick(Usage, event.get("usage")),
                                          timing=_pick(Timing, event.get("timing")),
-                                         cost_units=event.get("cost_units"))
+                                         cost_units=event.get("cost_units"), speculative=event.get("speculative"))
         elif kind == "response.cancelled":
             self.result = self._response("cancelled")
         elif kind == "error":

@@ -35,7 +35,7 @@ class UnknownModel(InvalidRequest):
 
 
 class UnknownServiceTier(InvalidRequest):
-    """A ``service_tier`` other than ``auto``, ``default`` or ``priority``."""
+    """A ``service_tier`` other than ``auto``, ``default``, ``priority`` or ``exact``."""
 
     default_code = "unknown_service_tier"
 

@@ -46,6 +46,10 @@ class EngineOutput:
     hops: list[dict[str, Any]] | None = None
     """On the last output of an engine whose chips hand each step on (the fast lane's): every
     chip-to-chip hop of the request's steps, per chip pair (``HopTotals.per_pair``)."""
+    speculative: dict[str, Any] | None = None
+    """On the last output of a speculative engine (the exact lane's): ``draft_tokens`` (k),
+    ``verify_steps``, ``drafted``, ``accepted``, ``acceptance_rate`` (accepted / drafted) and
+    ``tokens_per_step`` (tokens each verify step produced, the bonus token included)."""
 
 
 class LaneEngine(Protocol):

@@ -1,9 +1,9 @@
-"""``Lane``: the Serve deployment behind each lane (fast, priority, standard).
+"""``Lane``: the Serve deployment behind each lane (fast, priority, standard, exact).
 
 It tokenizes the prompt, checks the context budget and the batch cap, drives the lane's engine
 and streams coalesced ``delta`` events, then one ``done`` event with usage, timing and cost. The
 lanes differ only by configuration: which engine (``ShardedLaneEngine`` or ``VLLMLaneEngine``),
-its batch cap, its price.
+its batch cap, its price, and for exact the fast model drafting for the full one.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ from .link import LinkServer
 FAST = "fast"
 PRIORITY = "priority"
 STANDARD = "standard"
-LANES = (FAST, PRIORITY, STANDARD)
+EXACT = "exact"
+LANES = (FAST, PRIORITY, STANDARD, EXACT)
 MIN_STREAM_INTERVAL_S = 0.005
 """The shortest coalescing window (the longest is the lane's ``stream_interval_ms``); in between
 it adapts to what a streamed chunk costs Ray Serve (``serve.stream.coalesce``)."""
@@ -44,15 +45,16 @@ class Lane:
     """One replica of a lane (deployed by ``serve.app``; usable directly in tests).
 
     Args:
-        lane: ``"fast"``, ``"priority"`` or ``"standard"``.
+        lane: ``"fast"``, ``"priority"``, ``"standard"`` or ``"exact"``.
         model_id: the id the model is served under.
         model_path: its checkpoint directory.
         config: the lane's config section (a dict, as Serve passes it).
         telemetry: the config's ``telemetry`` section (step spans of the fast lane).
+        draft_path: the exact lane's drafter (the fast model's checkpoint).
     """
 
     def __init__(self, lane: str, model_id: str, model_path: str, config: dict[str, Any],
-                 telemetry_config: dict[str, Any] | None = None) -> None:
+                 telemetry_config: dict[str, Any] | None = None, draft_path: str | None = None) -> None:
         telemetry.setup(f"{lane}-lane")
         self.lane, self.model_id = lane, model_id
         self.tokenizer = Tokenizer.from_file(str(Path(model_path) / "tokenizer.json"))
@@ -66,7 +68,7 @@ class Lane:
         else:
             from .vllm_engine import VLLMLaneEngine
 
-            self.engine = VLLMLaneEngine(model_path, self.config)
+            self.engine = VLLMLaneEngine(model_path, self.config, draft_path if lane == EXACT else None)
             self.cap = self.config.max_num_seqs if self.config.admission == "reject" else None
         self.in_flight = 0
         self.cancelled = 0
@@ -121,7 +123,7 @@ class Lane:
         done = False
         try:
             yield {"type": "accepted", "input_tokens": n_prompt}
-            n_out, seq, first, last, reason, queue_s, hops = 0, 0, None, None, None, None, None
+            n_out, seq, first, last, reason, queue_s, hops, spec = 0, 0, None, None, None, None, None, None
             async for outs in coalesce(self.engine.generate(engine_request), self.config.stream_interval_ms / 1e3,
                                        min_interval_s=MIN_STREAM_INTERVAL_S, final=_is_last):
                 now = time.perf_counter()
@@ -132,6 +134,7 @@ class Lane:
                 n_out += tokens
                 reason = outs[-1].finish_reason or reason
                 hops = outs[-1].hops  # on the last output only
+                spec = outs[-1].speculative or spec
                 if n_out == tokens:  # the request's first output
                     queue_s = outs[0].queue_s
                     if self.lane != FAST and outs[0].batch_size is not None:
@@ -143,6 +146,9 @@ class Lane:
             event = self._done(n_prompt, n_out, reason, arrived, first, last)
             if hops is not None:
                 event["hops"] = hops
+            if spec is not None:
+                event["speculative"] = spec
+                metrics.speculative(self.lane, spec)
             metrics.latency(self.lane, ttft=event["timing"]["ttft_s"], queue=queue_s,
                             tpot=(last - first) / (n_out - 1) if first is not None and n_out > 1 else None)
             if span.is_recording():
@@ -171,6 +177,12 @@ class Lane:
                              "gen_ai.usage.output_tokens": usage["output_tokens"],
                              "gen_ai.response.finish_reasons": [done["finish_reason"]],
                              "fastmode.engine_ttft_s": timing["ttft_s"] or 0.0})
+        spec = done.get("speculative")
+        if spec is not None:
+            span.set_attributes({"fastmode.spec.draft_tokens": spec["draft_tokens"],
+                                 "fastmode.spec.verify_steps": spec["verify_steps"],
+                                 "fastmode.spec.acceptance_rate": spec["acceptance_rate"],
+                                 "fastmode.spec.tokens_per_step": spec["tokens_per_step"]})
         if self.lane != FAST and first is not None:
             # vLLM's steps are not visible from here: the lane-side view of prefill and decode.
             # (vLLM's own tracing adds its spans: engine_args {otlp_traces_endpoint: ...}.)
@@ -207,4 +219,4 @@ class Lane:
                 pass
 
 
-__all__ = ["Lane", "LANES", "FAST", "PRIORITY", "STANDARD", "EngineOutput"]
+__all__ = ["Lane", "LANES", "FAST", "PRIORITY", "STANDARD", "EXACT", "EngineOutput"]

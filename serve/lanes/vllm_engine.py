@@ -1,8 +1,10 @@
 """``VLLMLaneEngine``: vLLM's ``AsyncLLM`` behind the ``LaneEngine`` interface.
 
 The priority and standard lanes are this same engine with a different ``max_num_seqs`` (the
-batch cap that makes priority fast per user and expensive per token). Prompts arrive as token
-ids, tokenized by the lane, so every lane sees exactly the same prompt.
+batch cap that makes priority fast per user and expensive per token); the exact lane adds vLLM's
+speculative decoding with the fast model drafting (``method: draft_model``) and reports each
+request's acceptance (vLLM's ``per_request_spec_decode_metrics``). Prompts arrive as token ids,
+tokenized by the lane, so every lane sees exactly the same prompt.
 """
 
 from __future__ import annotations
@@ -10,15 +12,33 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from ..config import VLLMLaneConfig
+from ..config import ExactLaneConfig, VLLMLaneConfig
 from ..errors import LaneUnavailable
 from .engine import EngineOutput, EngineRequest
+
+
+def speculative_args(config: VLLMLaneConfig, draft_path: str | Path | None) -> dict:
+    """vLLM engine arguments of the exact lane's speculative decoding (none for other lanes)."""
+    if not isinstance(config, ExactLaneConfig) or draft_path is None:
+        return {}
+    spec = {"method": "draft_model", "model": str(draft_path),
+            "num_speculative_tokens": config.num_speculative_tokens}
+    if config.num_speculative_tokens_per_batch_size:
+        spec["num_speculative_tokens_per_batch_size"] = [list(r) for r in config.num_speculative_tokens_per_batch_size]
+    return {"speculative_config": spec, "per_request_spec_decode_metrics": "summary"}
+
+
+def speculative_summary(m: dict) -> dict:
+    """``EngineOutput.speculative`` from vLLM's ``RequestSpecDecodeMetrics.to_dict()``."""
+    return {"draft_tokens": m["num_spec_tokens"], "verify_steps": m["num_spec_steps"],
+            "drafted": m["num_draft_tokens"], "accepted": m["num_accepted_draft_tokens"],
+            "acceptance_rate": m["draft_acceptance_rate"], "tokens_per_step": m["mean_acceptance_length"]}
 
 
 class VLLMLaneEngine:
     """The full model on vLLM (``AsyncLLM``), one engine per Serve replica."""
 
-    def __init__(self, path: str | Path, config: VLLMLaneConfig) -> None:
+    def __init__(self, path: str | Path, config: VLLMLaneConfig, draft_path: str | Path | None = None) -> None:
         from vllm import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -26,7 +46,8 @@ class VLLMLaneEngine:
                                max_model_len=config.max_model_len,
                                kv_cache_memory_bytes=config.kv_cache_memory_bytes,
                                gpu_memory_utilization=config.gpu_memory_utilization,
-                               enforce_eager=config.enforce_eager, seed=0, **config.engine_args)
+                               enforce_eager=config.enforce_eager, seed=0,
+                               **speculative_args(config, draft_path), **config.engine_args)
         self.engine = AsyncLLM.from_engine_args(args)
         self.max_len = self.engine.model_config.max_model_len
 
@@ -52,6 +73,8 @@ class VLLMLaneEngine:
                 queued, scheduled = getattr(stats, "queued_ts", 0.0), getattr(stats, "scheduled_ts", 0.0)
                 extra = {"queue_s": scheduled - queued if queued and scheduled else None,
                          "batch_size": self.engine.get_num_unfinished_requests()}
+            if out.finished and getattr(c, "spec_decode_metrics", None) is not None:
+                extra["speculative"] = speculative_summary(c.spec_decode_metrics.to_dict())
             yield EngineOutput(list(c.token_ids), c.text, c.finish_reason if out.finished else None, **extra)
 
     def num_unfinished(self) -> int:

@@ -6,7 +6,7 @@ const PROTOCOL = "fastmode.responses.v1";
 // serve.auth.KEY_SUBPROTOCOL: a browser cannot set Authorization on a WebSocket upgrade, so it
 // offers the key as a subprotocol (base64url, no padding); the server selects PROTOCOL.
 const KEY_SUBPROTOCOL = "fastmode.key.";
-const ORDER = ["fast", "priority", "standard", "auto"];
+const ORDER = ["fast", "exact", "priority", "standard", "auto"];
 
 const $ = (id) => document.getElementById(id);
 const state = {
@@ -19,7 +19,8 @@ const state = {
 
 // -- tiers -------------------------------------------------------------------------------------
 // GET /v1/models lists each model with its lanes: a model on one lane is one tier; the full
-// model's lanes are chosen by service_tier (priority -> "priority", standard -> "default").
+// model's lanes are chosen by service_tier (priority -> "priority", exact -> "exact", standard ->
+// "default").
 function tiersFrom(models) {
   const tiers = [];
   for (const m of models) {
@@ -28,7 +29,7 @@ function tiersFrom(models) {
       continue;
     }
     for (const lane of m.lanes || []) {
-      const tier = m.lanes.length > 1 ? (lane === "priority" ? "priority" : "default") : null;
+      const tier = m.lanes.length > 1 ? ({ priority: "priority", exact: "exact" }[lane] || "default") : null;
       tiers.push({ name: lane, model: m.id, service_tier: tier });
     }
   }
@@ -251,6 +252,12 @@ function completed(run, e) {
   field(run, "tokens", String(e.usage.output_tokens));
   field(run, "cost", e.cost_units.toPrecision(3));
   field(run, "finish", e.finish_reason);
+  if (e.speculative) {  // the exact lane: the fast model drafted, the full model verified
+    const s = e.speculative;
+    run.pane.querySelector(".route").textContent +=
+      ` · drafts accepted ${(s.acceptance_rate * 100).toFixed(0)}%, ${s.tokens_per_step.toFixed(2)} tokens per ` +
+      `verify step (k=${s.draft_tokens})`;
+  }
   if (e.hops && e.hops.length) heatmap(run.pane.querySelector(".hops"), e.hops);
   else if (e.lane === "fast") noHops(run.pane.querySelector(".hops"));
   end(run, "completed");

@@ -79,8 +79,24 @@ class Timing(_message.Message):
     total_s: float
     def __init__(self, ttft_s: _Optional[float] = ..., engine_ttft_s: _Optional[float] = ..., decode_tokens_per_s: _Optional[float] = ..., total_s: _Optional[float] = ...) -> None: ...
 
+class Speculative(_message.Message):
+    __slots__ = ("draft_tokens", "verify_steps", "drafted", "accepted", "acceptance_rate", "tokens_per_step")
+    DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    VERIFY_STEPS_FIELD_NUMBER: _ClassVar[int]
+    DRAFTED_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTANCE_RATE_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_PER_STEP_FIELD_NUMBER: _ClassVar[int]
+    draft_tokens: int
+    verify_steps: int
+    drafted: int
+    accepted: int
+    acceptance_rate: float
+    tokens_per_step: float
+    def __init__(self, draft_tokens: _Optional[int] = ..., verify_steps: _Optional[int] = ..., drafted: _Optional[int] = ..., accepted: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., tokens_per_step: _Optional[float] = ...) -> None: ...
+
 class GenerateChunk(_message.Message):
-    __slots__ = ("id", "seq", "delta", "lane", "model", "last", "usage", "timing", "finish_reason", "cost_units")
+    __slots__ = ("id", "seq", "delta", "lane", "model", "last", "usage", "timing", "finish_reason", "cost_units", "speculative")
     ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     DELTA_FIELD_NUMBER: _ClassVar[int]
@@ -91,6 +107,7 @@ class GenerateChunk(_message.Message):
     TIMING_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     COST_UNITS_FIELD_NUMBER: _ClassVar[int]
+    SPECULATIVE_FIELD_NUMBER: _ClassVar[int]
     id: str
     seq: int
     delta: str
@@ -101,7 +118,8 @@ class GenerateChunk(_message.Message):
     timing: Timing
     finish_reason: str
     cost_units: float
-    def __init__(self, id: _Optional[str] = ..., seq: _Optional[int] = ..., delta: _Optional[str] = ..., lane: _Optional[str] = ..., model: _Optional[str] = ..., last: _Optional[bool] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., finish_reason: _Optional[str] = ..., cost_units: _Optional[float] = ...) -> None: ...
+    speculative: Speculative
+    def __init__(self, id: _Optional[str] = ..., seq: _Optional[int] = ..., delta: _Optional[str] = ..., lane: _Optional[str] = ..., model: _Optional[str] = ..., last: _Optional[bool] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., finish_reason: _Optional[str] = ..., cost_units: _Optional[float] = ..., speculative: _Optional[_Union[Speculative, _Mapping]] = ...) -> None: ...
 
 class ListModelsRequest(_message.Message):
     __slots__ = ()

@@ -98,9 +98,11 @@ class InferenceServicer(pb_grpc.InferenceServicer):
                     timing = pb.Timing(total_s=t["total_s"], **{k: t[k] for k in ("ttft_s", "engine_ttft_s",
                                                                                   "decode_tokens_per_s")
                                                                if t.get(k) is not None})
+                    spec = pb.Speculative(**ev["speculative"]) if "speculative" in ev else None
                     yield pb.GenerateChunk(id=rid, seq=seq, last=True, lane=ev["lane"], model=ev["model"],
                                            usage=pb.Usage(**ev["usage"]), timing=timing,
-                                           finish_reason=ev["finish_reason"], cost_units=ev["cost_units"])
+                                           finish_reason=ev["finish_reason"], cost_units=ev["cost_units"],
+                                           speculative=spec)
                 elif kind == "error":
                     finished = True
                     trailers = [("fastmode-error-code", ev["code"])]
@@ -124,13 +126,13 @@ class GrpcServer:
 
     Args:
         config: the validated deployment config (as a dict).
-        fast, priority, standard: the lane deployments' handles (its own ``Router`` streams from them).
+        fast, priority, standard, exact: the lane deployments' handles (its own ``Router`` streams from them).
     """
 
-    async def __init__(self, config: dict[str, Any], fast, priority, standard) -> None:
+    async def __init__(self, config: dict[str, Any], fast, priority, standard, exact) -> None:
         telemetry.setup("grpc")
         self.config = load_config(config)
-        self.router = router = Router(self.config, fast, priority, standard)
+        self.router = router = Router(self.config, fast, priority, standard, exact)
         self.server = grpc.aio.server()
         pb_grpc.add_InferenceServicer_to_server(InferenceServicer(router, load_keys(self.config)), self.server)
         self.health = health.aio.HealthServicer()

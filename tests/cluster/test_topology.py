@@ -113,7 +113,7 @@ BAD = [
     ("stage wider than a node", "aws-2node-gpu", "app.lanes.fast.tp", 4,
      "app.lanes.fast.tp: a stage's 4 tensor-parallel chips must share a node, and a 'gpu' node has 2"),
     ("not enough GPUs", "aws-2node-gpu", "lanes.standard.replicas", 6,
-     "lanes: the lanes on node type 'gpu' need 9 GPUs; it has 4 x 2 node(s) = 8"),
+     "lanes: the lanes on node type 'gpu' need 10 GPUs; it has 4 x 2 node(s) = 8"),
     ("replica wider than a node", "aws-2node-gpu", "lanes.standard.gpus", 8,
      "lanes.standard.gpus: 8 per replica, but a 'gpu' node has 4"),
     ("cpu chips on a GPU node", "aws-2node-gpu", "app.lanes.fast.device", "cpu",

@@ -21,7 +21,7 @@ from serve.rpc.codegen import generate
 from tests.serve.conftest import REPO, text_of
 
 LANES = {"fast": ("fastmode-fast", None), "priority": ("fastmode-full", "priority"),
-         "standard": ("fastmode-full", "default")}
+         "standard": ("fastmode-full", "default"), "exact": ("fastmode-full", "exact")}
 
 
 def test_committed_stubs_match_the_proto(tmp_path):
@@ -49,6 +49,9 @@ def test_each_lane_streams_what_http_streams(app, client, lane):
     assert chunks[0].lane == lane and chunks[-1].last and chunks[-1].lane == lane
     assert chunks[-1].usage.output_tokens == 24 and chunks[-1].finish_reason == "length"
     assert chunks[-1].timing.total_s > 0 and chunks[-1].cost_units > 0
+    assert chunks[-1].HasField("speculative") == (lane == "exact")
+    if lane == "exact":
+        assert chunks[-1].speculative.verify_steps > 0 and chunks[-1].speculative.tokens_per_step >= 1
 
 
 @pytest.mark.slow

@@ -18,8 +18,8 @@ from tests.models.test_vllm_loads import MAX_TOKENS, PROMPTS, vllm_greedy
 from tests.serve.conftest import text_of
 
 MODEL = {"fast": ("fastmode-fast", None), "priority": ("fastmode-full", "priority"),
-         "standard": ("fastmode-full", "default")}
-PRICE = {"fast": 1.0, "priority": 6.0, "standard": 1.0}
+         "standard": ("fastmode-full", "default"), "exact": ("fastmode-full", "exact")}
+PRICE = {"fast": 1.0, "priority": 6.0, "standard": 1.0, "exact": 6.0}
 LANES = list(MODEL)
 
 

@@ -26,7 +26,8 @@ def scrape(url: str) -> dict[str, float]:
 @pytest.mark.slow
 def test_lane_metrics_are_exported(app):
     a = app()
-    for model, tier in (("fastmode-fast", None), ("fastmode-full", "priority"), ("fastmode-full", None)):
+    for model, tier in (("fastmode-fast", None), ("fastmode-full", "priority"), ("fastmode-full", None),
+                        ("fastmode-full", "exact")):
         status, _ = a.generate(model=model, service_tier=tier, input="def main():\n", max_output_tokens=16)
         assert status == 200
     assert a.generate(model="nope", input="x")[0] == 404
@@ -35,8 +36,10 @@ def test_lane_metrics_are_exported(app):
         m = scrape(a.metrics_url)
         want = [f"ray_fastmode_{name}_count{{lane={lane}}}" for name in ("ttft_seconds", "tpot_seconds", "queue_seconds",
                                                                         "batch_size")
-                for lane in ("fast", "priority", "standard")]
-        want += ["ray_fastmode_requests_total{lane=fast,outcome=completed}",
+                for lane in ("fast", "priority", "standard", "exact")]
+        want += [f"ray_fastmode_spec_{name}_count{{lane=exact}}" for name in ("acceptance_rate", "tokens_per_step")]
+        want += ["ray_fastmode_spec_draft_tokens_total{lane=exact,outcome=accepted}",
+                 "ray_fastmode_requests_total{lane=fast,outcome=completed}",
                  "ray_fastmode_requests_total{lane=none,outcome=unknown_model}"]
         if all(m.get(k, 0) > 0 for k in want):
             break

@@ -21,7 +21,7 @@ from tests.serve.conftest import REPO, text_of
 
 PROMPT = "def parse(text):\n"
 LANES = [("fastmode-fast", None, "fast", "default"),
-         ("fastmode-full", "priority", "priority", "priority"),
+         ("fastmode-full", "priority", "priority", "priority"), ("fastmode-full", "exact", "exact", "exact"),
          ("fastmode-full", None, "standard", "default")]
 
 

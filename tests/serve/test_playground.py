@@ -34,8 +34,8 @@ from tests.serve.conftest import app_with_config
 PLAYGROUND = Path(__file__).resolve().parents[2] / "serve" / "playground"
 CHROMIUM = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
 PROMPT = "def parse(path):\n"
-TIERS = {"fast": ("fastmode-fast", None), "priority": ("fastmode-full", "priority"),
-         "standard": ("fastmode-full", "default"), "auto": ("auto", None)}
+TIERS = {"fast": ("fastmode-fast", None), "exact": ("fastmode-full", "exact"),
+         "priority": ("fastmode-full", "priority"), "standard": ("fastmode-full", "default"), "auto": ("auto", None)}
 ENDED = "['completed', 'cancelled', 'error'].includes"
 
 
@@ -159,7 +159,7 @@ def test_every_tier_races_and_streams_what_the_sdk_returns(ring_app, browser, tm
     a = ring_app
     page = open_page(browser, a)
     listed = page.eval_on_selector_all("#tiers input", "bs => bs.map(b => b.id.slice(5))")
-    assert listed == ["fast", "priority", "standard", "auto"]  # what GET /v1/models lists, in that order
+    assert listed == ["fast", "exact", "priority", "standard", "auto"]  # what GET /v1/models lists, in that order
     race(page)
     wait_ended(page, TIERS)
     shot = Path(os.environ.get("PLAYGROUND_SCREENSHOT") or tmp_path / "playground.png")

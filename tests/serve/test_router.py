@@ -18,6 +18,7 @@ HARD = "qZ7#kP!x 9@Lr&vW2^ mB4*tY8 (Jd0%eN6)"
     ("fastmode-fast", None, "fast"), ("fastmode-fast", "priority", "fast"),
     ("fastmode-full", None, "standard"), ("fastmode-full", "default", "standard"),
     ("fastmode-full", "auto", "standard"), ("fastmode-full", "priority", "priority"),
+    ("fastmode-full", "exact", "exact"),
 ])
 def test_explicit_choices_are_honored(app, model, tier, lane):
     status, events = app().generate(model=model, service_tier=tier, input="x = 1\n", max_output_tokens=4)
@@ -152,7 +153,7 @@ def router_over(config: dict | None = None, **rooms: int):
     from serve.config import load_config
     from serve.router import Router
 
-    lanes = {name: LaneHandle(name, rooms.get(name, 100)) for name in ("fast", "priority", "standard")}
+    lanes = {name: LaneHandle(name, rooms.get(name, 100)) for name in ("fast", "priority", "standard", "exact")}
     return Router(load_config(config or {}), **lanes), lanes
 
 
@@ -181,6 +182,29 @@ def test_a_lane_refusal_is_overloaded_or_spills_to_standard():
     router, lanes = router_over(priority=0, standard=0)
     events = asyncio.run(events_of(router, service_tier="priority", allow_spill=True))
     assert events[0]["code"] == "overloaded" and "priority and standard lanes are full" in events[0]["message"]
+
+
+def test_a_refused_exact_request_spills_to_standard_when_allowed():
+    router, lanes = router_over(exact=0)
+    events = asyncio.run(events_of(router, service_tier="exact"))
+    assert events[0]["code"] == "overloaded" and "allow_spill" in events[0]["message"]
+    events = asyncio.run(events_of(router, service_tier="exact", allow_spill=True))
+    assert events[0]["lane"] == events[-1]["lane"] == "standard" and events[-1]["type"] == "done"
+    assert events[0]["route"] == {"by": "model", "spilled_from": "exact"}
+    router, lanes = router_over(exact=0, standard=0)
+    events = asyncio.run(events_of(router, service_tier="exact", allow_spill=True))
+    assert "exact and standard lanes are full" in events[0]["message"]
+
+
+@pytest.mark.parametrize("full_tier,named,lane", [
+    ("exact", None, "exact"), ("exact", "auto", "exact"), ("priority", None, "priority"),
+    ("default", None, "standard"), ("exact", "default", "standard"), ("default", "exact", "exact"),
+])
+def test_auto_sends_hard_prompts_to_its_full_tier_unless_the_request_names_one(full_tier, named, lane):
+    router, lanes = router_over({"router": {"auto_full_tier": full_tier, "auto_threshold": 0.001}})
+    events = asyncio.run(events_of(router, model="auto", service_tier=named))
+    assert events[0]["lane"] == lane and events[0]["route"]["by"] == "auto", events[0]
+    assert lanes[lane].calls == 1 and sum(h.calls for h in lanes.values()) == 1
 
 
 def test_a_refused_stream_is_offered_once_per_replica():

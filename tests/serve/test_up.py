@@ -23,7 +23,7 @@ def test_health_is_ready_only_once_every_engine_has_loaded(app):
             assert lane["ready"] == ("running" in lane), lane
     status, body = a.health()
     assert status == 200 and body["status"] == "ok"
-    for lane in ("fast", "priority", "standard"):
+    for lane in ("fast", "priority", "standard", "exact"):
         assert body["lanes"][lane]["ready"] and body["lanes"][lane]["running"] == 0
     models = a.client.get("/v1/models").json()
     assert [m["id"] for m in models["data"]] == ["fastmode-full", "fastmode-fast", "auto"]
