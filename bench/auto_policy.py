@@ -3,19 +3,22 @@
 The quality bench (``bench.quality``) sends every held-out prompt to every lane and keeps, per
 sample, each lane's hit and measured latency (the response's ``timing.total_s``), and the prompt's
 difficulty score under the router's own scorer (``serve.difficulty``) with the time that score
-took. Any threshold policy "fast if score <= t, else full tier H" can then be replayed without the
-server: on each sample it scores the chosen lane's hit, and costs the chosen lane's own measured
+took. Any threshold policy "fast if score <= t, else full tier H" (fast when *easy*), or "fast if
+score > t, else H" (fast when *hard*: where neither model is likely right, the cheap one answers),
+can then be replayed without the server: on each sample it scores the chosen lane's hit, and costs the chosen lane's own measured
 latency there plus the scoring time (the served ``auto`` pays for the score on every request).
 
 - ``sweep``: every (t, H) on a grid: t = -1 (never fast: scores are losses, never negative), the
   score quantiles 0, 5%, ..., 100% (order statistics, so each is a sample's score and 100% sends
   every sample to fast) and any extra thresholds (the deployed one); H = each full-model tier
-  measured (standard, priority, exact).
+  measured (standard, priority, exact); both directions (fast when easy, fast when hard).
 - ``frontier``: the Pareto frontier of (mean latency, exact match) over the lanes as measured and
   every policy.
 - ``recommend``: a policy reaching >= 95% of standard's exact match at <= 50% of its mean latency
-  (the fastest such), else the frontier policy with the highest exact match at <= standard's mean
-  latency.
+  (the fastest such), else the fastest policy on the frontier that keeps >= 95% of standard's exact
+  match (the quality bar kept, the latency goal missed by what it says), else the frontier policy with the
+  highest exact match at <= standard's mean latency. Policies within 2% of the chosen one's latency
+  on a cheaper full tier (standard's price is 1, priority's and exact's 6) win the tie.
 
 A replayed policy is what the router would do on these prompts if each lane's latency did not
 depend on the others' load (the bench measures lanes one at a time, two streams each).
@@ -37,6 +40,12 @@ from models.eval.stats import compare, pct_ci, wilson
 
 FULL_TIERS = ("standard", "priority", "exact")
 """The lanes serving the full model, in the order policies are listed."""
+PRICE = {"standard": 1.0, "priority": 6.0, "exact": 6.0}
+"""The full tiers' default prices (serve.config): the tie-break between policies of equal latency."""
+DIRECTIONS = ("easy", "hard")
+"""Which prompts go to fast: those scored at most the threshold (easy), or above it (hard)."""
+LATENCY_TIE = 0.02
+"""Policies within this fraction of the chosen one's mean latency count as equally fast."""
 QUANTILES = 20
 """Threshold grid: the score quantiles at 0, 1/20, ..., 1."""
 NEVER_FAST = -1.0
@@ -82,8 +91,11 @@ def thresholds(scores: Sequence[float], quantiles: int = QUANTILES, extra: Itera
     return sorted(grid)
 
 
-def route(samples: Sequence[Sample], threshold: float, full_tier: str) -> list[str]:
-    """The lane each sample goes to under "fast if score <= threshold, else full_tier"."""
+def route(samples: Sequence[Sample], threshold: float, full_tier: str, fast_when: str = "easy") -> list[str]:
+    """The lane each sample goes to under "fast if score <= threshold, else full_tier" (``fast_when``
+    easy) or "fast if score > threshold, else full_tier" (hard), as ``serve.router`` routes."""
+    if fast_when == "hard":
+        return ["fast" if s.difficulty > threshold else full_tier for s in samples]
     return ["fast" if s.difficulty <= threshold else full_tier for s in samples]
 
 
@@ -93,15 +105,17 @@ def _point(name: str, hits: Sequence[bool], latencies: Sequence[float], **extra)
             "exact_match_count": k, "exact_match_ci95": list(wilson(k, n)), "samples": n}
 
 
-def simulate(samples: Sequence[Sample], threshold: float, full_tier: str) -> dict:
-    """One policy replayed: ``name``, ``threshold``, ``full_tier``, ``fast_share``, then
+def simulate(samples: Sequence[Sample], threshold: float, full_tier: str, fast_when: str = "easy") -> dict:
+    """One policy replayed: ``name``, ``threshold``, ``full_tier``, ``fast_when``, ``fast_share``, then
     ``mean_latency_s`` (chosen lane's latency + scoring), ``exact_match``, ``exact_match_count``,
     ``exact_match_ci95`` (Wilson) and ``samples``."""
-    lanes = route(samples, threshold, full_tier)
-    return _point(f"fast if score <= {threshold:.3f} else {full_tier}",
+    lanes = route(samples, threshold, full_tier, fast_when)
+    op = ">" if fast_when == "hard" else "<="
+    return _point(f"fast if score {op} {threshold:.3f} else {full_tier}",
                   [s.hit[lane] for s, lane in zip(samples, lanes)],
                   [s.latency_s[lane] + s.scoring_s for s, lane in zip(samples, lanes)],
-                  threshold=threshold, full_tier=full_tier, fast_share=lanes.count("fast") / len(lanes))
+                  threshold=threshold, full_tier=full_tier, fast_when=fast_when,
+                  fast_share=lanes.count("fast") / len(lanes))
 
 
 def lane_point(samples: Sequence[Sample], lane: str, name: str | None = None) -> dict:
@@ -115,7 +129,7 @@ def sweep(samples: Sequence[Sample], extra_thresholds: Iterable[float] = ()) -> 
         return []
     tiers = [t for t in FULL_TIERS if all(t in s.hit for s in samples)]
     grid = thresholds([s.difficulty for s in samples], extra=extra_thresholds)
-    return [simulate(samples, t, tier) for tier in tiers for t in grid]
+    return [simulate(samples, t, tier, way) for way in DIRECTIONS for tier in tiers for t in grid]
 
 
 def frontier(points: Sequence[dict]) -> list[dict]:
@@ -141,10 +155,17 @@ def recommend(policies: Sequence[dict], standard: dict, lanes: Sequence[dict] = 
     good = [p for p in policies if 100 * p["exact_match_count"] >= QUALITY_PCT * k_std
             and p["mean_latency_s"] <= LATENCY_PCT / 100 * lat_std]
     if good:
-        best = min(good, key=lambda p: (p["mean_latency_s"], -p["exact_match_count"]))
+        best = _cheapest_tie(good)
         return {**best, "on_frontier": id(best) in on_front,
                 "rule": f">= {QUALITY_PCT}% of standard's exact match at <= {LATENCY_PCT}% of its mean latency; "
                         "the fastest such policy"}
+    kept = [p for p in policies if 100 * p["exact_match_count"] >= QUALITY_PCT * k_std
+            and p["mean_latency_s"] < lat_std and id(p) in on_front]
+    if kept:
+        best = _cheapest_tie(kept)
+        return {**best, "on_frontier": id(best) in on_front,
+                "rule": f"no policy reached {QUALITY_PCT}% of standard's exact match at {LATENCY_PCT}% of its "
+                        f"latency; the fastest policy keeping >= {QUALITY_PCT}% of its exact match"}
     fast_enough = [p for p in front if id(p) in {id(q) for q in policies} and p["mean_latency_s"] <= lat_std]
     if not fast_enough:
         return None
@@ -154,9 +175,19 @@ def recommend(policies: Sequence[dict], standard: dict, lanes: Sequence[dict] = 
                     "latency; the frontier policy with the highest exact match at <= standard's mean latency"}
 
 
+def _cheapest_tie(policies: Sequence[dict]) -> dict:
+    """The fastest policy (then the most exact), unless one within ``LATENCY_TIE`` of its latency
+    uses a cheaper full tier (then the fastest of the cheapest)."""
+    best = min(policies, key=lambda p: (p["mean_latency_s"], -p["exact_match_count"]))
+    close = [p for p in policies if p["mean_latency_s"] <= best["mean_latency_s"] * (1 + LATENCY_TIE)
+             and p["exact_match_count"] >= best["exact_match_count"]]
+    return min(close, key=lambda p: (PRICE.get(p["full_tier"], 1.0), p["mean_latency_s"], -p["exact_match_count"]))
+
+
 def policy_hits(samples: Sequence[Sample], policy: dict) -> list[bool]:
     """Per sample, whether ``policy`` (a ``simulate`` result) got it right."""
-    return [s.hit[lane] for s, lane in zip(samples, route(samples, policy["threshold"], policy["full_tier"]))]
+    lanes = route(samples, policy["threshold"], policy["full_tier"], policy.get("fast_when", "easy"))
+    return [s.hit[lane] for s, lane in zip(samples, lanes)]
 
 
 def analyse(samples: Sequence[Sample], served_threshold: float | None = None) -> dict:

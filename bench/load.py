@@ -1,6 +1,6 @@
 """Lanes under load (issue 8, part 1): a closed-loop concurrency sweep over the real gateway.
 
-For each concurrency level N (default 1, 4, 16, 32) and each lane (standard, priority, fast), N
+For each concurrency level N (default 1, 4, 16, 32) and each lane (standard, priority, fast, exact), N
 workers share one persistent WebSocket (``clients.sdk.AsyncClient``, as users connect) and each
 runs ``--requests-per-stream`` requests back to back: a fixed prompt, greedy, ``ignore_eos`` and a
 fixed ``max_output_tokens``, so every request does the same work. Levels run one lane at a time,
@@ -29,7 +29,9 @@ admitted (completed) requests.
 Headline ratios, within this one run, against standard at its **saturating load** (the level
 with standard's highest aggregate tokens/s): priority's per-user decode speed at the lowest level
 (the seeds' Anthropic figure: 2.5x), priority's cost at its own saturating level (seeds: 6x the
-price), fast's per-user speed at the lowest level (the seeds' OpenAI figure: 15x).
+price), fast's per-user speed at the lowest level (the seeds' OpenAI figure: 15x), and exact's
+per-user speed at the lowest level against standard's and priority's, with its drafts' acceptance
+and tokens per verify step.
 
 Needs a running application (``fastmode up``); it does not start one.
 
@@ -65,7 +67,8 @@ from bench.targets import PROMPT, openai_request, websocket_request
 
 LANES: dict[str, tuple[str, str | None]] = {"standard": ("fastmode-full", "default"),
                                             "priority": ("fastmode-full", "priority"),
-                                            "fast": ("fastmode-fast", None)}
+                                            "fast": ("fastmode-fast", None),
+                                            "exact": ("fastmode-full", "exact")}
 SEEDS = {"priority_per_user_speed": 2.5, "priority_cost": 6.0, "fast_per_user_speed": 15.0}
 """The seeds' published figures: Anthropic's fast mode 2.5x per-user speed at 6x the price; OpenAI's
 Codex-Spark (Cerebras) 15x per-user speed."""
@@ -94,7 +97,7 @@ def lane_chips(config: Any, layout: dict[str, int] | None = None) -> dict[str, i
     if not (isinstance(tp, int) and isinstance(pp, int)):
         raise ValueError(f"the fast lane's layout is tp={tp} x pp={pp}: read it from the server (/health)")
     return {"fast": tp * pp * lanes.fast.replicas,
-            "priority": lanes.priority.replicas, "standard": lanes.standard.replicas}
+            "priority": lanes.priority.replicas, "standard": lanes.standard.replicas, "exact": lanes.exact.replicas}
 
 
 def served_layout(url: str) -> dict[str, int] | None:
@@ -164,7 +167,19 @@ async def run_level(send: Callable[[int], Awaitable[dict]], lane: str, concurren
         "chip_seconds_per_1k_output_tokens": chips * wall / (out_tokens / 1000) if out_tokens else None,
         "cost_units_per_1k_output_tokens": 1000 * sum(cost_units) / out_tokens if out_tokens and cost_units else None,
         "lanes_served": sorted({str(r["lane"]) for r in done}),
+        "speculative": speculative_totals([r["speculative"] for r in done if r.get("speculative")]),
     }
+
+
+def speculative_totals(specs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The exact lane's drafts over a level's requests: acceptance (accepted / drafted) and tokens per
+    verify step, pooled over every verify step."""
+    steps = sum(s["verify_steps"] for s in specs)
+    if not steps:
+        return None
+    accepted, drafted = sum(s["accepted"] for s in specs), sum(s["drafted"] for s in specs)
+    return {"requests": len(specs), "draft_tokens": specs[0]["draft_tokens"], "verify_steps": steps,
+            "acceptance_rate": accepted / drafted if drafted else None, "tokens_per_step": 1 + accepted / steps}
 
 
 def _get(results: dict, lane: str, level: int) -> dict | None:
@@ -214,6 +229,17 @@ def headline(results: dict[str, list[dict]]) -> dict[str, Any]:
         f_best = best("fast")
         if f_best is not None:
             out["fast_cost_ratio"] = _ratio(f_best["chip_seconds_per_1k_output_tokens"], std_cost)
+    if results.get("exact"):
+        e_low, e_best = _get(results, "exact", low), best("exact")
+        e_user = e_low and e_low["per_user_decode_tokens_per_s"]["p50"]
+        out["exact_concurrency_for_speed"] = low
+        out["exact_per_user_speed_ratio"] = _ratio(e_user, std_user)
+        p_low = _get(results, "priority", low) if results.get("priority") else None
+        out["exact_per_user_speed_vs_priority"] = _ratio(e_user, p_low and p_low["per_user_decode_tokens_per_s"]["p50"])
+        out["exact_speculative_at_lowest_level"] = e_low and e_low.get("speculative")
+        if e_best is not None:
+            out["exact_cost_ratio"] = _ratio(e_best["chip_seconds_per_1k_output_tokens"], std_cost)
+            out["exact_price_ratio"] = _ratio(e_best["cost_units_per_1k_output_tokens"], std_units)
     return out
 
 
@@ -225,7 +251,7 @@ def plot(results: dict[str, list[dict]], path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    colors = {"standard": "tab:blue", "priority": "tab:orange", "fast": "tab:green"}
+    colors = {"standard": "tab:blue", "priority": "tab:orange", "fast": "tab:green", "exact": "tab:purple"}
     for lane, rows in results.items():
         xs = [r["concurrency"] for r in rows]
         user = [r["per_user_decode_tokens_per_s"]["p50"] or float("nan") for r in rows]
@@ -276,6 +302,12 @@ def summary(results: dict[str, list[dict]], head: dict[str, Any]) -> str:
                 ("fast per-user speed", "fast_per_user_speed_ratio", "fast_per_user_speed")]
         for name, key, seed in rows:
             lines.append(f"  {name:<30} {_f(head.get(key), '{:.2f}x'):>8}   (seeds: {SEEDS[seed]:g}x)")
+        if "exact_per_user_speed_ratio" in head:
+            spec = head.get("exact_speculative_at_lowest_level") or {}
+            lines.append(f"  {'exact per-user speed':<30} {_f(head.get('exact_per_user_speed_ratio'), '{:.2f}x'):>8}   "
+                         f"({_f(head.get('exact_per_user_speed_vs_priority'), '{:.2f}x')} priority's; drafts accepted "
+                         f"{_f(spec.get('acceptance_rate'), '{:.2f}')}, {_f(spec.get('tokens_per_step'), '{:.2f}')} "
+                         "tokens per verify step)")
     return "\n".join(lines)
 
 
@@ -366,7 +398,7 @@ def lanes_main(args, argv: list[str]) -> int:
             "chips": lane_chips(config, args.layout),
             "fast_layout": args.layout,
             "chips_rule": "fast: tp x pp x replicas (the executor's chip actors), tp x pp as the server's "
-                          "/health reports them; priority and standard: one chip per replica (one vLLM engine "
+                          "/health reports them; priority, standard and exact: one chip per replica (one vLLM engine "
                           "each; on this CPU machine a chip is one engine replica, on a GPU machine one GPU), "
                           f"replicas from the config ({args.config or 'embedded default'}).",
             "closed_loop": "each of N workers sends its next request when its previous one ends; a request "
@@ -378,9 +410,11 @@ def lanes_main(args, argv: list[str]) -> int:
             "aggregate_tokens_per_s": "output tokens of the level / wall seconds of the level",
             "chip_seconds_per_1k_output_tokens": "chips x wall seconds of the level / (output tokens / 1000)",
             "cost_units_per_1k_output_tokens": "the server's cost_units (price x (input + output) / 1000; "
-                                               "price standard 1, priority 6, fast 1) per 1k output tokens",
+                                               "price standard 1, priority 6, exact 6, fast 1) per 1k output "
+                                               "tokens",
             "ratios": "within this run only; standard's saturating load = its level with the highest "
-                      "aggregate tokens/s; priority and fast speed at the lowest level; cost ratios at each "
+                      "aggregate tokens/s; priority, exact and fast speed at the lowest level (exact also "
+                      "against priority's there); cost ratios at each "
                       "lane's own saturating level",
         },
         "lanes": results,
@@ -432,7 +466,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="bench", metavar="BENCHMARK")
     for name, (_, help_) in OTHERS.items():
         sub.add_parser(name, help=f"{help_} (fastmode bench {name} --help)")
-    lanes = sub.add_parser("lanes", help="lanes under load: concurrency sweep on standard, priority and fast",
+    lanes = sub.add_parser("lanes", help="lanes under load: concurrency sweep on standard, priority, fast and exact",
                            description=__doc__.split("\n\n")[0])
     lanes.add_argument("--url", default=None, help="the gateway (default ws://127.0.0.1:8000, or "
                        "http://127.0.0.1:8000 with --api openai)")
@@ -447,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
     lanes.add_argument("--requests-per-stream", type=int, default=None, help="completed requests per worker "
                        "(default 3; --quick 1)")
     lanes.add_argument("--lanes", type=_lanes, default=list(LANES), help="lanes to run (default "
-                       "standard,priority,fast)")
+                       "standard,priority,fast,exact)")
     lanes.add_argument("--config", default=None, help="the app's config file, for each lane's chips "
                        "(default: the embedded default)")
     lanes.add_argument("--quick", action="store_true", help="a tiny setting: levels 1,2, 16 tokens, "

@@ -124,6 +124,10 @@ class ServedLane:
         """The deployed ``router.auto_threshold``, as an ``auto`` response's route reports it."""
         return next((r.route["threshold"] for r in self.responses if r.route and "threshold" in r.route), None)
 
+    def fast_when(self) -> str:
+        """The deployed ``router.auto_fast_when`` ("easy" from a server that does not report it)."""
+        return next((r.route["fast_when"] for r in self.responses if r.route and r.route.get("fast_when")), "easy")
+
     def speed(self) -> dict:
         rates = [r.timing.decode_tokens_per_s for r in self.responses if r.timing.decode_tokens_per_s]
         lat = [r.timing.total_s for r in self.responses]
@@ -139,12 +143,18 @@ def _sdk_client(url: str, api_key: str | None):
     return AsyncClient(url, api_key=api_key)
 
 
-def auto_nll(full: CachedNLL, fast: CachedNLL, threshold: Callable[[], float], score: Callable[[str], float]):
+def goes_fast(score: float, threshold: float, fast_when: str) -> bool:
+    """Whether the router sends a prompt of this difficulty to the fast lane (``serve.router``)."""
+    return score > threshold if fast_when == "hard" else score <= threshold
+
+
+def auto_nll(full: CachedNLL, fast: CachedNLL, threshold: Callable[[], float], score: Callable[[str], float],
+             fast_when: Callable[[], str] = lambda: "easy"):
     """Per text, the likelihood under the model the router's difficulty rule would pick."""
 
     def nll(texts: list[str]) -> list[float]:
-        f, s, t = full(texts), fast(texts), threshold()
-        return [s[i] if score(text) <= t else f[i] for i, text in enumerate(texts)]
+        f, s, t, way = full(texts), fast(texts), threshold(), fast_when()
+        return [s[i] if goes_fast(score(text), t, way) else f[i] for i, text in enumerate(texts)]
 
     return nll
 
@@ -200,10 +210,11 @@ def measure(lanes: list[ServedLane], score: Callable[[str], float], samples: int
     auto = next((lane for lane in lanes if lane.name == "auto"), None)
     served_threshold = auto.threshold() if auto else None
     if served_threshold is not None:
-        agree = sum((r["difficulty"] <= served_threshold) == (r["lanes"]["auto"]["served_by"] == "fast")
+        way = auto.fast_when()
+        agree = sum(goes_fast(r["difficulty"], served_threshold, way) == (r["lanes"]["auto"]["served_by"] == "fast")
                     for r in records)
         a = out["lanes"]["auto"]
-        out["auto_served"] = {"threshold": served_threshold, "served_by": a["served_by"],
+        out["auto_served"] = {"threshold": served_threshold, "fast_when": way, "served_by": a["served_by"],
                               "mean_latency_s": a["mean_latency_s"], "exact_match": a["exact_match"],
                               "exact_match_count": a["exact_match_count"],
                               "exact_match_ci95": a["exact_match_ci95"],
@@ -305,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--api-key", default=os.environ.get("FASTMODE_API_KEY"))
     ap.add_argument("--samples", type=int, default=1000, help="held-out next-line prompts (default 1000)")
     ap.add_argument("--max-files", type=int, help="held-out files for bits per byte (default: all)")
-    ap.add_argument("--auto-threshold", type=float, default=2.7,
+    ap.add_argument("--auto-threshold", type=float, default=2.965,
                     help="router.auto_threshold when no auto response reports it (bits per byte of auto)")
     ap.add_argument("--auto-max-tokens", type=int, default=128, help="the deployed router.auto_max_tokens")
     ap.add_argument("--quick", action="store_true", help="16 prompts, 2 files: a smoke run")
@@ -328,10 +339,13 @@ def main(argv: list[str] | None = None) -> int:
         served = next((lane.threshold() for lane in lanes if lane.name == "auto"), None)
         return args.auto_threshold if served is None else served
 
+    def fast_when() -> str:
+        return next((lane.fast_when() for lane in lanes if lane.name == "auto"), "easy")
+
     full, fast = CachedNLL(FULL), CachedNLL(FAST)
     lanes: list[ServedLane] = []
     nll = {"standard": full, "priority": full, "exact": full, "fast": fast,
-           "auto": auto_nll(full, fast, threshold, score)}
+           "auto": auto_nll(full, fast, threshold, score, fast_when)}
     lanes += [ServedLane(n, args.url, args.api_key, nll[n]) for n in LANES]
     try:
         measured, records = measure(lanes, score, args.samples, args.max_files)

@@ -22,13 +22,14 @@ PROMPT = "class Parser:\n"
 
 def _record(sent: float, first: float | None, end: float, n: int, chunks: int, *, server_ttft_s: float | None = None,
             server_decode_tokens_per_s: float | None = None, cost_units: float | None = None,
-            lane: str | None = None, finish_reason: str | None = None) -> dict[str, Any]:
+            lane: str | None = None, finish_reason: str | None = None,
+            speculative: dict[str, Any] | None = None) -> dict[str, Any]:
     first = first or end
     return {"sent": sent, "first": first, "end": end, "output_tokens": n, "chunks": chunks, "ttft_s": first - sent,
             "decode_tokens_per_s": (n - 1) / (end - first) if n > 1 and end > first else None,
             "e2e_tokens_per_s": n / (end - sent) if end > sent else None,
             "server_ttft_s": server_ttft_s, "server_decode_tokens_per_s": server_decode_tokens_per_s,
-            "cost_units": cost_units, "lane": lane, "finish_reason": finish_reason}
+            "cost_units": cost_units, "lane": lane, "finish_reason": finish_reason, "speculative": speculative}
 
 
 async def websocket_request(client, model: str, tier: str | None, tokens: int) -> dict[str, Any]:
@@ -46,7 +47,7 @@ async def websocket_request(client, model: str, tier: str | None, tokens: int) -
     return _record(sent, first, end, r.usage.output_tokens if r.usage else 0, chunks,
                    server_ttft_s=r.timing.ttft_s if r.timing else None,
                    server_decode_tokens_per_s=r.timing.decode_tokens_per_s if r.timing else None,
-                   cost_units=r.cost_units, lane=r.lane, finish_reason=r.finish_reason)
+                   cost_units=r.cost_units, lane=r.lane, finish_reason=r.finish_reason, speculative=r.speculative)
 
 
 def _http_error(status: int, body: bytes, headers) -> Exception:
@@ -88,7 +89,7 @@ async def _openai_request(http, model: str, tier: str | None, tokens: int) -> di
     if tier:
         body["service_tier"] = tier
     sent = time.perf_counter()
-    first, usage, finish, chunks = None, None, None, 0
+    first, usage, finish, chunks, spec = None, None, None, 0, None
     async with http.stream("POST", "/v1/completions", json=body) as r:
         if r.status_code != 200:
             raise _http_error(r.status_code, await r.aread(), r.headers)
@@ -104,7 +105,8 @@ async def _openai_request(http, model: str, tier: str | None, tokens: int) -> di
                     first = time.perf_counter()
                 finish = choice.get("finish_reason") or finish
             usage = chunk.get("usage") or usage
+            spec = (chunk.get("fastmode") or {}).get("speculative") or spec  # the exact lane's drafts
     end = time.perf_counter()
     if not usage:
         raise FastmodeError("no_usage", "the stream ended without a usage chunk")
-    return _record(sent, first, end, int(usage["completion_tokens"]), chunks, finish_reason=finish)
+    return _record(sent, first, end, int(usage["completion_tokens"]), chunks, finish_reason=finish, speculative=spec)

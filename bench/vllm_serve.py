@@ -11,8 +11,12 @@ its batch cap included (it is the standard lane as Ray's own stack would serve i
 (``bench.targets.openai_request``), exactly as ``fastmode bench lanes --api openai`` sends them to
 fastmode's lanes: the two JSON files compare like for like.
 
+vLLM's server also runs once more on the full checkpoint with the exact lane's speculative decoding
+(``full-spec``: ``--speculative-config`` with the fast model drafting, as ``serve.lanes.vllm_engine``
+configures it), the exact tier's like-for-like baseline.
+
 Usage: fastmode bench vllm [--levels 1,4,8,16,32] [--tokens 128] [--requests-per-stream 3]
-                           [--models full,fast,ray-full] [--quick] [--out bench/results]
+                           [--models full,fast,full-spec,ray-full] [--quick] [--out bench/results]
 """
 
 from __future__ import annotations
@@ -40,9 +44,11 @@ from models import FAST, FULL
 from serve.config import StandardLaneConfig
 
 CHECKPOINTS = {"full": ("fastmode-full", FULL), "fast": ("fastmode-fast", FAST),
-               "ray-full": ("fastmode-full", FULL)}
-"""Server name -> (served model id, checkpoint). ``ray-full`` is Ray Serve LLM, the others vLLM's server."""
-RESULT_NAMES = {"full": "vllm-full", "fast": "vllm-fast", "ray-full": "ray-serve-llm-full"}
+               "ray-full": ("fastmode-full", FULL), "full-spec": ("fastmode-full", FULL)}
+"""Server name -> (served model id, checkpoint). ``ray-full`` is Ray Serve LLM, the others vLLM's server;
+``full-spec`` is vLLM's server with the exact lane's speculative decoding (the fast model drafting)."""
+RESULT_NAMES = {"full": "vllm-full", "fast": "vllm-fast", "ray-full": "ray-serve-llm-full",
+                "full-spec": "vllm-full-spec"}
 
 
 class ServerFailed(RuntimeError):
@@ -59,7 +65,16 @@ def server_command(name: str, port: int) -> list[str]:
             "--served-model-name", model_id, "--host", "127.0.0.1", "--port", str(port),
             "--dtype", lane.dtype, "--kv-cache-memory-bytes", str(lane.kv_cache_memory_bytes),
             "--gpu-memory-utilization", str(lane.gpu_memory_utilization), "--enforce-eager", "--seed", "0",
-            "--disable-uvicorn-access-log"]
+            "--disable-uvicorn-access-log",
+            *(["--speculative-config", json.dumps(exact_speculative_config())] if name == "full-spec" else [])]
+
+
+def exact_speculative_config() -> dict:
+    """vLLM's speculative_config as the exact lane runs it (``serve.lanes.vllm_engine``)."""
+    from serve.config import ExactLaneConfig
+
+    return {"method": "draft_model", "model": str(FAST),
+            "num_speculative_tokens": ExactLaneConfig().num_speculative_tokens}
 
 
 @contextlib.contextmanager
@@ -117,13 +132,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--levels", type=_ints, default=None, help="concurrency levels (default 1,4,8,16,32)")
     ap.add_argument("--tokens", type=int, default=None, help="max_tokens per request (default 128)")
     ap.add_argument("--requests-per-stream", type=int, default=None, help="per worker (default 3)")
-    ap.add_argument("--models", default=None, help="servers to run, in order: full, fast (vLLM's server), "
-                    "ray-full (Ray Serve LLM) (default full,fast,ray-full; --quick: fast)")
+    ap.add_argument("--models", default=None, help="servers to run, in order: full, fast, full-spec (vLLM's "
+                    "server; full-spec with the exact lane's speculative decoding), ray-full (Ray Serve LLM) "
+                    "(default full,fast,full-spec,ray-full; --quick: fast)")
     ap.add_argument("--quick", action="store_true", help="the fast checkpoint only, levels 1,2, 16 tokens, "
                     "1 request per stream")
     ap.add_argument("--out", default="bench/results")
     args = ap.parse_args(argv)
-    models = args.models or ("fast" if args.quick else "full,fast,ray-full")
+    models = args.models or ("fast" if args.quick else "full,fast,full-spec,ray-full")
     names = [m.strip() for m in models.split(",") if m.strip()]
     if not names or any(m not in CHECKPOINTS for m in names):
         ap.error(f"--models: choose from {list(CHECKPOINTS)}")

@@ -158,12 +158,17 @@ LANE_CONFIGS = {"fast": FastLaneConfig, "priority": PriorityLaneConfig, "standar
 class RouterConfig(_Strict):
     """How ``model: auto`` decides, and the router's own replicas."""
 
-    auto_threshold: float = Field(default=2.7, gt=0, description="Prompts whose mean per-token loss "
-        "under the fast model (nats) is at most this go to the fast lane; harder ones to the full model. "
-        "See docs/serving.md for how the default was measured.")
+    auto_threshold: float = Field(default=2.965, gt=0, description="The difficulty (the prompt's mean "
+        "per-token loss under the fast model, nats) that splits `auto`'s prompts between the fast lane and "
+        "the full model (auto_fast_when says which side goes fast). See docs/serving.md for how the default "
+        "was measured.")
+    auto_fast_when: Literal["easy", "hard"] = Field(default="hard", description="'hard': prompts scored "
+        "above auto_threshold go to the fast lane (the quality benchmark measured the full model's lead "
+        "over the fast one on the prompts the fast model finds easy; on hard ones neither is often right); "
+        "'easy': prompts at most auto_threshold go fast.")
     auto_full_tier: Literal["default", "priority", "exact"] = Field(default="default", description="Where "
-        "`auto` sends the prompts it finds hard, unless the request names a service_tier: 'default' (the "
-        "standard lane), 'priority' or 'exact'. See docs/serving.md for how the default was measured.")
+        "`auto` sends the prompts that do not go fast, unless the request names a service_tier: 'default' "
+        "(the standard lane), 'priority' or 'exact'. See docs/serving.md for how the default was measured.")
     auto_max_tokens: int = Field(default=128, ge=1, description="Score only the prompt's last N tokens.")
     lane_links: bool = Field(default=True, description="Stream from each lane replica over a direct TCP "
         "link (serve/lanes/link.py: no Serve call per request, no Serve item per chunk); false: through "

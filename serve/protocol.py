@@ -42,6 +42,9 @@ class Route(_Event):
     by: Literal["model", "auto"]
     difficulty: float | None = Field(default=None, description="model=auto: the prompt's difficulty score.")
     threshold: float | None = Field(default=None, description="model=auto: the fast lane's threshold.")
+    fast_when: Literal["easy", "hard"] | None = Field(default=None, description="model=auto: which side of "
+                                                      "the threshold goes to the fast lane (easy: at most it; "
+                                                      "hard: above it).")
     spilled_from: Literal["priority", "exact"] | None = Field(default=None, description="Served on standard "
                                                               "because that lane was full and allow_spill was set.")
 

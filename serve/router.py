@@ -8,8 +8,9 @@ Routing (``pick``): ``model`` = the fast model's id -> fast lane; the full model
 if ``service_tier`` is ``"priority"``, exact if ``"exact"`` (speculative decoding: the full model's
 own output, the fast model drafting), else standard (``"default"``, ``"auto"`` or absent, as in
 OpenAI's API); ``"auto"`` -> the fast lane when the prompt's difficulty score
-(``serve.difficulty``) is at most ``router.auto_threshold``, else the full model on the tier the
-request names, or ``router.auto_full_tier`` if it names none (or ``"auto"``).
+(``serve.difficulty``) is above ``router.auto_threshold`` (``router.auto_fast_when: hard``, the
+default, from the quality benchmark's policy sweep) or at most it (``easy``), else the full model on
+the tier the request names, or ``router.auto_full_tier`` if it names none (or ``"auto"``).
 
 Admission lives in the lane: a replica of a lane with ``admission: reject`` (priority by default)
 refuses a stream beyond its ``max_num_seqs`` at once with ``overloaded``, before any engine work,
@@ -98,9 +99,10 @@ class Router:
             score = await asyncio.to_thread(self.scorer.score, req.prompt)
             if req.service_tier in (None, "auto"):
                 full_lane = TIERS[self.config.router.auto_full_tier]
-            lane = FAST if score <= self.config.router.auto_threshold else full_lane
-            return lane, {"by": "auto", "difficulty": round(score, 4),
-                          "threshold": self.config.router.auto_threshold}
+            r = self.config.router
+            fast = score > r.auto_threshold if r.auto_fast_when == "hard" else score <= r.auto_threshold
+            return FAST if fast else full_lane, {"by": "auto", "difficulty": round(score, 4),
+                                                 "threshold": r.auto_threshold, "fast_when": r.auto_fast_when}
         raise UnknownModel(f"model {req.model!r} is not served here; choose one of "
                            f"{[models.full.id, models.fast.id, AUTO]}")
 

@@ -138,7 +138,8 @@ def run(config: AppConfig, *, address: str | None, chips: int, verbose: bool = F
               f"  models   {m.full.id} (lanes: standard; service_tier=priority: priority; "
               f"service_tier=exact: exact, k={config.lanes.exact.num_speculative_tokens} drafts by {m.fast.id})\n"
               f"           {m.fast.id} (lane: fast, tp={layout['tp']} x pp={layout['pp']}: {layout['why']})\n"
-              f"           auto (router: fast if the prompt's difficulty <= {config.router.auto_threshold}, "
+              f"           auto (router: fast if the prompt's difficulty "
+              f"{'>' if config.router.auto_fast_when == 'hard' else '<='} {config.router.auto_threshold}, "
               f"else {config.router.auto_full_tier})\n"
               f"  Ctrl-C to stop", flush=True)
         try:

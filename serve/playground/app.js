@@ -222,7 +222,8 @@ function created(run, e) {
   let why = `lane ${e.lane} · ${e.model}`;
   if (r.by === "auto") {
     const cmp = r.difficulty <= r.threshold ? "≤" : ">";
-    why = `auto chose ${e.lane} (${e.model}): prompt difficulty ${r.difficulty} ${cmp} threshold ${r.threshold}`;
+    why = `auto chose ${e.lane} (${e.model}): prompt difficulty ${r.difficulty} ${cmp} threshold ${r.threshold}` +
+      (r.fast_when ? ` (the fast lane takes the ${r.fast_when} side)` : "");
   }
   if (r.spilled_from) why += ` · spilled from ${r.spilled_from}, which was full`;
   run.pane.querySelector(".route").textContent = why;

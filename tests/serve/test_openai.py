@@ -154,8 +154,8 @@ def test_closing_a_stream_frees_its_engine_sequence(app):
 def test_models_list_and_auto_names_the_model_that_served(app):
     oai = client(app())
     assert {m.id for m in oai.models.list()} == {"fastmode-full", "fastmode-fast", "auto"}
-    easy = [{"role": "user", "content": "import os\n" * 12}]  # routed to the fast lane (test_router)
-    r = oai.chat.completions.create(model="auto", messages=easy, max_tokens=4)
+    hard = [{"role": "user", "content": "qZ7#kP!x 9@Lr&vW2^ mB4*tY8 (Jd0%eN6)"}]  # routed to fast (test_router)
+    r = oai.chat.completions.create(model="auto", messages=hard, max_tokens=4)
     assert r.model == "fastmode-fast" and r.model_extra["fastmode"]["route"]["by"] == "auto"
 
 

@@ -28,7 +28,7 @@ def test_explicit_choices_are_honored(app, model, tier, lane):
 
 
 @pytest.mark.slow
-def test_auto_routes_easy_to_fast_and_hard_to_full(app):
+def test_auto_routes_by_difficulty_hard_to_fast_by_default(app):
     routes = {}
     for name, prompt in (("easy", EASY), ("hard", HARD)):
         status, events = app().generate(model="auto", input=prompt, max_output_tokens=4)
@@ -37,9 +37,10 @@ def test_auto_routes_easy_to_fast_and_hard_to_full(app):
     easy, hard = routes["easy"], routes["hard"]
     assert easy["route"]["by"] == hard["route"]["by"] == "auto"
     assert easy["route"]["difficulty"] <= easy["route"]["threshold"] < hard["route"]["difficulty"]
-    assert (easy["lane"], easy["model"]) == ("fast", "fastmode-fast")
-    assert (hard["lane"], hard["model"]) == ("standard", "fastmode-full")
-    status, events = app().generate(model="auto", service_tier="priority", input=HARD, max_output_tokens=4)
+    assert easy["route"]["fast_when"] == "hard"  # the default, from the quality benchmark's policy sweep
+    assert (easy["lane"], easy["model"]) == ("standard", "fastmode-full")
+    assert (hard["lane"], hard["model"]) == ("fast", "fastmode-fast")
+    status, events = app().generate(model="auto", service_tier="priority", input=EASY, max_output_tokens=4)
     assert events[0]["lane"] == "priority"
 
 
@@ -201,7 +202,8 @@ def test_a_refused_exact_request_spills_to_standard_when_allowed():
     ("default", None, "standard"), ("exact", "default", "standard"), ("default", "exact", "exact"),
 ])
 def test_auto_sends_hard_prompts_to_its_full_tier_unless_the_request_names_one(full_tier, named, lane):
-    router, lanes = router_over({"router": {"auto_full_tier": full_tier, "auto_threshold": 0.001}})
+    router, lanes = router_over({"router": {"auto_full_tier": full_tier, "auto_threshold": 0.001,
+                                            "auto_fast_when": "easy"}})
     events = asyncio.run(events_of(router, model="auto", service_tier=named))
     assert events[0]["lane"] == lane and events[0]["route"]["by"] == "auto", events[0]
     assert lanes[lane].calls == 1 and sum(h.calls for h in lanes.values()) == 1
