@@ -72,7 +72,7 @@ class Hop:
     """One transfer of a step's payload from one chip to another.
 
     ``seconds`` is the receiver's wall clock on entry minus the sender's ``sent_at``
-    (``time.time_ns``): exact on one node, as good as NTP across nodes. It covers serialisation,
+    (``time.time_ns``), never below 0: exact on one node, as good as NTP across nodes. It covers serialisation,
     the channel and any wait of the receiver for its previous work.
     """
 

@@ -111,7 +111,10 @@ def _rows_of(desc: list[tuple[int, int, int]], tensors: list[torch.Tensor]) -> l
 
 
 def _hop(meta: dict, role: ChipRole, nbytes: int, arrived: int) -> HopTuple:
-    return (meta["src"], role.chip, meta["src_stage"], role.stage, nbytes, (arrived - meta["sent_at"]) / 1e9, arrived)
+    # Two processes' wall clocks: NTP steps (or a sandbox's per-process clock) can put the receiver
+    # a hair behind the sender; a negative duration means "too short to see", so it reads as 0.
+    seconds = max(0, arrived - meta["sent_at"]) / 1e9
+    return (meta["src"], role.chip, meta["src_stage"], role.stage, nbytes, seconds, arrived)
 
 
 def _nbytes(tensors: list[torch.Tensor]) -> int:

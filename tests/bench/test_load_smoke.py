@@ -37,7 +37,7 @@ def test_lanes_quick(quick_run, api):
     # the fast lane's chips are the layout the server reports it deployed (/health), one replica each
     layout = doc["assumptions"]["fast_layout"]
     assert set(layout) == {"tp", "pp"} and all(isinstance(v, int) and v >= 1 for v in layout.values())
-    assert doc["assumptions"]["chips"] == {"fast": layout["tp"] * layout["pp"], "priority": 1, "standard": 1}
+    assert doc["assumptions"]["chips"] == {"fast": layout["tp"] * layout["pp"], "priority": 1, "standard": 1, "exact": 1}
     # the server's price model: priority 6x standard per token
     pri, std = doc["lanes"]["priority"][0], doc["lanes"]["standard"][0]
     if api == "websocket":

@@ -142,7 +142,8 @@ def test_every_step_reports_its_hops(pipe):
         assert sorted(h.bytes for h in back) == [0] * (tp - 1) + [8 * b]  # rank 0 carries the tokens
         fanout = [h for h in hops if (h.src_stage, h.dst_stage) == (0, 0)]  # token ids to the head's TP peers
         assert len(fanout) == tp - 1 and all(h.bytes == 8 * b * s for h in fanout)
-        assert len(hops) == 3 * tp - 1 and all(h.seconds > 0 for h in hops)
+        # wall clocks of two processes: a hop can read 0 (never negative), a step's hops not all 0
+        assert len(hops) == 3 * tp - 1 and all(h.seconds >= 0 for h in hops) and sum(h.seconds for h in hops) > 0
         assert len(info.stage_seconds) == 2 and info.end_ns > info.start_ns
 
 
