@@ -382,6 +382,10 @@ def test_every_dashboard_series_is_in_a_real_scrape(piped_app):
     assert events[-1]["type"] == "response.completed", events
     status, _ = a.generate(model="fastmode-fast", input="def main():\n", max_output_tokens=8)
     assert status == 200
+    # the exact lane's speculative decoding (its counts come with a length-ended response)
+    status, events = a.generate(model="fastmode-full", service_tier="exact", input="import os\nimport sys\n",
+                                max_output_tokens=24, temperature=0, ignore_eos=True)
+    assert status == 200 and events[-1]["type"] == "done" and "speculative" in events[-1], events[-1]
     wanted: dict[str, set[str]] = {}
     for _, expr in panel_queries():
         for name, labels in selectors(expr):
