@@ -453,6 +453,7 @@ OTHERS = {"all": ("bench.suite", "every benchmark in one run, then docs/benchmar
           "quality": ("bench.quality", "quality against speed per lane and auto, with the Pareto frontier"),
           "vllm": ("bench.vllm_serve", "vLLM's own OpenAI server on the full and fast checkpoints, same load"),
           "gateway": ("bench.gateway", "front-door cost and time to first token, loopback and emulated network"),
+          "turns": ("bench.turns", "multi-turn: previous_response_id on one WebSocket against re-sending over HTTP"),
           "sharding": ("bench.sharding", "the fast lane's executor: tp x pp layouts, hop costs, the planner")}
 
 

@@ -229,6 +229,39 @@ def gateway_section(doc: dict | None) -> list[str]:
     return out
 
 
+def turns_section(doc: dict | None) -> list[str]:
+    out = ["## 6. Multi-turn", ""]
+    if doc is None:
+        return out + ["Not run.", ""]
+    s = doc["settings"]
+    out += [f"An agent loop: {s['turns']} turns per conversation (one held-out source line in, {s['tokens']} greedy "
+            "tokens out), several conversations at once per lane (up to its batch cap). `websocket`: one persistent "
+            "WebSocket per conversation, each turn only its new line with `previous_response_id`; `http_resend`: "
+            "each turn a fresh HTTP connection to `/v1/chat/completions` re-sending the whole history. Time to "
+            "first token is the client's, median over the conversations; `cached` is the input tokens the lane "
+            "reused from earlier turns on the last turn (of its input tokens). Goals: the last turn's time to first "
+            f"token within {doc['goals']['ttft_last_over_first_at_most']}x of the first's, and the WebSocket's wall "
+            f"time at most {doc['goals']['wall_ratio_at_most']}x the re-send's.", ""]
+    nets = [("loopback", None, doc["loopback"])]
+    nets += [(f"{n['rtt_ms']:g} ms round trip", n["method"], n["lanes"]) for n in doc.get("emulated_network", [])]
+    rows = []
+    for net, _, lanes in nets:
+        for lane, r in lanes.items():
+            for way in ("websocket", "http_resend"):
+                w = r[way]
+                t = w["ttft_ms_per_turn"]
+                rows.append([net, lane, way, _f(t[0]), _f(t[-1]), f"{w['last_to_first_ttft']:.2f}x",
+                             f"{w['cached_tokens_per_turn'][-1]:.0f} of {w['input_tokens_last_turn']:.0f}",
+                             f"{w['wall_s']:.2f}", f"{r['wall_ratio']:.2f}x" if way == "websocket" else ""])
+    out += _table(["network", "lane", "way", "TTFT turn 1 (ms)", f"TTFT turn {s['turns']} (ms)", "last / first",
+                   "cached, last turn", "wall (s)", "wall vs re-send"], rows) + [""]
+    for net, how, _ in nets[1:]:
+        out += [f"{net} emulated by: {how}.", ""]
+    if doc.get("emulated_network_skipped"):
+        out += [f"Emulated network: {doc['emulated_network_skipped']}.", ""]
+    return out
+
+
 def sharding_section(doc: dict | None) -> list[str]:
     out = ["## 4. Sharding", ""]
     if doc is None:
@@ -320,6 +353,7 @@ def write_report(results: Path, docs: Path) -> str:
     lines += gateway_section(_load(results, "gateway.json"))
     lines += sharding_section(_load(results, "sharding.json"))
     lines += baseline_section(_load(results, "vllm_serve.json"), _load(results, "lanes_load_openai.json"))
+    lines += turns_section(_load(results, "turns.json"))
     text = "\n".join(lines).rstrip() + "\n"
     docs.parent.mkdir(parents=True, exist_ok=True)
     docs.write_text(text)

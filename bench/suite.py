@@ -11,6 +11,8 @@ and nothing else runs beside a stage; only ``--quick`` starts the app while stag
 5. ``quality``: quality against speed per lane and ``auto``.
 6. ``gateway``: front-door cost, throughput ceiling, time to first token on loopback and across an
    emulated network.
+   ``turns``: an agent loop of short turns per lane, ``previous_response_id`` on one WebSocket
+   against re-sending the history over a fresh HTTP request each turn.
 7. The report: ``bench/report.py`` writes ``docs/benchmarks.md`` (with ``--quick``:
    ``bench/results/quick/benchmarks.md``; quick results never replace the published ones).
 
@@ -44,7 +46,7 @@ niceness (Ray's ``worker_niceness``, 15 by default). The stages that measure a s
 same niceness, so the load generator on this same machine does not take the CPU from the server
 it measures; vLLM's own server, started by its stage, inherits it. Sharding keeps Ray's default
 relation (driver 0, workers 15)."""
-WITH_APP = ("lanes", "lanes-openai", "quality", "gateway")
+WITH_APP = ("lanes", "lanes-openai", "quality", "gateway", "turns")
 STAGES = NO_APP + WITH_APP
 
 
@@ -58,6 +60,7 @@ def stage_command(name: str, url: str | None, out: Path, quick: bool) -> list[st
         "lanes-openai": ["bench.load", "lanes", "--api", "openai", "--url", str(url), "--out", str(out), *q],
         "quality": ["bench.quality", "--url", str(ws), "--out", str(out), *q],
         "gateway": ["bench.gateway", "--url", str(url), "--json", str(out / "gateway.json"), *q],
+        "turns": ["bench.turns", "--url", str(url), "--json", str(out / "turns.json"), *q],
     }
     return [sys.executable, "-m", *commands[name]]
 

@@ -7,6 +7,10 @@ Text goes to stdout as it arrives; then a stats line goes to stderr::
 ``--json`` prints the complete response as one JSON object instead (and nothing else). An error
 prints ``fastmode chat: <code>: <message>`` to stderr and exits 1 (2 for usage errors); Ctrl-C
 cancels the response on the server and exits 130.
+
+``fastmode chat -i`` is a conversation on one connection: each line read from stdin is a turn that
+continues the last one (``previous_response_id``: the server keeps the history and its keys and
+values, so a turn sends and prefills only its new line). An empty line or end of input ends it.
 """
 
 from __future__ import annotations
@@ -24,7 +28,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="fastmode chat",
                                 description="Stream one completion to the terminal, then print its lane, "
                                 "model, tokens, time to first token and tokens/s to stderr.")
-    p.add_argument("prompt", help="the prompt ('-' reads it from stdin)")
+    p.add_argument("prompt", nargs="?", default=None, help="the prompt ('-' reads it from stdin); with "
+                   "--interactive, the first turn (optional)")
+    p.add_argument("-i", "--interactive", action="store_true", help="a conversation: every line of stdin is "
+                   "a turn continuing the last (previous_response_id); an empty line or EOF ends it")
     p.add_argument("--model", default="fastmode-full", help="model id: fastmode-full, fastmode-fast or auto "
                    "(default: %(default)s)")
     p.add_argument("--service-tier", default=None, help="priority, exact or default (fastmode-full's lane)")
@@ -41,6 +48,8 @@ def stats_line(r: Response) -> str:
     parts = [f"lane {r.lane}", f"model {r.model}"]
     if r.usage is not None:
         parts.append(f"{r.usage.output_tokens} tokens")
+        if r.usage.cached_tokens:
+            parts.append(f"{r.usage.cached_tokens} input tokens cached")
     if r.timing is not None and r.timing.ttft_s is not None:
         parts.append(f"ttft {r.timing.ttft_s * 1000:.0f} ms")
     if r.timing is not None and r.timing.decode_tokens_per_s is not None:
@@ -62,50 +71,73 @@ async def chat(args: argparse.Namespace) -> int:
         loop.add_signal_handler(signal.SIGINT, interrupted.set)
     except (NotImplementedError, RuntimeError):  # not the main thread, or no signals here
         pass
-    params = {"model": args.model, "input": args.prompt, "service_tier": args.service_tier,
+    params = {"model": args.model, "service_tier": args.service_tier,
               "max_output_tokens": args.max_tokens, "temperature": args.temperature}
     async with AsyncClient(args.url, args.api_key, max_attempts=3) as client:
-        opening = asyncio.ensure_future(client.responses.stream(**params).open())
-        waiter = asyncio.ensure_future(interrupted.wait())
-        await asyncio.wait([opening, waiter], return_when=asyncio.FIRST_COMPLETED)
-        if not opening.done():
-            opening.cancel()
-            await asyncio.gather(opening, return_exceptions=True)
-            return 130
-        waiter.cancel()
-        stream = opening.result()
-
-        async def pump() -> None:
-            async for text in stream:
+        if not args.interactive:
+            return (await turn(client, {**params, "input": args.prompt}, args, interrupted))[0]
+        previous, line = None, args.prompt
+        while True:
+            if line is None:
                 if not args.json:
-                    sys.stdout.write(text)
-                    sys.stdout.flush()
+                    print("> ", end="", file=sys.stderr, flush=True)
+                line = (await loop.run_in_executor(None, sys.stdin.readline)).rstrip("\n")
+            if not line:
+                return 0
+            code, r = await turn(client, {**params, "input": line, "previous_response_id": previous}, args,
+                                 interrupted)
+            if code != 0:
+                return code
+            previous, line = r.id, None
 
-        pumping = asyncio.ensure_future(pump())
-        waiter = asyncio.ensure_future(interrupted.wait())
-        await asyncio.wait([pumping, waiter], return_when=asyncio.FIRST_COMPLETED)
-        if not pumping.done():
-            pumping.cancel()
-            await asyncio.gather(pumping, return_exceptions=True)
-            await stream.cancel()
+
+async def turn(client: AsyncClient, params: dict, args: argparse.Namespace,
+               interrupted: asyncio.Event) -> tuple[int, Response | None]:
+    """Stream one response to the terminal: (exit code, the response when it completed)."""
+    opening = asyncio.ensure_future(client.responses.stream(**params).open())
+    waiter = asyncio.ensure_future(interrupted.wait())
+    await asyncio.wait([opening, waiter], return_when=asyncio.FIRST_COMPLETED)
+    if not opening.done():
+        opening.cancel()
+        await asyncio.gather(opening, return_exceptions=True)
+        return 130, None
+    waiter.cancel()
+    stream = opening.result()
+
+    async def pump() -> None:
+        async for text in stream:
             if not args.json:
-                print(file=sys.stdout, flush=True)
-                print(stats_line(stream.result) if stream.result else "cancelled", file=sys.stderr)
-            return 130
-        waiter.cancel()
-        pumping.result()  # raises the response's error, if any
-        r = stream.result
-        if args.json:
-            print(json.dumps(r.to_dict()))
-        else:
-            if r.text and not r.text.endswith("\n"):
-                print(flush=True)
-            print(stats_line(r), file=sys.stderr)
-        return 0
+                sys.stdout.write(text)
+                sys.stdout.flush()
+
+    pumping = asyncio.ensure_future(pump())
+    waiter = asyncio.ensure_future(interrupted.wait())
+    await asyncio.wait([pumping, waiter], return_when=asyncio.FIRST_COMPLETED)
+    if not pumping.done():
+        pumping.cancel()
+        await asyncio.gather(pumping, return_exceptions=True)
+        await stream.cancel()
+        if not args.json:
+            print(file=sys.stdout, flush=True)
+            print(stats_line(stream.result) if stream.result else "cancelled", file=sys.stderr)
+        return 130, None
+    waiter.cancel()
+    pumping.result()  # raises the response's error, if any
+    r = stream.result
+    if args.json:
+        print(json.dumps(r.to_dict()))
+    else:
+        if r.text and not r.text.endswith("\n"):
+            print(flush=True)
+        print(stats_line(r), file=sys.stderr)
+    return 0, r
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.prompt is None and not args.interactive:
+        print("fastmode chat: a prompt is required (or --interactive)", file=sys.stderr)
+        return 2
     if args.prompt == "-":
         args.prompt = sys.stdin.read()
     try:

@@ -94,6 +94,9 @@ class FastLaneConfig(LaneCommon):
                           "start, over every shape the lane meets, so no request waits for a compile).")
     threads_per_chip: int = Field(default=1, ge=1, description="torch threads per chip: the cores each "
                                   "chip owns (1 where a chip is a CPU core).")
+    prefix_cache: bool = Field(default=True, description="Keep a finished sequence's KV-cache slot for a "
+        "later prompt that starts with its tokens (a conversation's next turn prefills only the new part; "
+        "sharding/prefix_cache.py). Parked slots are given up, oldest first, when a new request needs one.")
     spin_us: float = Field(default=2000.0, ge=0, le=100000, description="A chip polls its link this long "
         "before sleeping: waking a sleeping core costs more than a hop. An idle lane sleeps.")
 
@@ -221,6 +224,15 @@ class GatewayConfig(_Strict):
                                   "flight and nothing received for this long (code 1000).")
     max_connection_age_s: float = Field(default=3600.0, gt=0, description="After this long a connection "
                                         "refuses new responses and closes (1001) once its last one ends.")
+    responses_per_connection: int = Field(default=64, ge=0, description="Completed responses a connection "
+                                          "keeps for previous_response_id (oldest evicted first; 0: none).")
+    response_bytes_per_connection: int = Field(default=4 * 2**20, ge=0, description="Their conversations' "
+                                               "text in bytes, at most.")
+    stored_responses: int = Field(default=4096, ge=0, description="Responses created with store: true that "
+                                  "each gateway replica keeps for any connection and the HTTP API (oldest "
+                                  "evicted first; 0: none).")
+    stored_response_bytes: int = Field(default=256 * 2**20, ge=0, description="Their conversations' text in "
+                                       "bytes, at most.")
 
 
 class AuthConfig(_Strict):

@@ -216,7 +216,8 @@ def _sse_data(obj: dict[str, Any]) -> str:
 def _usage(done: dict[str, Any]) -> dict[str, int]:
     u = done["usage"]
     return {"prompt_tokens": u["input_tokens"], "completion_tokens": u["output_tokens"],
-            "total_tokens": u["total_tokens"]}
+            "total_tokens": u["total_tokens"],
+            "prompt_tokens_details": {"cached_tokens": u.get("input_tokens_details", {}).get("cached_tokens", 0)}}
 
 
 def _extension(done: dict[str, Any]) -> dict[str, Any]:

@@ -74,10 +74,16 @@ class OutputTextDelta(_Event):
                                "(a client's live tokens/s; the completed event's usage is the exact total).")
 
 
+class InputTokensDetails(_Event):
+    cached_tokens: int = Field(ge=0, description="Input tokens whose keys and values were reused from an "
+                               "earlier request (prefix caching: a conversation's history), not prefilled again.")
+
+
 class Usage(_Event):
     input_tokens: int = Field(ge=0)
     output_tokens: int = Field(ge=0)
     total_tokens: int = Field(ge=0)
+    input_tokens_details: InputTokensDetails
 
 
 class Timing(_Event):

@@ -58,6 +58,12 @@ class GenerateRequest(BaseModel):
     allow_spill: bool = Field(default=False, description="If the priority lane is full, serve on "
                               "standard instead of failing with 'overloaded'.")
     metadata: dict[str, str] | None = Field(default=None, description="Opaque; may carry 'traceparent'.")
+    previous_response_id: str | None = Field(default=None, min_length=1, max_length=128, description=
+                                             "Continue the conversation of this completed response: its "
+                                             "input and output come first, then this request's input (as if "
+                                             "re-sent whole as messages). See serve.conversation.")
+    store: bool = Field(default=False, description="Also keep this response where any connection of this "
+                        "gateway (and its HTTP API) can continue it by id, not only this connection.")
 
     @classmethod
     def parse(cls, data: Any) -> GenerateRequest:

@@ -32,11 +32,12 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from . import metrics, telemetry
 from .config import AppConfig, load_config
+from .conversation import ResponseStore, Turn, as_messages, find
 from .difficulty import DifficultyScorer
 from .errors import Overloaded, UnknownModel, UnknownServiceTier, to_event, unwrap
 from .lanes.lane import EXACT, FAST, LANES, PRIORITY, STANDARD
 from .lanes.link import LaneLinks
-from .request import GenerateRequest, LaneRequest
+from .request import GenerateRequest, LaneRequest, Message
 
 TIERS = {None: STANDARD, "auto": STANDARD, "default": STANDARD, "priority": PRIORITY, "exact": EXACT}
 """``service_tier`` -> the full model's lane."""
@@ -83,6 +84,9 @@ class Router:
         self.links = ({name: LaneLinks(self.handles[name], self.tries[name]) for name in LANES}
                       if self.config.router.lane_links else {})
         self.scorer = DifficultyScorer(self.config.models.fast.path, self.config.router.auto_max_tokens)
+        g = self.config.gateway
+        self.store = ResponseStore(g.stored_responses, g.stored_response_bytes)
+        """Responses created with ``store: true`` (``serve.conversation``)."""
 
     async def pick(self, req: GenerateRequest) -> tuple[str, dict[str, Any]]:
         """The lane for ``req`` and why (``{"by": "model"|"auto", "difficulty": ...}``)."""
@@ -106,11 +110,16 @@ class Router:
         raise UnknownModel(f"model {req.model!r} is not served here; choose one of "
                            f"{[models.full.id, models.fast.id, AUTO]}")
 
-    def stream(self, request: dict[str, Any]) -> RouterStream:
-        """The events of one request: ``created``, ``delta``s, then ``done``, or one ``error``."""
-        return RouterStream(self.generate(request))
+    def stream(self, request: dict[str, Any], history: ResponseStore | None = None) -> RouterStream:
+        """The events of one request: ``created``, ``delta``s, then ``done``, or one ``error``.
 
-    async def generate(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        ``history``: the caller's own completed responses (a WebSocket connection's), where
+        ``previous_response_id`` is looked up first (then ``self.store``) and where this response
+        is kept once it completes."""
+        return RouterStream(self.generate(request, history))
+
+    async def generate(self, request: dict[str, Any], history: ResponseStore | None = None
+                       ) -> AsyncIterator[dict[str, Any]]:
         """Stream ``created``, ``delta``s and ``done`` for one request, or an ``error`` event.
 
         Each request is one trace span (OpenTelemetry GenAI conventions), continuing the caller's
@@ -124,7 +133,7 @@ class Router:
             f"{op} {model}", kind=SpanKind.SERVER, context=telemetry.extract(meta if isinstance(meta, dict) else None),
             attributes={"gen_ai.operation.name": op, "gen_ai.provider.name": "fastmode",
                         "gen_ai.request.model": str(model)})
-        events = self._generate(request, span)
+        events = self._generate(request, span, history)
         lane, outcome = None, "cancelled"
         try:
             async for event in events:
@@ -146,18 +155,30 @@ class Router:
             await events.aclose()
             span.end()
 
-    async def _generate(self, request: dict[str, Any], span) -> AsyncIterator[dict[str, Any]]:
+    async def _generate(self, request: dict[str, Any], span, history: ResponseStore | None
+                        ) -> AsyncIterator[dict[str, Any]]:
         arrived = time.perf_counter()
         rid = request.get("id") if isinstance(request, dict) and isinstance(request.get("id"), str) else None
         try:
             req = GenerateRequest.parse(request)
             rid = req.id or f"resp_{uuid.uuid4().hex}"
+            prev = None
+            conversation = as_messages(req.input)
+            if req.previous_response_id is not None:
+                prev = find(req.previous_response_id, history, self.store)
+                conversation = prev.messages + conversation
+                req = req.model_copy(update={"input": [Message(role=r, content=c) for r, c in conversation]})
+                if span.is_recording():
+                    span.set_attribute("fastmode.previous_response_id", prev.id)
             lane_request = req.to_lane(rid, telemetry.inject(span) if span.is_recording() else None)
             lane, route = await self.pick(req)
-            lane, stream, accepted = await self._open(lane, req, route, lane_request)
+            prefer = prev.replica if prev is not None and prev.lane == lane else None
+            lane, stream, accepted, replica = await self._open(lane, req, route, lane_request, prefer)
         except Exception as e:  # noqa: BLE001 - every failure becomes the stream's one error event
             yield to_event(e, rid)
             return
+        keep = history is not None or req.store
+        output: list[str] = []
         first, finished = None, False
         self.in_flight[lane] += 1
         try:
@@ -165,14 +186,22 @@ class Router:
                    "input_tokens": accepted["input_tokens"], "route": route}
             async for event in stream:
                 event["id"] = rid
-                if event["type"] == "delta" and first is None:
-                    first = time.perf_counter()
+                if event["type"] == "delta":
+                    if first is None:
+                        first = time.perf_counter()
+                    if keep:
+                        output.append(event["text"])
                 elif event["type"] == "done":
                     event["timing"]["engine_ttft_s"] = event["timing"]["ttft_s"]
                     event["timing"]["ttft_s"] = None if first is None else first - arrived
                     event["timing"]["total_s"] = time.perf_counter() - arrived
                     event["route"] = route
                     finished = True
+                    if keep:  # before the client hears of it, so its next turn finds it
+                        turn = Turn(rid, conversation + (("assistant", "".join(output)),), lane, replica)
+                        for store in (history, self.store if req.store else None):
+                            if store is not None:
+                                store.put(turn)
                 yield event
         except Exception as e:  # noqa: BLE001
             finished = True
@@ -183,15 +212,16 @@ class Router:
                 stream.cancel()
 
     async def _open(self, lane: str, req: GenerateRequest, route: dict[str, Any],
-                    lane_request: LaneRequest) -> tuple[str, Any, dict[str, Any]]:
-        """Start the stream on ``lane`` (or spill from priority to standard): the lane, its stream
-        and its ``accepted`` event; ``Overloaded`` if every try was refused."""
+                    lane_request: LaneRequest, prefer: str | None = None) -> tuple[str, Any, dict[str, Any], str | None]:
+        """Start the stream on ``lane`` (or spill from priority to standard): the lane, its stream,
+        its ``accepted`` event and the replica serving it (when known; ``prefer``: the replica to
+        try first, the one holding the conversation's prefix); ``Overloaded`` if every try was refused."""
         refused = None
         tried: set[str] = set()
         for _ in range(self.tries[lane]):
-            stream = await self._start(lane, lane_request, tried)
+            replica, stream = await self._start(lane, lane_request, tried, prefer)
             try:
-                return lane, stream, await stream.__anext__()  # ``accepted``, or the lane's refusal
+                return lane, stream, await stream.__anext__(), replica  # ``accepted``, or the lane's refusal
             except BaseException as e:
                 stream.cancel()  # a caller gone while it waited: the lane may have taken it already
                 if not (isinstance(e, Exception) and isinstance(unwrap(e), Overloaded)):
@@ -208,17 +238,18 @@ class Router:
             raise Overloaded(f"the {lane} and standard lanes are full; retry after {retry} s",
                              retry_after=retry) from None
 
-    async def _start(self, lane: str, lane_request: LaneRequest, tried: set[str]):
-        """Start the stream on one of ``lane``'s replicas (not one in ``tried``): over its link when
-        one is up (``serve.lanes.link``), else through Serve's handle."""
+    async def _start(self, lane: str, lane_request: LaneRequest, tried: set[str], prefer: str | None = None):
+        """Start the stream on one of ``lane``'s replicas (not one in ``tried``; ``prefer`` first if
+        it is up): over its link when one is up (``serve.lanes.link``), else through Serve's handle.
+        Returns ``(replica id or None, stream)``."""
         links = self.links.get(lane)
         if links is not None:
-            opened = await links.open(lane_request, tried)
+            opened = await links.open(lane_request, tried, prefer)
             if opened is not None:
                 replica, stream = opened
                 tried.add(replica)
-                return stream
-        return self.handles[lane].options(stream=True).generate.remote(lane_request)
+                return replica, stream
+        return None, self.handles[lane].options(stream=True).generate.remote(lane_request)
 
     def models(self) -> list[dict[str, Any]]:
         """The served model ids and the lanes behind each."""

@@ -11,6 +11,9 @@ without bound: the send queue is bounded, a request's deltas merge while it is f
 request whose reader stays behind for ``slow_reader_timeout_s`` is cancelled with
 ``slow_consumer``. A disconnect cancels every request of the connection, which frees their
 engine sequences.
+
+Multi-turn: a completed response is kept by its connection (bounded, ``serve.conversation``);
+``response.create`` with ``previous_response_id`` sends only the new input.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any
 from fastapi import WebSocket
 
 from .config import GatewayConfig
+from .conversation import ResponseStore
 from .errors import to_event
 from .protocol import VERSION
 
@@ -50,6 +54,8 @@ class Session:
         self.opened = time.monotonic()
         self.last_activity = self.opened
         self.draining = False
+        self.history = ResponseStore(config.responses_per_connection, config.response_bytes_per_connection)
+        """This connection's completed responses, for ``previous_response_id`` (``serve.conversation``)."""
 
     async def run(self) -> None:
         sender = asyncio.create_task(self._send_loop())
@@ -147,7 +153,7 @@ class Session:
 
     # -- one response ------------------------------------------------------------------------
     async def _respond(self, rid: str, body: dict[str, Any]) -> None:
-        stream = self.router.stream(body)
+        stream = self.router.stream(body, self.history)
         seq, pending, finished = 0, None, False
         try:
             async for ev in stream:

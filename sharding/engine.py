@@ -78,10 +78,12 @@ class Engine:
             Decoding is about twice as fast on CPU once warm; each new kind of step (the first
             prefill, the first decode, the first change of shape) compiles first, for seconds.
         executor: instead of ``model``: the executor to drive (it fixes ``num_slots``/``max_len``).
+        prefix_cache: park finished sequences' slots for prompts that continue them
+            (``sharding.prefix_cache``).
     """
 
     def __init__(self, model: Llama | None = None, *, num_slots: int = 8, max_len: int | None = None,
-                 compile: bool = False, executor: Executor | None = None) -> None:
+                 compile: bool = False, executor: Executor | None = None, prefix_cache: bool = False) -> None:
         if (model is None) == (executor is None):
             raise ValueError("Engine needs exactly one of a model or an executor")
         if executor is None:
@@ -95,17 +97,17 @@ class Engine:
         self.max_len = executor.max_len
         self.cache = slots
         """The KV-cache slot pool (``num_free``, ...); the ``KVCache`` itself when in process."""
-        self.scheduler = Scheduler(self.config, slots, self.max_len)
+        self.scheduler = Scheduler(self.config, slots, self.max_len, prefix_cache=prefix_cache)
         self.last_result: StepResult | None = None
         """The executor's answer to the latest step: ``hops``, ``stage_seconds`` (read-only)."""
 
     @classmethod
     def from_pretrained(cls, path: str | Path, *, num_slots: int = 8, max_len: int | None = None,
                         dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
-                        compile: bool = False) -> Engine:
+                        compile: bool = False, prefix_cache: bool = False) -> Engine:
         """An engine over the checkpoint at ``path`` (single process, no parallelism)."""
         return cls(load_model(path, dtype=dtype, device=device), num_slots=num_slots, max_len=max_len,
-                   compile=compile)
+                   compile=compile, prefix_cache=prefix_cache)
 
     @property
     def has_work(self) -> bool:

@@ -55,7 +55,7 @@ class ShardedModel:
     def __init__(self, path: str | Path, *, tp: int = 1, pp: int = 1, num_slots: int = 8,
                  max_len: int | None = None, dtype: torch.dtype = torch.float32, device: str = "cpu",
                  compile: bool = False, threads_per_chip: int = 1, spin_s: float = SPIN_S,
-                 placement_timeout_s: float = 60.0) -> None:
+                 placement_timeout_s: float = 60.0, prefix_cache: bool = False) -> None:
         self.config = config = ModelConfig.from_pretrained(path)
         ranges = stage_layers(config, tp, pp)
         self.max_len = config.max_position_embeddings if max_len is None else max_len
@@ -65,6 +65,7 @@ class ShardedModel:
         if not isinstance(num_slots, int) or num_slots < 1:
             raise InvalidLayout(f"num_slots must be a positive int, got {num_slots!r}")
         self.num_slots, self.tp, self.pp, self.compile = num_slots, tp, pp, compile
+        self.prefix_cache = prefix_cache
         require_chips(tp * pp)
         self._groups, self._workers = [], []
         self.layout: list[ChipPlacement] = []
@@ -103,8 +104,8 @@ class ShardedModel:
         links = ring_links(self.tp, self.pp)
         ray.get([w.connect.remote([(dst, ends[dst][0], ends[dst][1]) for src, dst in links if src == i])
                  for i, w in enumerate(self._workers)], timeout=timeout_s)
-        ray.get([w.start.remote({"returns": [s for s, d in links if d == 0]} if i == 0 else
-                                {"prev": [s for s, d in links if d == i]})
+        ray.get([w.start.remote({"returns": [s for s, d in links if d == 0]}, self.prefix_cache) if i == 0 else
+                w.start.remote({"prev": [s for s, d in links if d == i]})
                  for i, w in enumerate(self._workers)], timeout=timeout_s)
         self.client_address = (ends[0][0], ends[0][2])
 
@@ -116,7 +117,8 @@ class ShardedModel:
         ``ray_address`` (or ``RAY_ADDRESS``), else starts a local Ray whose chips are this
         machine's cores (``shutdown`` stops it again). ``options``: ``tp``, ``pp``, ``num_slots``,
         ``max_len``, ``dtype``, ``device``, ``compile``, ``threads_per_chip``, ``spin_s``,
-        ``placement_timeout_s``.
+        ``placement_timeout_s``, ``prefix_cache`` (the head parks finished sequences' slots for
+        prompts that continue them: ``sharding.prefix_cache``).
         """
         started = ensure_ray(ray_address)
         try:
@@ -202,9 +204,9 @@ class ShardedModel:
             self.last_infos = step_infos(msg[2])
             self.last_info = self.last_infos[-1]
             outs = []
-            for rid, token, finished, reason in msg[1]:
+            for rid, token, finished, reason, cached in msg[1]:
                 if rid in self._unfinished:
-                    outs.append(StepOutput(rid, [token], finished, reason))
+                    outs.append(StepOutput(rid, [token], finished, reason, cached))
                     if finished:
                         self._unfinished.discard(rid)
             return outs
@@ -258,12 +260,24 @@ class ShardedModel:
             raise RuntimeError("prompt_logits() needs an idle model")
         prompt = [int(t) for t in prompt_ids]
         self.validate("prompt_logits", prompt, SamplingParams(temperature=0, max_tokens=1))
+        if self.prefix_cache:  # slot 0 is about to be overwritten: nothing parked may point into it
+            ray.get(self._workers[0].clear_prefix.remote())
         x = None
         for s in range(self.pp):
             refs = [w.prompt_logits.remote(prompt, 0, x) for w in self._workers[s * self.tp:(s + 1) * self.tp]]
             x = refs[0]
             ray.get(refs[1:])  # the other ranks took part in the collectives
         return ray.get(x)
+
+    def prefix_stats(self) -> dict[str, int] | None:
+        """The head's prefix cache: ``parked`` slots, ``hits`` and ``reused_tokens`` since start
+        (``None`` when ``prefix_cache`` is off)."""
+        return ray.get(self.head_worker.prefix_stats.remote(), timeout=10)
+
+    @property
+    def head_worker(self):
+        """The head chip's actor (``ChipWorker``)."""
+        return self._workers[0]
 
     def check_alive(self) -> None:
         """Raise ``RingFailed`` unless every chip's loop thread is running."""

@@ -184,17 +184,19 @@ class Head(Chip):
     Args:
         role, runner, links: as for ``Chip``.
         server: the listening socket its client connects to.
-        scheduler: over a ``SlotPool`` of the runner's cache size.
+        flush_s: outputs leave at most this often (a first token or an end at once).
+        prefix_cache: the scheduler parks finished sequences' slots (``sharding.prefix_cache``).
     """
 
     def __init__(self, role: ChipRole, runner: StageRunner, links: dict[str, Any], server,
-                 flush_s: float = FLUSH_S) -> None:
+                 flush_s: float = FLUSH_S, prefix_cache: bool = False) -> None:
         super().__init__(role, runner, links)
         self.server, self.flush_s = server, flush_s
         self._outputs: list[tuple] = []
         self._infos: list[tuple] = []
         self._flushed = 0.0
-        self.scheduler = Scheduler(runner.model.config, SlotPool(runner.cache.num_slots), runner.cache.max_len)
+        self.scheduler = Scheduler(runner.model.config, SlotPool(runner.cache.num_slots), runner.cache.max_len,
+                                   prefix_cache=prefix_cache)
         self.client: Link | None = None
         self.steps = 0
 
@@ -216,7 +218,8 @@ class Head(Chip):
                 result, hops, secs = self._step(batch)
                 outputs = self.scheduler.postprocess(result)
                 self._infos.append((start, time.time_ns(), len(outputs), hops, secs))
-                self._outputs += [(o.request_id, o.token_ids[0], o.finished, o.finish_reason) for o in outputs]
+                self._outputs += [(o.request_id, o.token_ids[0], o.finished, o.finish_reason, o.cached)
+                                  for o in outputs]
                 # A request's first token and its end leave at once; the rest at most every flush_s.
                 if (batch.prefill is not None or any(o.finished for o in outputs) or not self.scheduler.has_work
                         or time.perf_counter() - self._flushed >= self.flush_s):

@@ -5,6 +5,10 @@ free slots and prefills them (rows right-padded to the longest prompt), and deco
 every sequence that was already running (``S = 1``). Sequences join and leave between steps; a
 finished or aborted sequence frees its slot at once, and the executor hears of it (to drop the
 slot's sampling generator) with the next batch.
+
+With ``prefix_cache`` on, a finished or aborted sequence's slot is parked instead of freed
+(``sharding.prefix_cache``): a later prompt that starts with its tokens takes the slot over and
+prefills only the tokens after the shared prefix, at their own positions.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from .batch import Rows, StepBatch, StepResult
 from .config import ModelConfig
 from .errors import DuplicateRequest, EmptyPrompt, PromptTooLong, TokenOutOfRange
 from .kv_cache import SlotPool
+from .prefix_cache import MIN_REUSE_TOKENS, PrefixCache
 from .sampling import SamplingParams
 
 
@@ -32,6 +37,8 @@ class StepOutput:
     finished: bool
     finish_reason: str | None = None
     """``"stop"`` (a stop or eos token, which is included), ``"length"`` (``max_tokens``), or ``None``."""
+    cached: int | None = None
+    """On the request's first output (its prefill): prompt tokens its slot already held (prefix cache)."""
 
 
 @dataclass
@@ -41,6 +48,8 @@ class _Sequence:
     params: SamplingParams
     output: list[int] = field(default_factory=list)
     slot: int = -1
+    cached: int = 0
+    """Prompt tokens whose keys and values the slot already held (a prefix-cache hit)."""
 
     @property
     def length(self) -> int:
@@ -54,10 +63,12 @@ class Scheduler:
         config: the model's shape (vocabulary and eos ids).
         slots: the pool the sequences' KV-cache slots come from.
         max_len: tokens per sequence (prompt + generated).
+        prefix_cache: park the slots of finished sequences for prompts that continue them.
     """
 
-    def __init__(self, config: ModelConfig, slots: SlotPool, max_len: int) -> None:
+    def __init__(self, config: ModelConfig, slots: SlotPool, max_len: int, prefix_cache: bool = False) -> None:
         self.config, self.slots, self.max_len = config, slots, max_len
+        self.prefix: PrefixCache | None = PrefixCache() if prefix_cache else None
         self._waiting: deque[_Sequence] = deque()
         self._running: dict[str, _Sequence] = {}
         self._freed: list[int] = []
@@ -107,15 +118,15 @@ class Scheduler:
         """Admit waiting requests into free slots and build this step's batch (``None``: no work)."""
         decoding = list(self._running.values())
         admitted = []
-        while self._waiting and self.slots.num_free:
+        while self._waiting and (self.slots.num_free or self.prefix):
             seq = self._waiting.popleft()
-            seq.slot = self.slots.allocate()
+            self._place(seq)
             self._running[seq.request_id] = seq
             admitted.append(seq)
         if not (admitted or decoding):
             return None
         self._in_flight = (admitted, decoding)
-        batch = StepBatch(prefill=prefill_rows(admitted) if admitted else None,
+        batch = StepBatch(prefill=prefill_rows(admitted, self.max_len) if admitted else None,
                           decode=decode_rows(decoding) if decoding else None,
                           admit={s.slot: s.params for s in admitted}, freed=self._freed)
         self._freed = []
@@ -125,9 +136,9 @@ class Scheduler:
         """Append the step's tokens, finish sequences that stopped, and report every row."""
         admitted, decoding = self._in_flight
         self._in_flight = ([], [])
-        return self._emit(admitted, result.prefill) + self._emit(decoding, result.decode)
+        return self._emit(admitted, result.prefill, prefill=True) + self._emit(decoding, result.decode)
 
-    def _emit(self, seqs: list[_Sequence], tokens: list[int]) -> list[StepOutput]:
+    def _emit(self, seqs: list[_Sequence], tokens: list[int], prefill: bool = False) -> list[StepOutput]:
         outputs = []
         for seq, token in zip(seqs, tokens, strict=True):
             seq.output.append(token)
@@ -139,11 +150,34 @@ class Scheduler:
                 reason = "length"
             if reason is not None:
                 self._release(self._running.pop(seq.request_id))
-            outputs.append(StepOutput(seq.request_id, [token], reason is not None, reason))
+            outputs.append(StepOutput(seq.request_id, [token], reason is not None, reason,
+                                      seq.cached if prefill else None))
         return outputs
 
+    def clear_prefix(self) -> None:
+        """Free every parked slot (their contents are about to be overwritten out of band)."""
+        while self.prefix:
+            self.slots.free(self.prefix.evict())
+
+    def _place(self, seq: _Sequence) -> None:
+        """Give ``seq`` a slot: the parked one holding most of its prompt, else a free one, else the
+        least recently parked one (given up)."""
+        if self.prefix is not None:
+            slot, n = self.prefix.match(seq.prompt)
+            if slot is not None and (n >= MIN_REUSE_TOKENS or not self.slots.num_free):
+                seq.slot, seq.cached = self.prefix.take(slot, n), n
+                return
+            if not self.slots.num_free:
+                seq.slot = self.prefix.evict()
+                return
+        seq.slot = self.slots.allocate()
+
     def _release(self, seq: _Sequence) -> None:
-        self.slots.free(seq.slot)
+        if self.prefix is not None:
+            # Every token fed so far has its keys and values in the slot: all but the last output.
+            self.prefix.park(seq.slot, seq.prompt + seq.output[:-1])
+        else:
+            self.slots.free(seq.slot)
         self._freed.append(seq.slot)
 
     def reserve(self, prompt_ids: Seq[int]) -> int:
@@ -153,6 +187,8 @@ class Scheduler:
         """
         prompt = [int(t) for t in prompt_ids]
         self.validate("prompt_logits", prompt, SamplingParams(temperature=0, max_tokens=1))
+        if self.prefix is not None and not self.slots.num_free and len(self.prefix):
+            self.slots.free(self.prefix.evict())  # its contents are about to be overwritten
         slot = self.slots.allocate()
         self.slots.free(slot)
         return slot
@@ -173,13 +209,17 @@ def validate_request(config: ModelConfig, max_len: int, request_id: str, prompt:
                             f"{params.max_tokens} exceeds the context of {max_len} tokens")
 
 
-def prefill_rows(seqs: list[_Sequence]) -> Rows:
-    """Whole prompts, right-padded with token 0 (see ``sharding.model`` on why that is safe)."""
-    lens = [len(s.prompt) for s in seqs]
-    width = max(lens)
-    tokens = torch.tensor([s.prompt + [0] * (width - len(s.prompt)) for s in seqs])  # [B, width]
-    return Rows(tokens=tokens, positions=torch.arange(width).repeat(len(seqs), 1),
-                slots=torch.tensor([s.slot for s in seqs]), last=torch.tensor(lens) - 1, context=width)
+def prefill_rows(seqs: list[_Sequence], max_len: int) -> Rows:
+    """Each prompt past its cached prefix (all of it without one), at its own positions,
+    right-padded with token 0 (see ``sharding.model`` on why that is safe). A padding position
+    past the context is clamped to its last position: the row's own, overwritten before read."""
+    new = [s.prompt[s.cached:] for s in seqs]
+    width = max(len(n) for n in new)
+    tokens = torch.tensor([n + [0] * (width - len(n)) for n in new])  # [B, width]
+    starts = torch.tensor([s.cached for s in seqs])
+    positions = (starts[:, None] + torch.arange(width)).clamp_(max=max_len - 1)
+    return Rows(tokens=tokens, positions=positions, slots=torch.tensor([s.slot for s in seqs]),
+                last=torch.tensor([len(n) for n in new]) - 1, context=max(len(s.prompt) for s in seqs))
 
 
 def decode_rows(seqs: list[_Sequence]) -> Rows:

@@ -52,6 +52,7 @@ class ChipWorker:
         self._out: dict[int, Link] = {}
         self._thread: threading.Thread | None = None
         self._error: str | None = None
+        self.head: Head | None = None
 
     def chip_id(self) -> tuple[str, str]:
         """``(chip id, node ip)``."""
@@ -95,10 +96,11 @@ class ChipWorker:
         for index, host, port in targets:
             self._out[index] = Link.connect(host, port, hello=self.index)
 
-    def start(self, expected: dict[str, list[int]]) -> None:
+    def start(self, expected: dict[str, list[int]], prefix_cache: bool = False) -> None:
         """Accept the incoming links and start the loop thread.
 
-        ``expected``: ``{"prev": [index]}`` for a follower, ``{"returns": [indices]}`` for the head.
+        ``expected``: ``{"prev": [index]}`` for a follower, ``{"returns": [indices]}`` for the head;
+        ``prefix_cache``: the head's scheduler parks finished sequences' slots for reuse.
         """
         want = [i for ids in expected.values() for i in ids]
         got = accept(self._server, len(want))
@@ -116,7 +118,7 @@ class ChipWorker:
             links["peers"] = [link for i, link in self._out.items() if 0 < i < role.tp]
             # Rank 0 of the last stage (the tokens) first.
             links["returns"] = [got[i] for i in sorted(expected["returns"])]
-            chip = Head(role, self.runner, links, self._control)
+            chip = self.head = Head(role, self.runner, links, self._control, prefix_cache=prefix_cache)
             target = chip.lead
         else:
             links["prev"] = got[expected["prev"][0]]
@@ -132,6 +134,17 @@ class ChipWorker:
             target()
         except BaseException as e:  # noqa: BLE001 - kept for ``alive``
             self._error = f"{type(e).__name__}: {e}"
+
+    def prefix_stats(self) -> dict[str, int] | None:
+        """(The head) its scheduler's prefix cache: ``parked``, ``hits``, ``reused_tokens``; ``None`` if off."""
+        prefix = self.head.scheduler.prefix if getattr(self, "head", None) is not None else None
+        return None if prefix is None else prefix.stats()
+
+    def clear_prefix(self) -> None:
+        """(The head, on an idle ring) free every parked slot."""
+        scheduler = self.head.scheduler if getattr(self, "head", None) is not None else None
+        if scheduler is not None:
+            scheduler.clear_prefix()
 
     def alive(self) -> tuple[bool, str | None]:
         """Whether the loop thread runs, and the error it ended with."""

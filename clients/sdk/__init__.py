@@ -21,6 +21,9 @@ Example::
 
             r = await client.responses.create(model="fastmode-full", service_tier="priority",
                                               input="import os\\n", max_output_tokens=16)
+            # the next turn sends only its new input; the server keeps the conversation (and its KV)
+            r = await client.responses.create(model="fastmode-full", previous_response_id=r.id,
+                                              input="import sys\\n", max_output_tokens=16)
 
     asyncio.run(main())
 
@@ -33,11 +36,12 @@ The blocking ``Client`` has the same methods::
 
 from .client import AsyncClient, AsyncResponses, Response, ResponseStream, Timing, Usage, responses_url
 from .errors import (AuthenticationError, ConnectionDraining, ConnectionFailed, ConnectionLost, FastmodeError,
-                     InternalError, InvalidRequest, LaneUnavailable, Overloaded, SlowConsumer, UnknownModel,
-                     UnknownServiceTier, from_code)
+                     InternalError, InvalidRequest, LaneUnavailable, Overloaded, PreviousResponseNotFound,
+                     SlowConsumer, UnknownModel, UnknownServiceTier, from_code)
 from .sync import Client, Responses, Stream
 
 __all__ = ["AsyncClient", "AsyncResponses", "Client", "Responses", "Response", "ResponseStream", "Stream",
            "Timing", "Usage", "responses_url", "FastmodeError", "InvalidRequest", "UnknownModel",
            "UnknownServiceTier", "Overloaded", "LaneUnavailable", "SlowConsumer", "AuthenticationError",
-           "ConnectionLost", "ConnectionFailed", "ConnectionDraining", "InternalError", "from_code"]
+           "ConnectionLost", "ConnectionFailed", "ConnectionDraining", "InternalError", "PreviousResponseNotFound",
+           "from_code"]

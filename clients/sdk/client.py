@@ -32,6 +32,13 @@ _CLOSED = "__connection_closed__"  # the sentinel event a dropped connection put
 
 
 # -- results -----------------------------------------------------------------------------------
+def _usage(data: dict[str, Any] | None) -> Usage | None:
+    usage = _pick(Usage, data)
+    if usage is not None:
+        usage.cached_tokens = (data.get("input_tokens_details") or {}).get("cached_tokens", 0)
+    return usage
+
+
 def _pick(cls, data: dict[str, Any] | None):
     if not isinstance(data, dict):
         return None
@@ -46,6 +53,8 @@ class Usage:
     input_tokens: int = 0
     output_tokens: int = 0
     total_tokens: int = 0
+    cached_tokens: int = 0
+    """Input tokens the server reused from an earlier request's keys and values (prefix caching)."""
 
 
 @dataclass
@@ -236,7 +245,7 @@ class ResponseStream:
             self._parts.append(event.get("delta", ""))
         elif kind == "response.completed":
             self.lane, self.model = event.get("lane", self.lane), event.get("model", self.model)
-            self.result = self._response(event.get("finish_reason"), usage=_pick(Usage, event.get("usage")),
+            self.result = self._response(event.get("finish_reason"), usage=_usage(event.get("usage")),
                                          timing=_pick(Timing, event.get("timing")),
                                          cost_units=event.get("cost_units"), speculative=event.get("speculative"))
         elif kind == "response.cancelled":
@@ -346,7 +355,8 @@ class AsyncResponses:
                max_output_tokens: int | None = None, temperature: float | None = None,
                top_p: float | None = None, stop: str | list[str] | None = None, seed: int | None = None,
                ignore_eos: bool | None = None, allow_spill: bool | None = None,
-               metadata: dict[str, str] | None = None, id: str | None = None, **extra: Any) -> _StreamOpener:
+               metadata: dict[str, str] | None = None, id: str | None = None,
+               previous_response_id: str | None = None, store: bool | None = None, **extra: Any) -> _StreamOpener:
         """Start a response and stream it: ``stream = await client.responses.stream(model=..., input=...)``
         (or ``async with client.responses.stream(...) as stream``). Returns once the server has
         admitted it (``stream.lane`` is set), raising its typed error if refused.
@@ -354,7 +364,9 @@ class AsyncResponses:
         ``input`` is a prompt string or a list of ``{"role", "content"}`` messages. Every other
         parameter is passed through as the ``response.create`` field of the same name (``None``
         leaves it to the server's default); ``extra`` carries fields this SDK does not name.
-        ``id`` defaults to a fresh unique id.
+        ``id`` defaults to a fresh unique id. ``previous_response_id`` continues the conversation of
+        a response completed earlier on this connection (or with ``store=True`` on any): send only
+        the new input (the server joins it to that response's input and output).
         """
         if not isinstance(model, str):
             raise TypeError(f"model must be a string, got {type(model).__name__}")
@@ -363,7 +375,7 @@ class AsyncResponses:
         body = {"model": model, "input": input, "service_tier": service_tier,
                 "max_output_tokens": max_output_tokens, "temperature": temperature, "top_p": top_p,
                 "stop": stop, "seed": seed, "ignore_eos": ignore_eos, "allow_spill": allow_spill,
-                "metadata": metadata, **extra}
+                "metadata": metadata, "previous_response_id": previous_response_id, "store": store, **extra}
         body = {k: v for k, v in body.items() if v is not None}
         body["id"] = id or f"resp_{uuid.uuid4().hex}"
         return _StreamOpener(self._client, body)

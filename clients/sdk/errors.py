@@ -40,6 +40,14 @@ class UnknownServiceTier(InvalidRequest):
     default_code = "unknown_service_tier"
 
 
+class PreviousResponseNotFound(InvalidRequest):
+    """``previous_response_id`` names no completed response the server keeps for this connection
+    (unknown, evicted, still streaming, or another connection's without ``store``): re-send the
+    whole conversation as ``input``."""
+
+    default_code = "previous_response_not_found"
+
+
 class Overloaded(FastmodeError):
     """The lane (or this connection) is full; retry after ``retry_after`` seconds when given."""
 
@@ -95,6 +103,7 @@ CODES: dict[str, type[FastmodeError]] = {
                     InvalidRequest),
     "unknown_model": UnknownModel,
     "unknown_service_tier": UnknownServiceTier,
+    "previous_response_not_found": PreviousResponseNotFound,
     **dict.fromkeys(["overloaded", "too_many_in_flight"], Overloaded),
     **dict.fromkeys(["lane_unavailable", "kv_cache_full", "not_enough_chips"], LaneUnavailable),
     "slow_consumer": SlowConsumer,

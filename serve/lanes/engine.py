@@ -43,6 +43,9 @@ class EngineOutput:
     """On the first output: seconds from arrival at the engine to the step that started it."""
     batch_size: int | None = None
     """On the first output: sequences in the engine at that step."""
+    cached_tokens: int | None = None
+    """On the first output: prompt tokens whose keys and values were reused from an earlier
+    request (prefix caching: vLLM's automatic prefix cache, the fast lane's ``sharding.prefix_cache``)."""
     hops: list[dict[str, Any]] | None = None
     """On the last output of an engine whose chips hand each step on (the fast lane's): every
     chip-to-chip hop of the request's steps, per chip pair (``HopTotals.per_pair``)."""

@@ -124,6 +124,7 @@ class Lane:
         try:
             yield {"type": "accepted", "input_tokens": n_prompt}
             n_out, seq, first, last, reason, queue_s, hops, spec = 0, 0, None, None, None, None, None, None
+            cached = 0
             async for outs in coalesce(self.engine.generate(engine_request), self.config.stream_interval_ms / 1e3,
                                        min_interval_s=MIN_STREAM_INTERVAL_S, final=_is_last):
                 now = time.perf_counter()
@@ -137,6 +138,7 @@ class Lane:
                 spec = outs[-1].speculative or spec
                 if n_out == tokens:  # the request's first output
                     queue_s = outs[0].queue_s
+                    cached = outs[0].cached_tokens or 0
                     if self.lane != FAST and outs[0].batch_size is not None:
                         metrics.batch_size(self.lane, outs[0].batch_size)
                 if text:
@@ -144,6 +146,7 @@ class Lane:
                     seq += 1
             done = True
             event = self._done(n_prompt, n_out, reason, arrived, first, last)
+            event["usage"]["input_tokens_details"] = {"cached_tokens": cached}
             if hops is not None:
                 event["hops"] = hops
             if spec is not None:
@@ -194,13 +197,15 @@ class Lane:
                                                   attributes={"fastmode.engine": "vllm"})
                 s.end(end_time=at(b))
 
-    def stats(self) -> dict[str, Any]:
+    async def stats(self) -> dict[str, Any]:
         """This replica's load: requests in the engine (``running``), streams open here, and streams
-        closed before their end (``cancelled``, since start); the fast lane's chip layout too."""
+        closed before their end (``cancelled``, since start); the fast lane's chip layout and
+        prefix cache too (``parked`` slots, ``hits``, ``reused_tokens``)."""
         stats = {"lane": self.lane, "model": self.model_id, "running": self.engine.num_unfinished(),
                  "in_flight": self.in_flight, "cap": self.cap, "cancelled": self.cancelled}
         if self.lane == FAST:
             stats["layout"] = {"tp": self.engine.tp, "pp": self.engine.pp, "why": self.engine.layout_reason}
+            stats["prefix_cache"] = await self.engine.prefix_stats()
         return stats
 
     async def check_health(self) -> None:

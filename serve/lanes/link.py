@@ -258,15 +258,17 @@ class LaneLinks:
                     log.warning("lane link discovery failed: %s", where)
             self.conns = live
 
-    async def open(self, request: Any, tried: set[str]) -> tuple[str, LinkStream] | None:
-        """Start ``request`` on the least-busy replica not in ``tried``; ``None`` if no link is up
-        (the router then uses the Serve handle)."""
+    async def open(self, request: Any, tried: set[str], prefer: str | None = None) -> tuple[str, LinkStream] | None:
+        """Start ``request`` on replica ``prefer`` if it is up and not in ``tried`` (session affinity:
+        it holds the conversation's prefix), else on the least-busy replica not in ``tried``;
+        ``None`` if no link is up (the router then uses the Serve handle)."""
         if len([c for c in self.conns.values() if c.alive]) < self.replicas:
             await self._discover()
         choices = [c for c in self.conns.values() if c.alive and c.replica not in tried]
         if not choices:
             return None
-        conn = min(choices, key=lambda c: len(c.streams))
+        preferred = [c for c in choices if c.replica == prefer]
+        conn = preferred[0] if preferred else min(choices, key=lambda c: len(c.streams))
         return conn.replica, conn.start(request)
 
     def close(self) -> None:

@@ -74,7 +74,7 @@ class ShardedLaneEngine:
         self.model = ShardedModel.from_pretrained(
             path, tp=self.tp, pp=self.pp, num_slots=config.num_slots, max_len=config.max_len,
             dtype=getattr(torch, config.dtype), device=config.device, compile=config.compile,
-            threads_per_chip=config.threads_per_chip, spin_s=config.spin_us / 1e6)
+            threads_per_chip=config.threads_per_chip, spin_s=config.spin_us / 1e6, prefix_cache=config.prefix_cache)
         try:
             self.model.warmup()  # compile now, not on a user's request
             self.model.close_client()  # the warm-up's blocking client; the lane reads asynchronously
@@ -122,8 +122,8 @@ class ShardedLaneEngine:
 
     def _deliver(self, outputs: list[tuple], infos: list[StepInfo]) -> None:
         per: dict[str, list] = defaultdict(list)
-        for rid, token, finished, reason in outputs:
-            per[rid].append((token, finished, reason))
+        for rid, token, finished, reason, cached in outputs:
+            per[rid].append((token, finished, reason, cached))
         for rid, outs in per.items():
             sink = self._sinks.get(rid)
             if sink is not None:
@@ -162,7 +162,7 @@ class ShardedLaneEngine:
                     finished = True  # never added, or the engine is gone
                     raise item
                 outs, infos = item
-                tokens = [t for t, _, _ in outs]
+                tokens = [t for t, _, _, _ in outs]
                 for info in infos[-len(outs):]:  # the steps this request took part in
                     hops.add(info.hops)
                     if spans is not None:
@@ -171,9 +171,10 @@ class ShardedLaneEngine:
                 if added_ns:  # this request's first output: its prefill step
                     start = infos[-len(outs)].start_ns if len(infos) >= len(outs) else infos[0].start_ns
                     first = {"queue_s": max(0, start - added_ns) / 1e9,
-                             "batch_size": infos[-len(outs)].batch_size if len(infos) >= len(outs) else None}
+                             "batch_size": infos[-len(outs)].batch_size if len(infos) >= len(outs) else None,
+                             "cached_tokens": outs[0][3]}
                     added_ns = 0
-                _, done, reason = outs[-1]
+                _, done, reason, _ = outs[-1]
                 delta = text.push(tokens)
                 if text.stopped or done:
                     finished = done
@@ -190,6 +191,12 @@ class ShardedLaneEngine:
                     self._writer.write(frame(("abort", rid)))
             if spans is not None:
                 spans.finish(hops)
+
+    async def prefix_stats(self) -> dict[str, int] | None:
+        """The head's prefix cache (``ShardedModel.prefix_stats``), without blocking the loop."""
+        if not self.model.prefix_cache:
+            return None
+        return await self.model.head_worker.prefix_stats.remote()
 
     def num_unfinished(self) -> int:
         return len(self._sinks)

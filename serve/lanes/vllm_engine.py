@@ -72,7 +72,8 @@ class VLLMLaneEngine:
                 stats = getattr(out, "metrics", None)  # vLLM's RequestStateStats (engine-core clock)
                 queued, scheduled = getattr(stats, "queued_ts", 0.0), getattr(stats, "scheduled_ts", 0.0)
                 extra = {"queue_s": scheduled - queued if queued and scheduled else None,
-                         "batch_size": self.engine.get_num_unfinished_requests()}
+                         "batch_size": self.engine.get_num_unfinished_requests(),
+                         "cached_tokens": getattr(out, "num_cached_tokens", None)}
             if out.finished and getattr(c, "spec_decode_metrics", None) is not None:
                 extra["speculative"] = speculative_summary(c.spec_decode_metrics.to_dict())
             yield EngineOutput(list(c.token_ids), c.text, c.finish_reason if out.finished else None, **extra)

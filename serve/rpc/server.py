@@ -100,7 +100,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
                                                                if t.get(k) is not None})
                     spec = pb.Speculative(**ev["speculative"]) if "speculative" in ev else None
                     yield pb.GenerateChunk(id=rid, seq=seq, last=True, lane=ev["lane"], model=ev["model"],
-                                           usage=pb.Usage(**ev["usage"]), timing=timing,
+                                           usage=_usage(ev["usage"]), timing=timing,
                                            finish_reason=ev["finish_reason"], cost_units=ev["cost_units"],
                                            speculative=spec)
                 elif kind == "error":
@@ -163,3 +163,8 @@ class GrpcServer:
     async def check_health(self) -> None:
         if self._watch.done():
             raise RuntimeError("the gRPC health watcher stopped")
+
+
+def _usage(u: dict) -> pb.Usage:
+    return pb.Usage(input_tokens=u["input_tokens"], output_tokens=u["output_tokens"], total_tokens=u["total_tokens"],
+                    cached_tokens=u.get("input_tokens_details", {}).get("cached_tokens", 0))

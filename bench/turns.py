@@ -1,0 +1,235 @@
+"""``fastmode bench turns``: an agent-style loop of short turns, per lane, two ways.
+
+- ``websocket``: one persistent WebSocket per conversation; each turn sends only its new input with
+  ``previous_response_id`` (the server joins the kept history; the lane reuses its keys and values).
+- ``http_resend``: each turn a fresh HTTP connection to the OpenAI API (``/v1/chat/completions``,
+  streamed), re-sending the whole history as messages: what a client without the persistent
+  WebSocket does.
+
+Several conversations run at once per lane (at most the lane's batch cap, so a capped lane never
+refuses one); each has ``--turns`` turns of one held-out source line in and ``--tokens`` greedy
+tokens out. Per lane and way: time to first token per turn (client clock, send to first text;
+median over conversations), the wall time of all conversations, the input tokens the server
+reused (``cached_tokens``), and the two goals: turn ``N``'s time to first token within 1.2x of turn
+1's (the history is not re-prefilled) and the WebSocket's wall time at least 30% under the
+re-send's. On loopback, then across an emulated round trip (``bench.netem``; root only).
+
+Usage: fastmode bench turns [--url http://HOST:PORT] [--api-key K] [--lanes fast,standard,...]
+                            [--conversations 4] [--turns 20] [--tokens 8] [--rtt-ms 20] [--json F] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from bench.app import REPO
+
+LANE_PARAMS = {"fast": {"model": "fastmode-fast"}, "standard": {"model": "fastmode-full"},
+               "priority": {"model": "fastmode-full", "service_tier": "priority"},
+               "exact": {"model": "fastmode-full", "service_tier": "exact"}}
+MAX_LINE_CHARS = 60
+TTFT_GOAL, WALL_GOAL = 1.2, 0.7
+
+
+def conversation_inputs(conversations: int, turns: int) -> list[list[str]]:
+    """One held-out source file per conversation, its non-empty lines (cut to 60 characters) as turns."""
+    from models.recipe import corpus
+
+    _, held = corpus.split(corpus.list_files())
+    out = []
+    for f in held:
+        lines = [line[:MAX_LINE_CHARS] for line in f.text.splitlines() if line.strip()]
+        if len(lines) >= turns:
+            out.append(lines[:turns])
+        if len(out) == conversations:
+            return out
+    raise RuntimeError(f"the held-out corpus has fewer than {conversations} files of {turns} lines")
+
+
+async def ws_conversation(url: str, key: str | None, lane: str, inputs: list[str], tokens: int) -> list[dict]:
+    """The turns of one conversation on one WebSocket, each continuing the last."""
+    from websockets.asyncio.client import connect
+
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    ws_url = "ws" + url[4:] + "/v1/responses"
+    turns, previous = [], None
+    async with connect(ws_url, additional_headers=headers, max_size=None) as ws:
+        for k, text in enumerate(inputs):
+            rid = f"turn-{lane}-{id(inputs)}-{k}"
+            body = {"type": "response.create", "id": rid, **LANE_PARAMS[lane], "input": text, "temperature": 0,
+                    "max_output_tokens": tokens, "ignore_eos": True}
+            if previous:
+                body["previous_response_id"] = previous
+            sent, first = time.perf_counter(), None
+            await ws.send(json.dumps(body))
+            while True:
+                e = json.loads(await ws.recv())
+                if e["type"] == "response.output_text.delta" and first is None:
+                    first = time.perf_counter()
+                elif e["type"] == "error":
+                    raise RuntimeError(f"turn {k} of a {lane} conversation failed: {e['code']}: {e['message']}")
+                elif e["type"] == "response.completed":
+                    turns.append({"ttft_s": (first or time.perf_counter()) - sent, "total_s": time.perf_counter() - sent,
+                                  "input_tokens": e["usage"]["input_tokens"],
+                                  "cached_tokens": e["usage"]["input_tokens_details"]["cached_tokens"]})
+                    break
+            previous = rid
+    return turns
+
+
+async def http_conversation(url: str, key: str | None, lane: str, inputs: list[str], tokens: int) -> list[dict]:
+    """The same conversation, each turn a fresh HTTP connection re-sending the whole history."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    messages: list[dict[str, str]] = []
+    turns = []
+    for k, text in enumerate(inputs):
+        messages.append({"role": "user", "content": text})
+        body = {**LANE_PARAMS[lane], "messages": messages, "temperature": 0, "max_tokens": tokens,
+                "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+        sent, first, reply, usage = time.perf_counter(), None, [], None
+        async with httpx.AsyncClient(base_url=url, headers=headers, timeout=120) as client:  # a new connection
+            async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+                if r.status_code != 200:
+                    raise RuntimeError(f"turn {k} of a {lane} conversation failed: {r.status_code} {await r.aread()!r}")
+                async for line in r.aiter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    chunk = json.loads(line[6:])
+                    if chunk.get("usage"):
+                        usage = chunk["usage"]
+                    for choice in chunk.get("choices", []):
+                        piece = choice.get("delta", {}).get("content")
+                        if piece:
+                            first = first or time.perf_counter()
+                            reply.append(piece)
+        turns.append({"ttft_s": (first or time.perf_counter()) - sent, "total_s": time.perf_counter() - sent,
+                      "input_tokens": usage["prompt_tokens"] if usage else None,
+                      "cached_tokens": (usage or {}).get("prompt_tokens_details", {}).get("cached_tokens")})
+        messages.append({"role": "assistant", "content": "".join(reply)})
+    return turns
+
+
+async def measure(url: str, key: str | None, lanes: list[str], conversations: int, turns: int,
+                  tokens: int) -> dict:
+    """Every lane, both ways, one after another (never two at once)."""
+    caps = {}
+    with httpx.Client(base_url=url, timeout=30) as c:
+        health = c.get("/health").json()
+    for lane in lanes:
+        cap = health.get("lanes", {}).get(lane, {}).get("cap")
+        caps[lane] = min(conversations, cap) if cap else conversations
+    out = {}
+    for lane in lanes:
+        inputs = conversation_inputs(caps[lane], turns)
+        out[lane] = {"conversations": caps[lane]}
+        for way, run in (("websocket", ws_conversation), ("http_resend", http_conversation)):
+            start = time.perf_counter()
+            convs = await asyncio.gather(*(run(url, key, lane, lines, tokens) for lines in inputs))
+            wall = time.perf_counter() - start
+            ttft = [statistics.median(c[k]["ttft_s"] for c in convs) for k in range(turns)]
+            out[lane][way] = {"wall_s": wall, "ttft_ms_per_turn": [1e3 * t for t in ttft],
+                              "input_tokens_last_turn": statistics.median(c[-1]["input_tokens"] or 0 for c in convs),
+                              "cached_tokens_per_turn": [statistics.median(c[k]["cached_tokens"] or 0 for c in convs)
+                                                         for k in range(turns)],
+                              "last_to_first_ttft": ttft[-1] / ttft[0]}
+        ws, http = out[lane]["websocket"], out[lane]["http_resend"]
+        out[lane]["wall_ratio"] = ws["wall_s"] / http["wall_s"]
+        out[lane]["goals"] = {"ttft_last_within_1_2x_of_first": ws["last_to_first_ttft"] <= TTFT_GOAL,
+                              "wall_at_least_30pct_lower": out[lane]["wall_ratio"] <= WALL_GOAL}
+    return out
+
+
+def client_run(url: str, key: str | None, args: argparse.Namespace, prefix: list[str] = ()) -> dict:
+    """This module's ``--client-only`` in a fresh process (behind ``prefix``: in the client's namespace)."""
+    cmd = [*prefix, sys.executable, "-m", "bench.turns", "--client-only", "--url", url, "--lanes", ",".join(args.lanes),
+           "--conversations", str(args.conversations), "--turns", str(args.turns), "--tokens", str(args.tokens)]
+    env = dict(os.environ, FASTMODE_API_KEY=key or "")
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=1800)
+    if r.returncode != 0:
+        raise RuntimeError(f"the turns client failed ({r.returncode}): {r.stderr[-3000:]}")
+    return json.loads(r.stdout)
+
+
+def print_table(label: str, result: dict) -> None:
+    print(f"\n{label}")
+    print(f"{'lane':<9} {'way':<12} {'ttft t1':>8} {'ttft tN':>8} {'tN/t1':>6} {'cached tN':>9} {'wall s':>7}")
+    for lane, r in result.items():
+        for way in ("websocket", "http_resend"):
+            w = r[way]
+            t = w["ttft_ms_per_turn"]
+            print(f"{lane:<9} {way:<12} {t[0]:7.1f}ms {t[-1]:7.1f}ms {w['last_to_first_ttft']:6.2f} "
+                  f"{w['cached_tokens_per_turn'][-1]:5.0f}/{w['input_tokens_last_turn']:<4.0f}"
+                  f"{w['wall_s']:7.2f}")
+        print(f"{'':<9} websocket wall time {r['wall_ratio']:.2f}x the re-send's; goals: {r['goals']}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
+    ap = argparse.ArgumentParser(prog="fastmode bench turns", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--url", default="http://127.0.0.1:8000")
+    ap.add_argument("--api-key", default=os.environ.get("FASTMODE_API_KEY"))
+    ap.add_argument("--lanes", type=lambda s: [x for x in s.split(",") if x], default=list(LANE_PARAMS))
+    ap.add_argument("--conversations", type=int, default=4, help="conversations at once per lane (at most its cap)")
+    ap.add_argument("--turns", type=int, default=20)
+    ap.add_argument("--tokens", type=int, default=8, help="output tokens per turn")
+    ap.add_argument("--rtt-ms", default="20", help="emulated round trips, comma-separated (empty: skip)")
+    ap.add_argument("--quick", action="store_true", help="2 conversations of 4 turns, fast and standard, loopback")
+    ap.add_argument("--client-only", action="store_true", help="print the measurement as JSON (the client side "
+                    "of the emulated network)")
+    ap.add_argument("--json", help="write the results here")
+    args = ap.parse_args(argv)
+    if args.url.startswith("ws"):
+        args.url = "http" + args.url[2:]
+    bad = [lane for lane in args.lanes if lane not in LANE_PARAMS]
+    if bad:
+        ap.error(f"unknown lanes {bad}; lanes: {', '.join(LANE_PARAMS)}")
+    if args.client_only:
+        print(json.dumps(asyncio.run(measure(args.url, args.api_key or None, args.lanes, args.conversations,
+                                             args.turns, args.tokens))))
+        return 0
+    if args.quick:
+        args.conversations, args.turns, args.lanes, args.rtt_ms = 2, 4, ["fast", "standard"], ""
+    started = time.strftime("%Y-%m-%d %H:%M")
+    loopback = client_run(args.url, args.api_key, args)
+    print_table("loopback", loopback)
+    networks, skipped = [], None
+    for rtt in [float(x) for x in args.rtt_ms.split(",") if x.strip()]:
+        from urllib.parse import urlparse
+
+        from bench.netem import emulated_network
+
+        try:
+            with emulated_network(urlparse(args.url).port or 80, rtt) as net:
+                res = client_run(f"http://{net.host}:{net.port}", args.api_key, args, net.client_prefix)
+                networks.append({"rtt_ms": rtt, "method": net.method, "lanes": res})
+                print_table(f"{rtt:g} ms round trip ({net.method})", res)
+        except PermissionError as e:
+            skipped = str(e)
+            print(f"emulated network: {skipped}", file=sys.stderr)
+            break
+    result = {"date": started, "command": "fastmode bench turns " + shlex.join(argv),
+              "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform()},
+              "settings": {"conversations": args.conversations, "turns": args.turns, "tokens": args.tokens,
+                           "lanes": args.lanes, "max_line_chars": MAX_LINE_CHARS},
+              "goals": {"ttft_last_over_first_at_most": TTFT_GOAL, "wall_ratio_at_most": WALL_GOAL},
+              "loopback": loopback, "emulated_network": networks, "emulated_network_skipped": skipped}
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
