@@ -68,7 +68,7 @@ class GrpcClient:
         out = {"id": last.id, "text": "".join(text), "lane": last.lane, "model": last.model,
                 "finish_reason": last.finish_reason, "cost_units": last.cost_units,
                 "usage": {"input_tokens": last.usage.input_tokens, "output_tokens": last.usage.output_tokens,
-                          "total_tokens": last.usage.total_tokens},
+                          "total_tokens": last.usage.total_tokens, "cached_tokens": last.usage.cached_tokens},
                 "timing": {"total_s": last.timing.total_s} | {
                     f: getattr(last.timing, f) for f in ("ttft_s", "engine_ttft_s", "decode_tokens_per_s")
                     if last.timing.HasField(f)}}

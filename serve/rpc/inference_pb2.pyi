@@ -21,7 +21,7 @@ class Messages(_message.Message):
     def __init__(self, messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("id", "model", "service_tier", "text", "messages", "max_output_tokens", "temperature", "top_p", "stop", "seed", "ignore_eos", "allow_spill", "metadata")
+    __slots__ = ("id", "model", "service_tier", "text", "messages", "max_output_tokens", "temperature", "top_p", "stop", "seed", "ignore_eos", "allow_spill", "metadata", "previous_response_id", "store")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -42,6 +42,8 @@ class GenerateRequest(_message.Message):
     IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
     ALLOW_SPILL_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_RESPONSE_ID_FIELD_NUMBER: _ClassVar[int]
+    STORE_FIELD_NUMBER: _ClassVar[int]
     id: str
     model: str
     service_tier: str
@@ -55,7 +57,9 @@ class GenerateRequest(_message.Message):
     ignore_eos: bool
     allow_spill: bool
     metadata: _containers.ScalarMap[str, str]
-    def __init__(self, id: _Optional[str] = ..., model: _Optional[str] = ..., service_tier: _Optional[str] = ..., text: _Optional[str] = ..., messages: _Optional[_Union[Messages, _Mapping]] = ..., max_output_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., stop: _Optional[_Iterable[str]] = ..., seed: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., allow_spill: _Optional[bool] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    previous_response_id: str
+    store: bool
+    def __init__(self, id: _Optional[str] = ..., model: _Optional[str] = ..., service_tier: _Optional[str] = ..., text: _Optional[str] = ..., messages: _Optional[_Union[Messages, _Mapping]] = ..., max_output_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., stop: _Optional[_Iterable[str]] = ..., seed: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., allow_spill: _Optional[bool] = ..., metadata: _Optional[_Mapping[str, str]] = ..., previous_response_id: _Optional[str] = ..., store: _Optional[bool] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("input_tokens", "output_tokens", "total_tokens", "cached_tokens")

@@ -46,7 +46,7 @@ def lane_service(lane: str) -> str:
 def to_request(req: pb.GenerateRequest, metadata: dict[str, str]) -> dict[str, Any]:
     """The router's request dict (``serve.request.GenerateRequest`` fields) for a proto request."""
     body: dict[str, Any] = {"model": req.model, "stop": list(req.stop) or None, "ignore_eos": req.ignore_eos,
-                            "allow_spill": req.allow_spill}
+                            "allow_spill": req.allow_spill, "store": req.store}
     if req.id:
         body["id"] = req.id
     if req.WhichOneof("input") == "messages":
@@ -54,7 +54,8 @@ def to_request(req: pb.GenerateRequest, metadata: dict[str, str]) -> dict[str, A
     else:
         body["input"] = req.text
     for field, key in (("service_tier", "service_tier"), ("max_output_tokens", "max_output_tokens"),
-                       ("temperature", "temperature"), ("top_p", "top_p"), ("seed", "seed")):
+                       ("temperature", "temperature"), ("top_p", "top_p"), ("seed", "seed"),
+                       ("previous_response_id", "previous_response_id")):
         if req.HasField(field):
             body[key] = getattr(req, field)
     meta = dict(req.metadata)

@@ -255,3 +255,15 @@ def test_errors_and_a_stored_response_over_the_websocket_and_http(app):
     assert events[-1]["type"] == "done" and events[0]["input_tokens"] == done["usage"]["input_tokens"]
     r = a.client.post("/v1/generate", json={"model": "fastmode-fast", "input": "z", "previous_response_id": "a1"})
     assert r.status_code == 400 and r.json()["code"] == "previous_response_not_found"
+    import grpc
+
+    from clients.grpc_client import GrpcClient, error_code
+
+    with GrpcClient(a.grpc_target, api_key=a.key) as g:
+        out = g.generate("fastmode-fast", "z = 3", temperature=0, max_output_tokens=4, previous_response_id="s1",
+                         store=True)
+        assert out["usage"]["input_tokens"] == done["usage"]["input_tokens"] and out["usage"]["cached_tokens"] > 0
+        assert g.generate("fastmode-fast", "w", max_output_tokens=2, previous_response_id=out["id"])["text"] is not None
+        with pytest.raises(grpc.RpcError) as e:
+            g.generate("fastmode-fast", "z", previous_response_id="a1")
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and error_code(e.value) == "previous_response_not_found"
