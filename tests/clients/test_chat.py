@@ -88,3 +88,22 @@ def test_ctrl_c_cancels_the_response_and_exits_130(app):
         assert time.monotonic() < deadline, s
         time.sleep(0.2)
     assert s["cancelled"] == before + 1, s
+
+
+@pytest.mark.slow
+def test_interactive_mode_continues_the_conversation_turn_by_turn(app):
+    a = app()
+    lines = ["def parse(line):", "def total(rows):", "import os"]
+    p = subprocess.run([sys.executable, "-m", "clients.cli", "chat", "-i", "--model", "fastmode-fast", "--max-tokens",
+                        "6", "--temperature", "0", "--json", "--url", a.base, "--api-key", a.key],
+                       input="\n".join(lines) + "\n\n", cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    turns = [json.loads(line) for line in p.stdout.splitlines()]
+    assert len(turns) == 3
+    conversation = []
+    for line, r in zip(lines, turns, strict=True):  # each turn is what re-sending the conversation gives
+        conversation.append({"role": "user", "content": line})
+        _, ref = a.generate(model="fastmode-fast", input=list(conversation), max_output_tokens=6, temperature=0)
+        assert r["text"] == text_of(ref)
+        conversation.append({"role": "assistant", "content": r["text"]})
+    assert all(t["usage"]["cached_tokens"] > 0 for t in turns[1:]), [t["usage"] for t in turns]
