@@ -4,6 +4,7 @@
     GrpcServer (grpc.aio, own port)   -> Lane "priority" (VLLMLaneEngine, low max_num_seqs)
                                       -> Lane "standard" (VLLMLaneEngine, high max_num_seqs)
                                       -> Lane "exact"    (VLLMLaneEngine, the fast model drafting)
+                                      -> StoredResponses "responses" (``store: true`` turns)
 
 Each front door holds a ``serve.router.Router`` (a library: it picks the lane and streams from the
 lane's replica directly), so a token's chunk crosses lane replica -> front door -> client. (The
@@ -21,6 +22,7 @@ from ray import serve
 from ray.serve import Application
 
 from .config import AppConfig, load_config
+from .conversation import StoredResponses
 from .gateway import Gateway
 from .lanes.lane import EXACT, FAST, LANES, Lane
 from .rpc.server import GrpcServer
@@ -60,11 +62,16 @@ def build(config: AppConfig) -> Application:
             max_ongoing_requests=UNCAPPED, health_check_timeout_s=60, graceful_shutdown_timeout_s=5,
         ).bind(lane, model.id, model.path, cfg.model_dump(mode="json"), config.telemetry.model_dump(mode="json"),
                draft_path=config.models.fast.path if lane == EXACT else None)
+    g = config.gateway
+    stored = serve.deployment(StoredResponses).options(
+        name="responses", num_replicas=1, ray_actor_options=actor_options(config, {"num_cpus": 0}),
+        max_ongoing_requests=UNCAPPED,
+    ).bind(g.stored_responses, g.stored_response_bytes)
     grpc_server = None
     if config.grpc.enabled:
         grpc_server = serve.deployment(GrpcServer).options(
             name="grpc", num_replicas=1, ray_actor_options=actor_options(config, {"num_cpus": 0}),
-        ).bind(config.model_dump(mode="json"), **handles)
+        ).bind(config.model_dump(mode="json"), **handles, stored=stored)
     return serve.deployment(Gateway).options(
         name="gateway", ray_actor_options=actor_options(config, {"num_cpus": 0}), max_ongoing_requests=UNCAPPED,
-    ).bind(config.model_dump(mode="json"), **handles, grpc_server=grpc_server)
+    ).bind(config.model_dump(mode="json"), **handles, grpc_server=grpc_server, stored=stored)

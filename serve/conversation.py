@@ -8,9 +8,10 @@ text, so the same token ids), and the lane's prefix cache finds the history's ke
 
 Kept where: every WebSocket connection keeps its own responses (``gateway.responses_per_connection``
 and ``..._bytes_per_connection``), and a response created with ``store: true`` is also kept by the
-front door's router (``gateway.stored_responses``, ``gateway.stored_response_bytes``), where any
-connection of that gateway replica and the HTTP API find it. Both are bounded and evict oldest
-first; an id that is unknown, evicted or still streaming gets ``previous_response_not_found``.
+application's ``responses`` deployment (``StoredResponses``: ``gateway.stored_responses``,
+``gateway.stored_response_bytes``), where every front door finds it: any WebSocket connection of any
+gateway replica, ``POST /v1/generate`` and gRPC. Both are bounded and evict oldest first; an id that
+is unknown, evicted or still streaming gets ``previous_response_not_found``.
 """
 
 from __future__ import annotations
@@ -107,12 +108,34 @@ class ResponseStore:
             self.nbytes -= turn.nbytes
 
 
+class StoredResponses:
+    """The Serve deployment (one replica) keeping the responses created with ``store: true`` for
+    every front door (each front door's router puts and gets here; a few hundred microseconds a call,
+    paid only by requests that use ``store`` or continue a stored response)."""
+
+    def __init__(self, max_responses: int, max_bytes: int) -> None:
+        self.store = ResponseStore(max_responses, max_bytes)
+
+    def put(self, turn: Turn) -> None:
+        self.store.put(turn)
+
+    def get(self, rid: str) -> Turn | None:
+        return self.store.get(rid)
+
+    def stats(self) -> dict[str, int]:
+        return {"responses": len(self.store), "bytes": self.store.nbytes}
+
+
+def not_found(rid: str) -> PreviousResponseNotFound:
+    return PreviousResponseNotFound(
+        f"previous_response_id {rid!r} names no completed response kept here (unknown, evicted, still "
+        "streaming, or created on another connection without store: true); re-send the whole conversation "
+        "as input (its messages and each response's output as an 'assistant' message)")
+
+
 def find(rid: str, *stores: ResponseStore | None) -> Turn:
     """The turn ``rid`` from the first store that keeps it; ``PreviousResponseNotFound`` otherwise."""
     for store in stores:
         if store is not None and (turn := store.get(rid)) is not None:
             return turn
-    raise PreviousResponseNotFound(
-        f"previous_response_id {rid!r} names no completed response kept here (unknown, evicted, still "
-        "streaming, or created on another connection without store: true); re-send the whole conversation "
-        "as input (its messages and each response's output as an 'assistant' message)")
+    raise not_found(rid)

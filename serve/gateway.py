@@ -75,14 +75,16 @@ class Gateway:
         config: the validated deployment config (as a dict).
         fast, priority, standard, exact: the lane deployments' handles.
         grpc_server: the gRPC server deployment's handle, if enabled.
+        stored: the ``StoredResponses`` deployment's handle (``store: true`` responses).
     """
 
-    async def __init__(self, config: dict[str, Any], fast, priority, standard, exact, grpc_server=None) -> None:
+    async def __init__(self, config: dict[str, Any], fast, priority, standard, exact, grpc_server=None,
+                       stored=None) -> None:
         telemetry.setup("gateway")
         self.config = load_config(config)
         self.grpc_server = grpc_server  # held so that Serve deploys it with the application
         self.keys = load_keys(self.config)
-        self.router = Router(self.config, fast, priority, standard, exact)
+        self.router = Router(self.config, fast, priority, standard, exact, stored)
         api.state.gateway = self
         self.server = self.serving = None
         if self.config.http.server == "gateway":

@@ -32,7 +32,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from . import metrics, telemetry
 from .config import AppConfig, load_config
-from .conversation import ResponseStore, Turn, as_messages, find
+from .conversation import ResponseStore, Turn, as_messages, not_found
 from .difficulty import DifficultyScorer
 from .errors import Overloaded, UnknownModel, UnknownServiceTier, to_event, unwrap
 from .lanes.lane import EXACT, FAST, LANES, PRIORITY, STANDARD
@@ -72,9 +72,11 @@ class Router:
     Args:
         config: the validated deployment config (an ``AppConfig`` or its dict).
         fast, priority, standard, exact: handles of the lane deployments.
+        stored: the handle of the ``StoredResponses`` deployment shared by every front door (``None``:
+            this router keeps ``store: true`` responses itself).
     """
 
-    def __init__(self, config: AppConfig | dict[str, Any], fast, priority, standard, exact) -> None:
+    def __init__(self, config: AppConfig | dict[str, Any], fast, priority, standard, exact, stored=None) -> None:
         self.config: AppConfig = config if isinstance(config, AppConfig) else load_config(config)
         self.handles = {FAST: fast, PRIORITY: priority, STANDARD: standard, EXACT: exact}
         self.ids = {FAST: self.config.models.fast.id, PRIORITY: self.config.models.full.id,
@@ -85,8 +87,9 @@ class Router:
                       if self.config.router.lane_links else {})
         self.scorer = DifficultyScorer(self.config.models.fast.path, self.config.router.auto_max_tokens)
         g = self.config.gateway
-        self.store = ResponseStore(g.stored_responses, g.stored_response_bytes)
-        """Responses created with ``store: true`` (``serve.conversation``)."""
+        self.stored = stored
+        self.store = ResponseStore(g.stored_responses, g.stored_response_bytes) if stored is None else None
+        """Responses created with ``store: true``, when no shared deployment keeps them."""
 
     async def pick(self, req: GenerateRequest) -> tuple[str, dict[str, Any]]:
         """The lane for ``req`` and why (``{"by": "model"|"auto", "difficulty": ...}``)."""
@@ -165,7 +168,7 @@ class Router:
             prev = None
             conversation = as_messages(req.input)
             if req.previous_response_id is not None:
-                prev = find(req.previous_response_id, history, self.store)
+                prev = await self._previous(req.previous_response_id, history)
                 conversation = prev.messages + conversation
                 req = req.model_copy(update={"input": [Message(role=r, content=c) for r, c in conversation]})
                 if span.is_recording():
@@ -199,9 +202,10 @@ class Router:
                     finished = True
                     if keep:  # before the client hears of it, so its next turn finds it
                         turn = Turn(rid, conversation + (("assistant", "".join(output)),), lane, replica)
-                        for store in (history, self.store if req.store else None):
-                            if store is not None:
-                                store.put(turn)
+                        if history is not None:
+                            history.put(turn)
+                        if req.store:
+                            await self._store(turn)
                 yield event
         except Exception as e:  # noqa: BLE001
             finished = True
@@ -210,6 +214,21 @@ class Router:
             self.in_flight[lane] -= 1
             if not finished:  # the caller went away: stop the lane's stream (and its engine sequence)
                 stream.cancel()
+
+    async def _previous(self, rid: str, history: ResponseStore | None) -> Turn:
+        """The kept turn ``rid``: the caller's own first, then the stored ones."""
+        turn = history.get(rid) if history is not None else None
+        if turn is None:
+            turn = self.store.get(rid) if self.stored is None else await self.stored.get.remote(rid)
+        if turn is None:
+            raise not_found(rid)
+        return turn
+
+    async def _store(self, turn: Turn) -> None:
+        if self.stored is None:
+            self.store.put(turn)
+        else:
+            await self.stored.put.remote(turn)
 
     async def _open(self, lane: str, req: GenerateRequest, route: dict[str, Any],
                     lane_request: LaneRequest, prefer: str | None = None) -> tuple[str, Any, dict[str, Any], str | None]:

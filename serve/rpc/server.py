@@ -128,12 +128,13 @@ class GrpcServer:
     Args:
         config: the validated deployment config (as a dict).
         fast, priority, standard, exact: the lane deployments' handles (its own ``Router`` streams from them).
+        stored: the ``StoredResponses`` deployment's handle (``store: true`` responses).
     """
 
-    async def __init__(self, config: dict[str, Any], fast, priority, standard, exact) -> None:
+    async def __init__(self, config: dict[str, Any], fast, priority, standard, exact, stored=None) -> None:
         telemetry.setup("grpc")
         self.config = load_config(config)
-        self.router = router = Router(self.config, fast, priority, standard, exact)
+        self.router = router = Router(self.config, fast, priority, standard, exact, stored)
         self.server = grpc.aio.server()
         pb_grpc.add_InferenceServicer_to_server(InferenceServicer(router, load_keys(self.config)), self.server)
         self.health = health.aio.HealthServicer()

@@ -138,6 +138,6 @@ def test_serve_env_reaches_every_replica_and_the_users_env_vars_win():
     gateway = build(config)._bound_deployment  # every deployment of the application gets it
     deployments = [gateway] + [a._bound_deployment for a in gateway.init_kwargs.values()]
     assert sorted(d.name for d in deployments) == ["exact-lane", "fast-lane", "gateway", "grpc", "priority-lane",
-                                                   "standard-lane"]
+                                                   "responses", "standard-lane"]
     for d in deployments:
         assert d.ray_actor_options["runtime_env"]["env_vars"] == SERVE_ENV, d.name
