@@ -31,7 +31,7 @@ def test_report(quick_run):
     out, _ = quick_run
     text = (out / "benchmarks.md").read_text()
     for heading in ("## 1. Lanes under load", "## 2. Quality against speed", "## 3. Gateway", "## 4. Sharding",
-                    "## 5. What users would pick instead"):
+                    "## 5. What users would pick instead", "## 6. Multi-turn"):
         assert heading in text
     assert "Not run" not in text and "**failed" not in text
     assert "**Quick run**" in text and "fastmode bench all --quick" in text
@@ -72,6 +72,23 @@ def test_gateway(quick_run):
         assert net["ttft_ms"]["fresh_websocket"]["p50"] >= 40  # connect + upgrade: at least two round trips
     else:
         assert doc["emulated_network"] == [] and "root" in doc["emulated_network_skipped"]
+
+
+def test_turns(quick_run):
+    out, _ = quick_run
+    doc = json.loads((out / "turns.json").read_text())
+    assert doc["settings"]["turns"] == 4 and set(doc["loopback"]) == {"fast", "standard"}
+    for lane, r in doc["loopback"].items():
+        assert r["conversations"] == 2
+        for way in ("websocket", "http_resend"):
+            w = r[way]
+            assert len(w["ttft_ms_per_turn"]) == 4 and all(t > 0 for t in w["ttft_ms_per_turn"])
+            assert w["wall_s"] > 0 and w["input_tokens_last_turn"] > 0
+        # both ways send the same conversation: the last turn's prompt is the same length
+        assert r["websocket"]["input_tokens_last_turn"] == r["http_resend"]["input_tokens_last_turn"], lane
+        assert r["wall_ratio"] == pytest.approx(r["websocket"]["wall_s"] / r["http_resend"]["wall_s"])
+    # the fast lane's prefix cache: the last turn over the WebSocket reused its history
+    assert doc["loopback"]["fast"]["websocket"]["cached_tokens_per_turn"][-1] > 0
 
 
 def test_sharding(quick_run):

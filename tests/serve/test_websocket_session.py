@@ -65,7 +65,8 @@ class FakeRouter:
         self.n, self.text, self.every_s = n, text, every_s
         self.logs: dict[str, list] = {}
 
-    def stream(self, body: dict) -> FakeStream:
+    def stream(self, body: dict, history=None) -> FakeStream:
+        assert history is not None  # the connection's own kept responses (serve.conversation)
         rid = body["id"]
         if body.get("model") == "nope":
             events = [{"type": "error", "id": rid, "code": "unknown_model", "message": "no", "status": 404}]
