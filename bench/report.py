@@ -175,7 +175,8 @@ def auto_policy_section(doc: dict) -> list[str]:
              f"{100 * p['fast_share']:.0f}%" if "fast_share" in p else "-",
              _ms(p["mean_latency_s"]),
              f"{pct_ci(p['exact_match_count'], p['samples'])} ({p['exact_match_count']})"]
-            for p in front]
+            for p in {p["name"]: p for p in reversed(front)}.values()]  # a policy swept twice: once
+    rows.sort(key=lambda r: [p["name"] for p in front].index(r[0]))
     out += _table(["point", "full tier", "threshold", "to fast", "mean latency ms", "exact match [95% CI]"], rows)
     out += [""]
     rec = doc.get("auto_recommended")
