@@ -11,7 +11,8 @@ Service expect), which forwards each request and each streamed chunk to this rep
   ``serve/playground``, no key needed: the WebSocket it opens asks for one); ``GET /`` redirects there;
 - ``WS /v1/responses``: the persistent WebSocket (``serve.websocket``, ``docs/protocol.md``);
 - ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions``: OpenAI-compatible
-  (``serve.openai_api``);
+  (``serve.openai_api``); ``POST /v1/responses``: OpenAI's Responses API over HTTP, with
+  ``previous_response_id`` (``serve.openai_responses``);
 - ``POST /v1/generate``: the router's events as newline-delimited JSON (one event per line).
 
 With API keys configured (``serve.auth``), every route but ``/health`` and the playground's files
@@ -32,7 +33,7 @@ from fastapi.responses import JSONResponse, RedirectResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from ray import serve
 
-from . import openai_api, telemetry
+from . import openai_api, openai_responses, telemetry
 from .auth import authorized, load_keys, subprotocol_bearer
 from .config import load_config
 from .errors import InvalidRequest, first_event, to_event
@@ -133,6 +134,10 @@ class Gateway:
     @api.post("/v1/completions")
     async def completions(self, request: Request):
         return await openai_api.completions(self.router, request)
+
+    @api.post("/v1/responses")
+    async def create_response(self, request: Request):
+        return await openai_responses.create(self.router, request)
 
     @api.post("/v1/generate")
     async def generate(self, request: Request):
