@@ -114,23 +114,28 @@ async def _complete(router, request: Request, api: _Chat | _Text):
         if req.stream:
             handed_off = True
             return _EventStream(_sse(reply, stream), on_close=stream.cancel)
-        texts, done = [], None
-        try:
-            async for event in stream:
-                if event["type"] == "delta":
-                    texts.append(event["text"])
-                elif event["type"] == "done":
-                    done = event
-                elif event["type"] == "error":
-                    return _event_response(event, api)
-        except Exception as e:  # noqa: BLE001
-            return _event_response(to_event(e, rid), api)
-        if done is None:
-            return _event_response(to_event(RuntimeError("the stream ended without 'done'"), rid), api)
-        return JSONResponse(reply.response("".join(texts), done))
+        text, done = await collect(stream, rid)
+        if done["type"] == "error":
+            return _event_response(done, api)
+        return JSONResponse(reply.response(text, done))
     finally:
         if not handed_off:
             stream.cancel()  # a client that hung up, or an error: free the engine sequence
+
+
+async def collect(stream, rid: str) -> tuple[str, dict[str, Any]]:
+    """A router stream's whole text and its ``done`` event, or its ``error`` event (then the text is
+    what came before it)."""
+    texts: list[str] = []
+    try:
+        async for event in stream:
+            if event["type"] == "delta":
+                texts.append(event["text"])
+            elif event["type"] in ("done", "error"):
+                return "".join(texts), event
+    except Exception as e:  # noqa: BLE001
+        return "".join(texts), to_event(e, rid)
+    return "".join(texts), to_event(RuntimeError("the stream ended without 'done'"), rid)
 
 
 class _Reply:

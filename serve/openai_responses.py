@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import describe_validation, first_event, to_event
 from .lanes.lane import EXACT, PRIORITY
-from .openai_api import _error_response, _EventStream, _extension
+from .openai_api import _error_response, _EventStream, _extension, collect
 from .openai_api import _event_response as _openai_event_response
 from .telemetry import with_traceparent
 
@@ -117,20 +117,10 @@ async def create(router, request: Request):
         if req.stream:
             handed_off = True
             return _EventStream(_sse(reply, stream), on_close=stream.cancel)
-        texts, done = [], None
-        try:
-            async for event in stream:
-                if event["type"] == "delta":
-                    texts.append(event["text"])
-                elif event["type"] == "done":
-                    done = event
-                elif event["type"] == "error":
-                    return _event_response(event)
-        except Exception as e:  # noqa: BLE001
-            return _event_response(to_event(e, rid))
-        if done is None:
-            return _event_response(to_event(RuntimeError("the stream ended without 'done'"), rid))
-        return JSONResponse(reply.final("".join(texts), done))
+        text, done = await collect(stream, rid)
+        if done["type"] == "error":
+            return _event_response(done)
+        return JSONResponse(reply.final(text, done))
     finally:
         if not handed_off:
             stream.cancel()
