@@ -212,7 +212,6 @@ def test_ten_turns_equal_transformers_and_a_full_resend(app, references, lane):
             cached.append(r.usage.cached_tokens)
             conversation.append({"role": "assistant", "content": r.text})
             previous = r.id
-    assert cached[0] == 0 or lane != "fast"
     if lane == "fast":  # the executor's prefix cache: every turn after the first reuses its history
         assert all(c > 0 for c in cached[1:]), cached
     else:  # vLLM's automatic prefix caching reuses whole blocks of the history once there is one

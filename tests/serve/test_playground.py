@@ -266,11 +266,12 @@ def test_an_overloaded_lane_shows_retry_after(ring_app, browser):
                     next(t)
                 race(page, tiers={"priority"})
                 wait_ended(page, ["priority"], timeout_s=60)
-                held = not any(h.done for h in holders)  # every slot still taken when the page's answer came
             finally:
-                for h in holders:
+                for h in holders:  # reads each to its end: "cancelled" if it still ran until now
                     if not h.done:
                         h.cancel()
+            # every slot was taken while the page's request came only if no holder had ended by itself
+            held = all(h.result is not None and h.result.finish_reason == "cancelled" for h in holders)
             got = pane(page, "priority")
             if got["state"] == "error" or held:
                 break
