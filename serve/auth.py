@@ -41,12 +41,19 @@ def load_keys(config: AppConfig) -> frozenset[str]:
 
 def authorized(keys: frozenset[str], header: str | None) -> bool:
     """Whether an ``Authorization`` header value carries one of ``keys`` (always, if none)."""
+    return key_of(keys, header) is not None
+
+
+def key_of(keys: frozenset[str], header: str | None) -> str | None:
+    """The key of ``keys`` an ``Authorization`` header value carries (``""`` if there are no keys), or
+    ``None``: what per-key limits count by."""
     if not keys:
-        return True
+        return ""
     if not header or not header.startswith("Bearer "):
-        return False
-    token = header[len("Bearer "):].strip().encode()  # bytes: compare_digest refuses non-ASCII str
-    return any(hmac.compare_digest(token, k.encode()) for k in keys)
+        return None
+    token = header[len("Bearer "):].strip().encode("utf-8", "surrogatepass")  # compare_digest wants bytes
+    matches = [k for k in keys if hmac.compare_digest(token, k.encode())]  # every key: constant time
+    return matches[0] if matches else None
 
 
 def subprotocol_bearer(offered: list[str]) -> str | None:

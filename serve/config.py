@@ -209,11 +209,28 @@ class GrpcConfig(_Strict):
 
 
 class GatewayConfig(_Strict):
-    """Limits of the persistent WebSocket (``/v1/responses``)."""
+    """Limits of the gateway's connections: the persistent WebSocket (``/v1/responses``) and, with
+    ``http.server: gateway``, every HTTP request's head."""
 
-    max_frame_bytes: int = Field(default=2**20, ge=1024, description="Largest client frame; a bigger one "
-                                 "closes the connection with 1009.")
+    max_frame_bytes: int = Field(default=2**20, ge=1024, description="Largest client frame (text or "
+                                 "binary); a bigger one closes the connection with 1009.")
     max_in_flight: int = Field(default=64, ge=1, description="Responses in flight per connection.")
+    frames_per_s: float = Field(default=200.0, gt=0, description="Frames a connection may send per second, "
+                                "sustained (a token bucket; pings do not count)...")
+    frame_burst: int = Field(default=400, ge=1, description="...and at once. A frame over the budget is not "
+                             "handled: it gets an error event (rate_limited, with retry_after in seconds). It "
+                             "still spends a token, so a client that sends on regardless runs into debt; one that "
+                             "owes frame_burst frames is closed with 1008.")
+    max_connections_per_key: int = Field(default=256, ge=1, description="WebSocket connections one API key "
+                                         "may hold on one gateway replica (without keys, all count as one "
+                                         "key); one more gets an error event (too_many_connections) and close "
+                                         "1008.")
+    header_timeout_s: float = Field(default=10.0, gt=0, description="Each HTTP request's head (request line "
+                                    "and headers, a WebSocket upgrade's too) must arrive within this, else 408 "
+                                    "and close: a client trickling partial requests (slowloris) holds nothing "
+                                    "for long. With http.server: gateway (Ray Serve's proxy has its own).")
+    max_header_bytes: int = Field(default=65536, ge=1024, description="...and within this many bytes, else "
+                                  "431 and close.")
     send_queue_events: int = Field(default=256, ge=8, description="Events queued for a connection's "
                                    "reader; while full, a response's deltas merge.")
     max_pending_chars: int = Field(default=65536, ge=1, description="Merged delta text a response may hold "

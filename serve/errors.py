@@ -8,6 +8,7 @@ is here too, so the WebSocket, HTTP and gRPC front doors translate in one place.
 
 from __future__ import annotations
 
+import json
 from typing import Any, ClassVar
 
 from sharding.errors import ShardingError
@@ -113,8 +114,19 @@ def unwrap(exc: BaseException) -> BaseException:
     return exc
 
 
+MAX_MESSAGE_CHARS = 1000
+"""Error messages echo parts of requests (a model name, a field's key); longer ones are clipped, so an
+error stays small whatever the request: gRPC refuses trailers over 16 KiB, which 1000 characters stay
+under even percent-encoded as 4-byte UTF-8 (12 bytes each)."""
+
+
+def clip(message: str) -> str:
+    """``message``, clipped to ``MAX_MESSAGE_CHARS``."""
+    return message if len(message) <= MAX_MESSAGE_CHARS else message[:MAX_MESSAGE_CHARS - 3] + "..."
+
+
 def to_event(exc: BaseException, request_id: str | None = None) -> dict[str, Any]:
-    """The ``error`` event for ``exc``: code, message, HTTP status and, if any, retry_after."""
+    """The ``error`` event for ``exc``: code, message (clipped), HTTP status and, if any, retry_after."""
     exc = unwrap(exc)
     if isinstance(exc, FastmodeError):
         code, status, message, retry = exc.code, exc.status, exc.message, exc.retry_after
@@ -122,11 +134,24 @@ def to_event(exc: BaseException, request_id: str | None = None) -> dict[str, Any
         code, status, message, retry = exc.code, _SHARDING_STATUS.get(exc.code, 400), str(exc), None
     else:
         code, status, message, retry = "internal_error", 500, f"{type(exc).__name__}: {exc}", None
-    event: dict[str, Any] = {"type": "error", "id": request_id, "code": code, "message": message,
+    event: dict[str, Any] = {"type": "error", "id": request_id, "code": code, "message": clip(message),
                              "status": status}
     if retry is not None:
         event["retry_after"] = retry
     return event
+
+
+def parse_json(text: str | bytes, what: str = "the body") -> Any:
+    """``json.loads(text)``, raising ``InvalidRequest`` for anything that is not JSON, including what
+    Python's parser gives up on: nesting deeper than its recursion limit (``RecursionError``, not a
+    ``ValueError``) and integers of more than 4300 digits. NaN and Infinity are accepted, as Python's
+    ``json`` writes them; the request models refuse them where a number must be finite."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise InvalidRequest(f"{what} is not valid JSON: nested too deeply") from None
+    except ValueError as e:  # UnicodeDecodeError too: bytes that are not UTF-8, -16 or -32
+        raise InvalidRequest(f"{what} is not valid JSON: {e}") from None
 
 
 def validate_mapping(model: type, data: object, origin: str, error: type[Exception]):

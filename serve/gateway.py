@@ -17,7 +17,11 @@ Service expect), which forwards each request and each streamed chunk to this rep
 
 With API keys configured (``serve.auth``), every route but ``/health`` and the playground's files
 needs ``Authorization: Bearer KEY``: 401 on HTTP, close code 1008 on the WebSocket (where a browser
-may send the key as a subprotocol instead, ``serve.auth.KEY_SUBPROTOCOL``).
+may send the key as a subprotocol instead, ``serve.auth.KEY_SUBPROTOCOL``). A key may hold
+``gateway.max_connections_per_key`` WebSockets on this replica; one more is told so
+(``too_many_connections``) and closed with 1008, which a browser can see, unlike the status of a
+refused upgrade. Request bodies are parsed by ``serve.errors.parse_json``, so that JSON Python's
+parser gives up on is a 400 too, not a 500.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +39,11 @@ from fastapi.staticfiles import StaticFiles
 from ray import serve
 
 from . import openai_api, openai_responses, telemetry
-from .auth import authorized, load_keys, subprotocol_bearer
+from .auth import authorized, key_of, load_keys, subprotocol_bearer
 from .config import load_config
-from .errors import InvalidRequest, first_event, to_event
+from .errors import InvalidRequest, first_event, parse_json, to_event
 from .listen import listen
+from .openai_api import JSONBody
 from .protocol import VERSION
 from .router import Router
 from .websocket import CLOSE_POLICY, Session
@@ -53,9 +59,9 @@ def _public(path: str) -> bool:
     return path in PUBLIC or path.startswith(PLAYGROUND + "/")
 
 
-def _error(event: dict[str, Any]) -> JSONResponse:
+def _error(event: dict[str, Any]) -> JSONBody:
     headers = {"Retry-After": str(max(1, round(event["retry_after"])))} if "retry_after" in event else None
-    return JSONResponse(event, status_code=event["status"], headers=headers)
+    return JSONBody(event, status_code=event["status"], headers=headers)
 
 
 @api.middleware("http")
@@ -85,13 +91,17 @@ class Gateway:
         self.config = load_config(config)
         self.grpc_server = grpc_server  # held so that Serve deploys it with the application
         self.keys = load_keys(self.config)
+        self.connections: Counter[str] = Counter()
+        """Open WebSocket connections per API key (``gateway.max_connections_per_key``)."""
         self.router = Router(self.config, fast, priority, standard, exact, stored)
         api.state.gateway = self
         self.server = self.serving = None
         if self.config.http.server == "gateway":
             http = self.config.http
-            self.server, self.serving = await listen(api, http.host, http.port,
-                                                     ws_max_size=2 * self.config.gateway.max_frame_bytes)
+            g = self.config.gateway
+            self.server, self.serving = await listen(api, http.host, http.port, ws_max_size=2 * g.max_frame_bytes,
+                                                     header_timeout_s=g.header_timeout_s,
+                                                     max_header_bytes=g.max_header_bytes)
 
     async def check_health(self) -> None:
         """Serve's health check: the replica is replaced if its own HTTP server has stopped."""
@@ -107,6 +117,7 @@ class Gateway:
     @api.get("/health")
     async def health(self) -> JSONResponse:
         stats = await self.router.stats()
+        stats["websocket_connections"] = sum(self.connections.values())  # open on this replica
         return JSONResponse(stats, status_code=200 if stats["status"] == "ok" else 503)
 
     @api.get("/")
@@ -118,10 +129,26 @@ class Gateway:
         offered = ws.scope.get("subprotocols") or []
         # A browser that offered subprotocols fails the handshake unless one is selected.
         await ws.accept(subprotocol=VERSION if VERSION in offered else None)
-        if not authorized(self.keys, ws.headers.get("authorization") or subprotocol_bearer(offered)):
+        key = key_of(self.keys, ws.headers.get("authorization") or subprotocol_bearer(offered))
+        if key is None:
             await ws.close(CLOSE_POLICY, reason="missing or wrong API key")
             return
-        await Session(ws, self.router, self.config.gateway).run()
+        # Over the limit: accepted, then told why and closed (a browser sees a close code and reason, never
+        # the status of a refused upgrade).
+        limit = self.config.gateway.max_connections_per_key
+        if self.connections[key] >= limit:
+            await ws.send_text(json.dumps({"type": "error", "id": None, "code": "too_many_connections",
+                                           "message": f"this API key holds {limit} connections to this gateway "
+                                           "replica, its limit; close one, or use one for many responses"}))
+            await ws.close(CLOSE_POLICY, reason=f"too many connections for this API key (limit {limit})")
+            return
+        self.connections[key] += 1
+        try:
+            await Session(ws, self.router, self.config.gateway).run()
+        finally:
+            self.connections[key] -= 1
+            if not self.connections[key]:
+                del self.connections[key]
 
     @api.get("/v1/models")
     async def list_models(self) -> JSONResponse:
@@ -142,9 +169,9 @@ class Gateway:
     @api.post("/v1/generate")
     async def generate(self, request: Request):
         try:
-            body = await request.json()
-        except ValueError as e:
-            return _error(to_event(InvalidRequest(f"the body is not JSON: {e}")))
+            body = parse_json(await request.body())
+        except InvalidRequest as e:
+            return _error(to_event(e))
         body = telemetry.with_traceparent(body, request.headers)
         stream = self.router.stream(body)
         first = await first_event(stream)

@@ -5,6 +5,13 @@ processes (proxy -> replica, then replica -> proxy as a streamed item, about 0.5
 this machine). With ``http.server: gateway`` the gateway replica listens itself, so a token's chunk
 travels lane replica -> gateway -> client. The port is not shared (no ``SO_REUSEPORT``): a second
 server on it fails at once instead of silently taking half of the connections.
+
+Each request's head (request line and headers, a WebSocket upgrade's too) must arrive within
+``header_timeout_s`` and ``max_header_bytes``: uvicorn itself starts no timer before a request's
+head is complete, so without one a client that opens connections and trickles partial headers
+(slowloris) would keep them, and their buffers, forever. Past the deadline the server answers
+408 and closes; past the size, 431. Other clients are served meanwhile regardless: the server is one
+event loop, and a partial request costs it a socket and a buffer, not a thread.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import socket
 from typing import Any
 
 import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 
 class _Server(uvicorn.Server):
@@ -26,10 +34,68 @@ class _Server(uvicorn.Server):
         yield
 
 
-async def listen(app: Any, host: str, port: int, *, ws_max_size: int, keep_alive_s: float = 5.0
+class _HeadLimits(HttpToolsProtocol):
+    """uvicorn's HTTP/1.1 protocol (httptools) with a deadline and a size cap on each request's head.
+
+    The deadline runs from the connection's start (or a keep-alive request's first byte) to the end
+    of its headers; the size counts every byte received while the head is incomplete (a chunk that
+    also completes it is not counted, so the cap may be passed by one read of the socket)."""
+
+    header_timeout_s: float = 10.0
+    max_header_bytes: int = 65536
+
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        super().connection_made(transport)
+        self._head_bytes, self._head_timer = 0, None
+        self._start_head_timer()
+
+    def _start_head_timer(self) -> None:
+        if self._head_timer is None:
+            self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_timeout)
+
+    def _stop_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer, self._head_bytes = None, 0
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._start_head_timer()
+
+    def on_headers_complete(self) -> None:
+        self._stop_head_timer()
+        super().on_headers_complete()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self._head_timer is not None and not self.transport.is_closing():
+            self._head_bytes += len(data)
+            if self._head_bytes > self.max_header_bytes:
+                self._refuse(b"431 Request Header Fields Too Large")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_head_timer()
+        super().connection_lost(exc)
+
+    def _head_timeout(self) -> None:
+        self._head_timer = None
+        if self.cycle is not None and not self.cycle.response_complete:  # a pipelined request waits its turn
+            self._start_head_timer()
+        elif not self.transport.is_closing():
+            self._refuse(b"408 Request Timeout")
+
+    def _refuse(self, status: bytes) -> None:
+        self._stop_head_timer()
+        self.transport.write(b"HTTP/1.1 " + status + b"\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+        self.transport.close()
+
+
+async def listen(app: Any, host: str, port: int, *, ws_max_size: int, keep_alive_s: float = 5.0,
+                 header_timeout_s: float = 10.0, max_header_bytes: int = 65536
                  ) -> tuple[uvicorn.Server, asyncio.Task]:
     """Start serving ``app`` on ``host:port``; return once it accepts connections.
 
+    ``header_timeout_s`` and ``max_header_bytes`` bound each request's head (see above).
     Raises ``OSError`` if the port cannot be bound (another server has it).
     """
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
@@ -43,7 +109,9 @@ async def listen(app: Any, host: str, port: int, *, ws_max_size: int, keep_alive
     # Frames the gateway refuses itself (max_frame_bytes, with an error event) must reach it first:
     # uvicorn's own limit is set above it. Compression is off: deltas are short JSON, and deflate
     # per message costs more CPU than it saves on a LAN.
-    server = _Server(uvicorn.Config(app, lifespan="off", access_log=False, log_config=None,
+    protocol = type("HeadLimits", (_HeadLimits,), {"header_timeout_s": header_timeout_s,
+                                                   "max_header_bytes": max_header_bytes})
+    server = _Server(uvicorn.Config(app, lifespan="off", access_log=False, log_config=None, http=protocol,
                                     ws="websockets", ws_max_size=ws_max_size, ws_per_message_deflate=False,
                                     timeout_keep_alive=keep_alive_s))
     task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))

@@ -21,6 +21,7 @@ A client that goes away (or any early exit) cancels the router stream, freeing t
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import time
@@ -29,12 +30,25 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from .errors import first_event, to_event
+from .errors import InvalidRequest, clip, first_event, parse_json, to_event
 from .telemetry import with_traceparent
 from .lanes.lane import EXACT, PRIORITY
 from .openai_schema import ChatCompletionRequest, CompletionRequest, OpenAIRequestError, parse
+
+
+class JSONBody(JSONResponse):
+    """A JSON response written as ASCII, non-ASCII escaped (as the SSE and WebSocket events are): an
+    error message that echoes a request's field name may hold a lone surrogate (JSON can carry one as
+    an escape), which UTF-8, Starlette's encoding, cannot encode."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, allow_nan=False, separators=(",", ":")).encode()
+
+
+CLIENT_GONE = 499
+"""The status logged for a request whose client hung up before its answer (nginx's; never received)."""
 
 # HTTP status -> OpenAI's error ``type``.
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
@@ -44,9 +58,9 @@ _PARAMS = {"max_output_tokens": "max_tokens"}
 _CODE_PARAMS = {"unknown_model": "model", "unknown_service_tier": "service_tier"}
 
 
-async def list_models(router) -> JSONResponse:
+async def list_models(router) -> JSONBody:
     models = router.models()
-    return JSONResponse({"object": "list", "data": [
+    return JSONBody({"object": "list", "data": [
         {"id": m["id"], "object": "model", "created": 0, "owned_by": "fastmode", "lanes": m["lanes"]}
         for m in models]})
 
@@ -94,9 +108,9 @@ class _Text:
 async def _complete(router, request: Request, api: _Chat | _Text):
     """Run one request through the router; a JSON response, or an SSE stream if it asked for one."""
     try:
-        data = await request.json()
-    except ValueError as e:
-        return _error_response(400, f"the body is not valid JSON: {e}", "invalid_request")
+        data = parse_json(await request.body())
+    except InvalidRequest as e:
+        return _error_response(400, e.message, "invalid_request")
     rid = f"{api.prefix}{uuid.uuid4().hex}"
     try:
         req = parse(api.request_type, data)
@@ -114,18 +128,47 @@ async def _complete(router, request: Request, api: _Chat | _Text):
         if req.stream:
             handed_off = True
             return _EventStream(_sse(reply, stream), on_close=stream.cancel)
-        text, done = await collect(stream, rid)
+        text, done = await collect(stream, rid, request)
+        if done is None:
+            return Response(status_code=CLIENT_GONE)
         if done["type"] == "error":
             return _event_response(done, api)
-        return JSONResponse(reply.response(text, done))
+        return JSONBody(reply.response(text, done))
     finally:
         if not handed_off:
             stream.cancel()  # a client that hung up, or an error: free the engine sequence
 
 
-async def collect(stream, rid: str) -> tuple[str, dict[str, Any]]:
+async def collect(stream, rid: str, request: Request | None = None) -> tuple[str, dict[str, Any] | None]:
     """A router stream's whole text and its ``done`` event, or its ``error`` event (then the text is
-    what came before it)."""
+    what came before it).
+
+    With ``request``, reading stops as soon as its client hangs up, and the event is ``None``: a
+    whole (not streamed) response otherwise holds its engine sequence to the end for nobody. The
+    caller cancels the stream, as after any early exit."""
+    reading = asyncio.ensure_future(_read_all(stream, rid))
+    if request is None:
+        return await reading
+    gone = asyncio.ensure_future(_hung_up(request))
+    try:
+        await asyncio.wait((reading, gone), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not reading.done():  # the client hung up (or this handler was cancelled)
+            reading.cancel()
+    if reading.done() and not reading.cancelled():
+        return reading.result()
+    await asyncio.gather(reading, return_exceptions=True)  # the cancelled read has closed the stream
+    return "", None
+
+
+async def _hung_up(request: Request) -> None:
+    """Return once the client of ``request`` (whose body has been read) disconnects."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _read_all(stream, rid: str) -> tuple[str, dict[str, Any]]:
     texts: list[str] = []
     try:
         async for event in stream:
@@ -245,13 +288,13 @@ def _error_body(event: dict[str, Any], api: _Chat | _Text) -> dict[str, Any]:
             "code": code}
 
 
-def _event_response(event: dict[str, Any], api: _Chat | _Text) -> JSONResponse:
+def _event_response(event: dict[str, Any], api: _Chat | _Text) -> JSONBody:
     retry = event.get("retry_after")
     headers = None if retry is None else {"Retry-After": str(max(1, round(retry)))}
-    return JSONResponse({"error": _error_body(event, api)}, status_code=event["status"], headers=headers)
+    return JSONBody({"error": _error_body(event, api)}, status_code=event["status"], headers=headers)
 
 
-def _error_response(status: int, message: str, code: str, param: str | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": _ERROR_TYPES.get(status, "server_error"),
-                                   "param": param, "code": code}}, status_code=status)
+def _error_response(status: int, message: str, code: str, param: str | None = None) -> JSONBody:
+    return JSONBody({"error": {"message": clip(message), "type": _ERROR_TYPES.get(status, "server_error"),
+                               "param": param and clip(param), "code": code}}, status_code=status)
 

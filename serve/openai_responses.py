@@ -28,12 +28,12 @@ from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 from fastapi import Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .errors import describe_validation, first_event, to_event
+from .errors import InvalidRequest, describe_validation, first_event, parse_json, to_event
 from .lanes.lane import EXACT, PRIORITY
-from .openai_api import _error_response, _EventStream, _extension, collect
+from .openai_api import CLIENT_GONE, JSONBody, _error_response, _EventStream, _extension, collect
 from .openai_api import _event_response as _openai_event_response
 from .telemetry import with_traceparent
 
@@ -95,9 +95,9 @@ class ResponsesRequest(BaseModel):
 async def create(router, request: Request):
     """``POST /v1/responses``."""
     try:
-        data = await request.json()
-    except ValueError as e:
-        return _error_response(400, f"the body is not valid JSON: {e}", "invalid_request")
+        data = parse_json(await request.body())
+    except InvalidRequest as e:
+        return _error_response(400, e.message, "invalid_request")
     if not isinstance(data, dict):
         return _error_response(400, "the body must be a JSON object", "invalid_request")
     try:
@@ -117,10 +117,12 @@ async def create(router, request: Request):
         if req.stream:
             handed_off = True
             return _EventStream(_sse(reply, stream), on_close=stream.cancel)
-        text, done = await collect(stream, rid)
+        text, done = await collect(stream, rid, request)
+        if done is None:
+            return Response(status_code=CLIENT_GONE)
         if done["type"] == "error":
             return _event_response(done)
-        return JSONResponse(reply.final(text, done))
+        return JSONBody(reply.final(text, done))
     finally:
         if not handed_off:
             stream.cancel()
@@ -214,5 +216,5 @@ class _Api:
     input_param = "input"  # what an error about the prompt names as its ``param``
 
 
-def _event_response(event: dict[str, Any]) -> JSONResponse:
+def _event_response(event: dict[str, Any]) -> JSONBody:
     return _openai_event_response(event, _Api())

@@ -152,7 +152,8 @@ class ErrorEvent(_Event):
     id: str | None
     code: str = Field(description="Stable error code (docs/protocol.md lists them).")
     message: str
-    retry_after: float | None = Field(default=None, description="overloaded: seconds to wait before retrying.")
+    retry_after: float | None = Field(default=None, description="overloaded, rate_limited: seconds to wait "
+                                      "before retrying.")
 
 
 CLIENT_EVENTS = (ResponseCreate, ResponseCancel)

@@ -48,7 +48,8 @@ class GenerateRequest(BaseModel):
     max_output_tokens: int | None = Field(default=None, ge=1, description="Default: the rest of the "
                                           "context window.")
     temperature: float = Field(default=SamplingParams.temperature, ge=0, le=2, allow_inf_nan=False,
-                               description="0 is greedy; the default is the engines' (1.0, as OpenAI's).")
+                               description="0 (below 1e-5, as in vLLM) is greedy; the default is the engines' (1.0, "
+                               "as OpenAI's).")
     top_p: float = Field(default=SamplingParams.top_p, gt=0, le=1, allow_inf_nan=False)
     stop: _Text | list[_Text] | None = Field(default=None, description="Up to 4 stop strings; the "
                                               "text ends before the first one (which is not returned).")
@@ -78,6 +79,9 @@ class GenerateRequest(BaseModel):
             raise InvalidRequest(describe_validation(e.errors(), "(request)")) from None
         if isinstance(req.stop, list) and len(req.stop) > 4:
             raise InvalidRequest(f"stop: at most 4 stop strings, got {len(req.stop)}")
+        if (where := _not_unicode(req.model_dump(exclude_none=True))) is not None:
+            # JSON may carry lone surrogates (an unpaired "\\ud800" escape); no tokenizer takes them.
+            raise InvalidRequest(f"{where}: not valid Unicode text (a lone surrogate)")
         return req
 
     def to_lane(self, request_id: str, trace: dict[str, str] | None = None) -> LaneRequest:
@@ -100,6 +104,28 @@ class GenerateRequest(BaseModel):
         if not text:
             raise InvalidRequest("input: the prompt is empty")
         return text
+
+
+def _not_unicode(value: Any, where: str = "") -> str | None:
+    """Where in ``value`` (a validated request's dump: dicts, lists, strings, numbers) the first
+    string that is not valid Unicode is, or ``None``."""
+    if isinstance(value, str):
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            return where or "(request)"
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            key = f"{where}.{k}" if where else str(k)
+            if _not_unicode(k) is not None:
+                return f"{where or '(request)'} (a key)"
+            if (bad := _not_unicode(v, key)) is not None:
+                return bad
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            if (bad := _not_unicode(v, f"{where}.{i}")) is not None:
+                return bad
+    return None
 
 
 @dataclass(frozen=True, kw_only=True)

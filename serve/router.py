@@ -173,7 +173,10 @@ class Router:
                 req = req.model_copy(update={"input": [Message(role=r, content=c) for r, c in conversation]})
                 if span.is_recording():
                     span.set_attribute("fastmode.previous_response_id", prev.id)
-            lane_request = req.to_lane(rid, telemetry.inject(span) if span.is_recording() else None)
+            # The engines key their sequences by this id: it must be unique among every front door's
+            # requests, which the client's id is not (two connections may both send "r1").
+            lane_request = req.to_lane(f"{rid}#{uuid.uuid4().hex[:16]}",
+                                       telemetry.inject(span) if span.is_recording() else None)
             lane, route = await self.pick(req)
             prefer = prev.replica if prev is not None and prev.lane == lane else None
             lane, stream, accepted, replica = await self._open(lane, req, route, lane_request, prefer)

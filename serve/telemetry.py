@@ -108,10 +108,13 @@ def tracer() -> trace.Tracer:
 
 
 def extract(carrier: Mapping[str, str] | None) -> Context | None:
-    """The caller's context from a carrier holding ``traceparent`` (``None`` if there is none)."""
-    if not carrier or "traceparent" not in carrier:
+    """The caller's context from a carrier holding ``traceparent`` (``None`` if there is none).
+
+    The carrier is a request's ``metadata`` before validation: a ``traceparent`` that is not a string
+    is no trace context (the request is refused later, naming the field)."""
+    if not carrier or not isinstance(carrier.get("traceparent"), str):
         return None
-    return propagate.extract(dict(carrier))
+    return propagate.extract({k: v for k, v in carrier.items() if isinstance(k, str) and isinstance(v, str)})
 
 
 def inject(span: trace.Span) -> dict[str, str]:

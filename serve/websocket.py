@@ -6,10 +6,12 @@ required) and ``response.cancel`` {id}. Server -> client: ``response.created``,
 ``response.completed``, ``response.cancelled``, ``error``. ``docs/protocol.md`` is the contract.
 
 One task per request reads the router's stream; one sender task writes frames. Bad input gets an
-``error`` event and the connection lives on. A slow reader never makes the gateway buffer
-without bound: the send queue is bounded, a request's deltas merge while it is full, and a
-request whose reader stays behind for ``slow_reader_timeout_s`` is cancelled with
-``slow_consumer``. A disconnect cancels every request of the connection, which frees their
+``error`` event and the connection lives on. A connection may send ``gateway.frames_per_s`` frames a
+second (``frame_burst`` at once): a frame over that budget is answered ``rate_limited`` and not
+handled, and a client that sends on regardless is closed with 1008 (``FrameBudget``). A slow
+reader never makes the gateway buffer without bound: the send queue is bounded, a request's deltas
+merge while it is full, and a request whose reader stays behind for ``slow_reader_timeout_s`` is
+cancelled with ``slow_consumer``. A disconnect cancels every request of the connection, which frees their
 engine sequences.
 
 Multi-turn: a completed response is kept by its connection (bounded, ``serve.conversation``);
@@ -21,6 +23,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
+import math
 import time
 from typing import Any
 
@@ -28,12 +32,17 @@ from fastapi import WebSocket
 
 from .config import GatewayConfig
 from .conversation import ResponseStore
-from .errors import to_event
+from .errors import InvalidRequest, clip, parse_json, to_event
 from .protocol import VERSION
 
 
+log = logging.getLogger(__name__)
+
 # WebSocket close codes (RFC 6455 and the IANA registry).
 CLOSE_NORMAL, CLOSE_GOING_AWAY, CLOSE_POLICY, CLOSE_TOO_BIG = 1000, 1001, 1008, 1009
+REASONS = {CLOSE_GOING_AWAY: "maximum connection age", CLOSE_POLICY: "frame rate limit exceeded",
+           CLOSE_TOO_BIG: "frame too large"}
+"""The close reason the server gives with each code it closes with (1000: idle, none)."""
 
 
 class SlowConsumer(Exception):
@@ -41,7 +50,33 @@ class SlowConsumer(Exception):
 
 
 def _error(code: str, message: str, rid: str | None = None, **extra) -> dict[str, Any]:
-    return {"type": "error", "id": rid, "code": code, "message": message, **extra}
+    return {"type": "error", "id": rid, "code": code, "message": clip(message), **extra}
+
+
+class FrameBudget:
+    """A token bucket of frames: ``rate`` a second, at most ``burst`` saved up.
+
+    A frame over the budget is refused but spends its token all the same, so a client that sends on
+    regardless runs into debt (the bucket goes below zero) instead of being let through again the
+    moment a token comes back; one that owes ``burst`` frames has ignored ``burst`` refusals."""
+
+    def __init__(self, rate: float, burst: int) -> None:
+        self.rate, self.burst = rate, burst
+        self.tokens, self.at = float(burst), time.monotonic()
+
+    def take(self) -> float:
+        """Spend a token: 0 if the frame may be handled, else the seconds until the next one would be
+        (when the debt is paid and a token saved)."""
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        self.tokens -= 1
+        return 0.0 if self.tokens >= 0 else (1 - self.tokens) / self.rate
+
+    @property
+    def exhausted(self) -> bool:
+        """Whether the client owes a whole burst: it keeps sending through its refusals."""
+        return self.tokens <= -self.burst
 
 
 class Session:
@@ -54,6 +89,9 @@ class Session:
         self.opened = time.monotonic()
         self.last_activity = self.opened
         self.draining = False
+        self.gone = False
+        """Set once a send failed: the client is gone, whatever frames of its are still to be read."""
+        self.budget = FrameBudget(config.frames_per_s, config.frame_burst)
         self.history = ResponseStore(config.responses_per_connection, config.response_bytes_per_connection)
         """This connection's completed responses, for ``previous_response_id`` (``serve.conversation``)."""
 
@@ -71,15 +109,31 @@ class Session:
             sender.cancel()
             await asyncio.gather(sender, return_exceptions=True)
             if close_code is not None:
-                try:
-                    await self.ws.close(close_code)
-                except Exception:  # noqa: BLE001 - already closed
-                    pass
+                await self._close(close_code)
+
+    async def _close(self, code: int) -> None:
+        """Close with ``code`` while reading (and dropping) what the client still sends, up to its close
+        reply. The WebSocket layer's close waits for its reader, which stops while its queue of unread
+        frames is full: after a flood, the close would take its whole timeout (10 s) to reach the client."""
+        async def discard() -> None:
+            while (await self.ws.receive())["type"] != "websocket.disconnect":
+                pass
+
+        reader = asyncio.ensure_future(discard())
+        try:
+            await self.ws.close(code, reason=REASONS.get(code, ""))
+            await asyncio.wait_for(reader, 2.0)
+        except Exception:  # noqa: BLE001 - closed already, or a client that never answers
+            pass
+        finally:
+            reader.cancel()
 
     # -- receiving ---------------------------------------------------------------------------
     async def _receive_loop(self) -> int | None:
         """Handle frames until the client leaves (``None``) or we close (the close code)."""
         while True:
+            if self.gone:
+                return None
             timeout = self._next_deadline()
             if timeout <= 0:
                 if time.monotonic() - self.opened >= self.config.max_connection_age_s:
@@ -96,16 +150,29 @@ class Session:
             if msg["type"] == "websocket.disconnect":
                 return None
             self.last_activity = time.monotonic()
-            if msg.get("bytes") is not None:
-                await self._emit(_error("binary_frame", "frames must be text (JSON); binary frames are not "
-                                        "accepted"))
-                continue
-            text = msg.get("text") or ""
-            if len(text.encode()) > self.config.max_frame_bytes:
+            text, data = msg.get("text"), msg.get("bytes")
+            if len((data or b"") if text is None else text.encode()) > self.config.max_frame_bytes:
                 await self._emit(_error("frame_too_large", f"a frame may carry at most "
                                         f"{self.config.max_frame_bytes} bytes"))
                 return CLOSE_TOO_BIG
-            await self._handle(text)
+            if wait := self.budget.take():
+                c = self.config
+                await self._emit(_error("rate_limited", f"more than {c.frames_per_s:g} frames a second "
+                                        f"({c.frame_burst} at once): this frame was not handled; send it again "
+                                        "after retry_after seconds", _id_of(text),
+                                        retry_after=math.ceil(wait * 1e3) / 1e3))
+                if self.budget.exhausted:
+                    return CLOSE_POLICY
+                continue
+            if text is None:
+                await self._emit(_error("binary_frame", "frames must be text (JSON); binary frames are not "
+                                        "accepted"))
+                continue
+            try:
+                await self._handle(text)
+            except Exception as e:  # noqa: BLE001 - a bug, not the client's fault: say so, serve on
+                log.exception("a WebSocket frame could not be handled")
+                await self._emit(_ws_error(to_event(e), None))
 
     def _next_deadline(self) -> float:
         now = time.monotonic()
@@ -117,9 +184,9 @@ class Session:
 
     async def _handle(self, text: str) -> None:
         try:
-            event = json.loads(text)
-        except ValueError as e:
-            await self._emit(_error("invalid_json", f"the frame is not JSON: {e}"))
+            event = parse_json(text, "the frame")
+        except InvalidRequest as e:
+            await self._emit(_error("invalid_json", e.message))
             return
         if not isinstance(event, dict):
             await self._emit(_error("invalid_event", "an event must be a JSON object"))
@@ -236,7 +303,14 @@ class Session:
     async def _send_loop(self) -> None:
         while True:
             event = await self.out.get()
-            await self.ws.send_text(json.dumps(event))
+            if not self.gone:
+                try:
+                    await self.ws.send_text(json.dumps(event))
+                except Exception:  # noqa: BLE001 - the client is gone (or the socket broke)
+                    # From now on events are dropped, so nothing waits for room in the queue: a
+                    # receive loop blocked in _put would otherwise wait slow_reader_timeout_s per
+                    # frame still buffered before it could see the disconnect.
+                    self.gone = True
             self.out.task_done()
 
     async def _drain_outbox(self, timeout_s: float) -> None:
@@ -254,7 +328,16 @@ def _drain(q: asyncio.Queue) -> list:
     return items
 
 
-def _ws_error(ev: dict[str, Any], rid: str) -> dict[str, Any]:
+def _id_of(text: str | None) -> str | None:
+    """The ``id`` of a frame that was not handled, if it has one (so that its sender knows which)."""
+    with contextlib.suppress(InvalidRequest):
+        event = parse_json(text, "the frame") if text is not None else None
+        if isinstance(event, dict) and isinstance(event.get("id"), str):
+            return event["id"]
+    return None
+
+
+def _ws_error(ev: dict[str, Any], rid: str | None) -> dict[str, Any]:
     out = {"type": "error", "id": rid, "code": ev["code"], "message": ev["message"]}
     if ev.get("retry_after") is not None:
         out["retry_after"] = ev["retry_after"]

@@ -21,8 +21,9 @@ class SamplingParams:
     """How one request picks its tokens and when it stops."""
 
     temperature: float = 1.0
-    """Softmax temperature; ``0`` means greedy (argmax). The default, 1.0, is vLLM's and OpenAI's, and
-    the one every front door uses (``serve.request.GenerateRequest`` takes it from here)."""
+    """Softmax temperature; ``0`` (or anything below ``GREEDY_BELOW``) means greedy (argmax). The
+    default, 1.0, is vLLM's and OpenAI's, and the one every front door uses
+    (``serve.request.GenerateRequest`` takes it from here)."""
     top_p: float = 1.0
     """Nucleus sampling: keep the most likely tokens whose mass reaches ``top_p``; in ``(0, 1]``."""
     seed: int | None = None
@@ -52,7 +53,12 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         """Whether this request takes the argmax."""
-        return self.temperature == 0
+        return self.temperature < GREEDY_BELOW
+
+
+GREEDY_BELOW = 1e-5
+"""Temperatures below this are greedy, as in vLLM (its ``_SAMPLING_EPS``): dividing by one that small
+overflows the logits (1e-300 is 0 in float32), and the softmax of those is no distribution."""
 
 
 def params_per_prompt(prompts: list, params: SamplingParams | list[SamplingParams] | None) -> list:
@@ -107,8 +113,9 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
     if all(p.greedy for p in params):
         return greedy
     device = logits.device
-    temperature = torch.tensor([p.temperature or 1.0 for p in params], device=device)
-    top_p = torch.tensor([p.top_p for p in params], device=device)
+    temperature = torch.tensor([1.0 if p.greedy else p.temperature for p in params], device=device)
+    # A top_p too small for float32 would become 0 and drop even the most likely token.
+    top_p = torch.tensor([p.top_p for p in params], device=device).clamp_min(torch.finfo(torch.float32).tiny)
     probs = torch.softmax(logits.float() / temperature[:, None], dim=-1)
     if any(p.top_p < 1 for p in params):
         probs = top_p_filter(probs, top_p)

@@ -8,7 +8,9 @@ control of statuses, deadlines, trailers and metadata, and costs one extra proce
 like the HTTP gateway (see docs/grpc.md).
 
 The servicer relays the router's events: deltas become chunks (``seq`` from 0), ``done`` the last
-chunk, ``error`` a status with the WebSocket error code in the details.
+chunk, ``error`` a status with the WebSocket error code in the details. A request message that does
+not parse (a string field that is not UTF-8, say) is INVALID_ARGUMENT too (``invalid_request``), not
+the UNKNOWN that grpcio answers when a deserializer raises.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import contextlib
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
@@ -66,19 +69,55 @@ def to_request(req: pb.GenerateRequest, metadata: dict[str, str]) -> dict[str, A
     return body
 
 
+def _lenient(parse):
+    """A request deserializer that hands a message that does not parse to the servicer (as its
+    ``DecodeError``), which answers INVALID_ARGUMENT; grpcio fails the call with UNKNOWN when a
+    deserializer raises."""
+    def deserialize(data: bytes):
+        try:
+            return parse(data)
+        except DecodeError as e:
+            return e
+
+    return deserialize
+
+
+def add_servicer(servicer: pb_grpc.InferenceServicer, server: grpc.aio.Server) -> None:
+    """``pb_grpc.add_InferenceServicer_to_server`` with ``_lenient`` request deserializers (the
+    generated code stays the source of the methods and their types)."""
+    class Capture:
+        def add_generic_rpc_handlers(self, handlers) -> None:
+            pass
+
+        def add_registered_method_handlers(self, service: str, handlers: dict) -> None:
+            self.handlers = handlers
+
+    capture = Capture()
+    pb_grpc.add_InferenceServicer_to_server(servicer, capture)
+    handlers = {name: h._replace(request_deserializer=_lenient(h.request_deserializer))
+                for name, h in capture.handlers.items()}
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    server.add_registered_method_handlers(SERVICE, handlers)
+
+
 class InferenceServicer(pb_grpc.InferenceServicer):
     def __init__(self, router, keys: frozenset[str]) -> None:
         self.router, self.keys = router, keys
 
-    async def _check_key(self, context: grpc.aio.ServicerContext) -> dict[str, str]:
+    async def _check(self, request, context: grpc.aio.ServicerContext) -> dict[str, str]:
+        """The call's metadata, once its key is checked and its request parsed (else the call is aborted)."""
         metadata = {k: v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
         if not authorized(self.keys, metadata.get("authorization")):
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong API key "
                                 "(metadata authorization: Bearer KEY)")
+        if isinstance(request, DecodeError):
+            context.set_trailing_metadata((("fastmode-error-code", "invalid_request"),))
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid_request: the request message does "
+                                f"not parse: {request}")
         return metadata
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
-        metadata = await self._check_key(context)
+        metadata = await self._check(request, context)
         stream = self.router.stream(to_request(request, metadata))
         seq, lane, model, finished = 0, "", "", False
         try:
@@ -117,7 +156,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
                 stream.cancel()
 
     async def ListModels(self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext):
-        await self._check_key(context)
+        await self._check(request, context)
         models = self.router.models()
         return pb.ListModelsResponse(models=[pb.Model(id=m["id"], lanes=m["lanes"]) for m in models])
 
@@ -136,7 +175,7 @@ class GrpcServer:
         self.config = load_config(config)
         self.router = router = Router(self.config, fast, priority, standard, exact, stored)
         self.server = grpc.aio.server()
-        pb_grpc.add_InferenceServicer_to_server(InferenceServicer(router, load_keys(self.config)), self.server)
+        add_servicer(InferenceServicer(router, load_keys(self.config)), self.server)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection((SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server)

@@ -30,6 +30,76 @@ def test_committed_stubs_match_the_proto(tmp_path):
         assert filecmp.cmp(tmp_path / "serve" / "rpc" / name, REPO / "serve" / "rpc" / name, shallow=False), name
 
 
+class OneEvent:
+    """A router whose every stream is one event."""
+
+    def __init__(self, event: dict) -> None:
+        self.event = event
+
+    def stream(self, body: dict):
+        event = self.event
+
+        class Stream:
+            def __aiter__(self):
+                async def events():
+                    yield event
+                return events()
+
+            def cancel(self) -> None:
+                pass
+
+        return Stream()
+
+
+def call_in_process(router, message: bytes) -> grpc.aio.AioRpcError | None:
+    """Send ``message`` (the serialized request, as it is) to a servicer over ``router``; its error."""
+    import asyncio
+
+    from serve.rpc import inference_pb2 as pb
+    from serve.rpc.server import InferenceServicer, add_servicer
+
+    async def main():
+        server = grpc.aio.server()
+        add_servicer(InferenceServicer(router, frozenset()), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                call = channel.unary_stream("/fastmode.v1.Inference/Generate", request_serializer=lambda b: b,
+                                            response_deserializer=pb.GenerateChunk.FromString)
+                try:
+                    async for _ in call(message, timeout=10):
+                        pass
+                except grpc.aio.AioRpcError as e:
+                    return e
+        finally:
+            await server.stop(0)
+
+    return asyncio.run(main())
+
+
+def test_a_message_that_does_not_parse_is_invalid_argument():
+    """Found by the fuzz (tests/serve/test_fuzz.py): a string field that is not UTF-8 failed the call
+    with UNKNOWN (grpcio's answer when a deserializer raises)."""
+    from serve.rpc import inference_pb2 as pb
+
+    valid = pb.GenerateRequest(model="fastmode-fast", text="AAAA", max_output_tokens=1).SerializeToString()
+    e = call_in_process(OneEvent({}), valid.replace(b"AAAA", b"\xff\xfe\xed\xa0"))
+    assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and error_code(e) == "invalid_request"
+    assert "UTF-8" in e.details()
+
+
+def test_a_long_error_message_still_reaches_the_client_with_its_code():
+    """Hostile input: ``unknown_model`` echoed a 20,000-character model name; over gRPC's 16 KiB trailer
+    limit the client got RESOURCE_EXHAUSTED ("metadata size exceeds hard limit"), without the code."""
+    from serve.errors import UnknownModel, to_event
+    from serve.rpc import inference_pb2 as pb
+
+    event = to_event(UnknownModel(f"model {'m' * 20_000!r} is not served here"))
+    e = call_in_process(OneEvent(event), pb.GenerateRequest(model="m" * 20_000, text="x").SerializeToString())
+    assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and error_code(e) == "unknown_model"
+
+
 @pytest.fixture
 def client(app):
     a = app()

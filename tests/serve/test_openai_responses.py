@@ -98,6 +98,15 @@ def test_bad_bodies_get_openais_error_naming_the_field(body, param):
     assert r.json()["error"]["type"] == "invalid_request_error" and router.bodies == []
 
 
+def test_a_response_that_echoes_a_lone_surrogate_is_still_written():
+    """JSON carries lone surrogates as escapes; the response object echoes ``metadata``, and Starlette's
+    UTF-8 body could not encode one (a 500 after the whole generation). The router refuses them now
+    (``invalid_request``), and bodies are written as ASCII, as the SSE and WebSocket events are."""
+    _, c = scripted([CREATED, *DELTAS, DONE])  # a scripted router: it refuses nothing
+    r = c.post("/v1/responses", content=b'{"model": "m", "input": "x", "metadata": {"k": "\\ud800"}}')
+    assert r.status_code == 200 and r.json()["metadata"] == {"k": "\ud800"} and r.content.isascii()
+
+
 def test_a_refusal_is_a_plain_http_error():
     refused = {"type": "error", "id": "r", "code": "previous_response_not_found", "message": "gone", "status": 400}
     _, c = scripted([refused])

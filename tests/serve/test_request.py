@@ -40,6 +40,23 @@ def test_bad_fields_are_named(body, field):
     assert field in str(e.value) and e.value.code == "invalid_request" and e.value.status == 400
 
 
+@pytest.mark.parametrize("body,field", [
+    ({"model": "m", "input": "a\ud800"}, "input: not valid Unicode"),
+    ({"model": "m", "input": [{"role": "user", "content": "\udc00"}]}, "input.0.content: not valid Unicode"),
+    ({"model": "m", "input": "x", "metadata": {"\ud800": "v"}}, "metadata (a key): not valid Unicode"),
+    ({"model": "m", "input": "x", "metadata": {"k": "\ud800"}}, "metadata.k: not valid Unicode"),
+    ({"model": "m\ud800", "input": "x"}, "model: "),  # a constrained string: pydantic refuses it itself
+])
+def test_lone_surrogates_are_refused_naming_the_field(body, field):
+    """Hostile input: JSON carries lone surrogates as escapes (``"\\ud800"``), which no tokenizer
+    takes (the lane failed with an internal error) and which ``POST /v1/responses`` could not encode
+    when its answer echoed one in ``metadata`` (a 500)."""
+    with pytest.raises(InvalidRequest) as e:
+        GenerateRequest.parse(body)
+    assert field in str(e.value)
+    str(e.value).encode()  # the message itself is valid text
+
+
 def test_empty_prompt():
     with pytest.raises(InvalidRequest, match="empty"):
         _ = GenerateRequest.parse({"model": "m", "input": ""}).prompt

@@ -121,7 +121,7 @@ class LaneHandle:
 
     def __init__(self, name: str, room: int = 100, deltas: int = 3) -> None:
         self.name, self.room, self.deltas = name, room, deltas
-        self.calls, self.logs = 0, []
+        self.calls, self.logs, self.requests = 0, [], []
 
     def options(self, stream: bool):
         assert stream
@@ -137,6 +137,7 @@ class LaneHandle:
         from serve.errors import Overloaded
 
         self.calls += 1
+        self.requests.append(request)
         self.logs.append([])
         if self.room <= 0:
             cause = Overloaded(f"the {self.name} lane's batch is full (2 sequences)", retry_after=1.5)
@@ -236,3 +237,18 @@ def test_bad_requests_fail_before_any_lane_is_called():
     router, lanes = router_over()
     events = asyncio.run(events_of(router, model="gpt-5"))
     assert events[0]["code"] == "unknown_model" and sum(h.calls for h in lanes.values()) == 0
+
+
+def test_each_request_reaches_its_lane_under_an_id_of_its_own():
+    """Two connections may both name a request "r1": the engines key their sequences by the lane's
+    request id, so two such requests in flight at once collided (one of them never ended:
+    ``test_websocket.py::test_the_same_id_on_two_connections_is_two_requests``)."""
+    router, lanes = router_over()
+
+    async def main():
+        return await asyncio.gather(*(events_of(router, id="r1") for _ in range(2)))
+
+    for events in asyncio.run(main()):
+        assert {e["id"] for e in events} == {"r1"}  # the client's id on every event
+    ids = [r.request_id for r in lanes["standard"].requests]
+    assert len(set(ids)) == 2 and all(i.startswith("r1#") for i in ids)

@@ -179,3 +179,14 @@ def test_http_headers_and_grpc_metadata_continue_the_callers_trace(traced):
     for trace_id, op in ((http_trace, "chat fastmode-full"), (grpc_trace, "text_completion fastmode-fast")):
         span = request_span(receiver, trace_id)
         assert span.name == op and span.parent_span_id.hex() == CALLER_SPAN
+
+
+@pytest.mark.parametrize("carrier", [{"traceparent": 5}, {"traceparent": ["x"]}, {"traceparent": None},
+                                     {"traceparent": "junk", 3: "x", "b": 4}, {}])
+def test_a_carrier_that_is_not_strings_is_no_trace_context(carrier):
+    """Hostile input: ``metadata: {"traceparent": 5}`` reached the propagator before validation,
+    which raised ``TypeError``: an internal error instead of ``invalid_request`` naming the field."""
+    from serve.telemetry import extract
+
+    context = extract(carrier)
+    assert context is None or not context  # nothing extracted: the request starts its own trace

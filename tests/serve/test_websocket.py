@@ -139,6 +139,29 @@ def test_duplicate_in_flight_id(app):
 
 
 @pytest.mark.slow
+def test_the_same_id_on_two_connections_is_two_requests(app):
+    """Ids are the client's, unique per connection only; two connections sending "same" at once used to
+    give the engines one request id twice."""
+    a = app()
+
+    async def one(lane: str):
+        async with ws(a) as conn:
+            await conn.send(create("same", lane, max_output_tokens=24, ignore_eos=True))
+            return (await collect(conn, {"same"}))["same"]
+
+    async def main():
+        return await asyncio.gather(*(one(lane) for lane in ("fast", "fast", "standard", "standard")))
+
+    results = asyncio.run(asyncio.wait_for(main(), 60))  # with one lane request id, one of them never ended
+    for lane, events in zip(("fast", "fast", "standard", "standard"), results, strict=True):
+        assert events[-1]["type"] == "response.completed" and events[-1]["usage"]["output_tokens"] == 24, events[-1]
+        model, tier = LANES[lane]
+        _, ref = a.generate(model=model, service_tier=tier, input="def main():\n", max_output_tokens=24,
+                            temperature=0, ignore_eos=True)
+        assert "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta") == text_of(ref)
+
+
+@pytest.mark.slow
 def test_an_oversized_frame_closes_with_1009_and_the_gateway_serves_on(app):
     a = app()
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 from serve.config import GatewayConfig
-from serve.websocket import CLOSE_GOING_AWAY, CLOSE_NORMAL, CLOSE_TOO_BIG, Session
+from serve.websocket import CLOSE_GOING_AWAY, CLOSE_NORMAL, CLOSE_POLICY, CLOSE_TOO_BIG, FrameBudget, Session
 
 
 class FakeSocket:
@@ -35,7 +36,8 @@ class FakeSocket:
         self.sent.append(json.loads(text))
 
     async def close(self, code: int = 1000, reason: str = "") -> None:
-        self.closed = code
+        self.closed, self.reason = code, reason
+        self.client_leaves()  # a client answers the close
 
     def of(self, rid: str) -> list[dict]:
         return [e for e in self.sent if e.get("id") == rid]
@@ -169,6 +171,48 @@ def test_disconnect_cancels_every_response_of_the_connection():
     assert ws.closed is None  # the client left; nothing to close
 
 
+def test_responses_in_flight_per_connection_are_capped():
+    ws, router = FakeSocket(), FakeRouter(n=1000, every_s=0.005)
+
+    async def script(ws):
+        for rid in ("a", "b", "c"):
+            ws.client_sends({"type": "response.create", "id": rid, "model": "m", "input": "x"})
+        await until(lambda: any(e.get("code") == "too_many_in_flight" for e in ws.sent))
+        ws.client_sends({"type": "response.cancel", "id": "a"})
+        await until(lambda: any(e["type"] == "response.cancelled" for e in ws.sent))
+        ws.client_sends({"type": "response.create", "id": "d", "model": "m", "input": "x"})  # room again
+        await until(lambda: any(e["type"] == "response.output_text.delta" for e in ws.of("d")))
+        ws.client_leaves()
+
+    run_session(ws, router, script, max_in_flight=2)
+    assert ws.of("c") == [{"type": "error", "id": "c", "code": "too_many_in_flight",
+                           "message": "at most 2 responses in flight per connection"}]
+
+
+def test_a_client_gone_with_frames_still_buffered_ends_its_session_at_once():
+    """Found after the fuzz (its connections still counted against their key long after their clients
+    had gone): once a send failed, every frame still buffered for the session waited
+    slow_reader_timeout_s for room in the send queue before the session could see the disconnect."""
+
+    class GoneSocket(FakeSocket):
+        async def send_text(self, text: str) -> None:
+            raise RuntimeError("the client has gone")
+
+    ws, router = GoneSocket(), FakeRouter(n=1000, every_s=0.005)
+    ws.client_sends({"type": "response.create", "id": "a", "model": "m", "input": "x"})
+    for i in range(600):  # more than the send queue holds
+        ws.client_sends({"type": "response.cancel", "id": f"x{i}"})
+    ws.client_leaves()
+
+    async def main():
+        start = time.monotonic()
+        await asyncio.wait_for(Session(ws, router, GatewayConfig()).run(), 10)
+        return time.monotonic() - start
+
+    assert asyncio.run(main()) < 1.0
+    assert router.logs["a"] == ["cancelled"]  # and its response was cancelled, not left running
+
+
 def test_a_slow_reader_gets_merged_deltas_and_loses_nothing():
     ws = FakeSocket(send_delay_s=0.1)  # 10 frames/s, far fewer than the stream's deltas
     router = FakeRouter(n=1000, text="0123456789", every_s=0.001)
@@ -225,6 +269,90 @@ def test_an_oversized_frame_closes_with_1009():
     run_session(ws, router, script, max_frame_bytes=4096)
     assert ws.closed == CLOSE_TOO_BIG
     assert ws.sent[-1]["code"] == "frame_too_large"
+
+
+def test_after_its_close_the_server_reads_on_to_the_clients_close_reply():
+    """Found by the fuzz (an example that took 10 s): a client that flooded frames after one too large
+    heard the close only after 10 s, the WebSocket layer's close timeout: nobody read its queue of
+    unread frames, so it never reached the client's close reply."""
+    ws, router = FakeSocket(), FakeRouter()
+
+    async def script(ws):
+        ws.client_sends("x" * 5000)
+        for i in range(50):
+            ws.client_sends({"type": "response.cancel", "id": f"x{i}"})
+
+    run_session(ws, router, script, max_frame_bytes=4096)
+    assert ws.closed == CLOSE_TOO_BIG and ws.incoming.empty()  # read (and dropped) to the close reply
+
+
+def test_an_oversized_binary_frame_closes_with_1009_too():
+    """A binary frame over the limit got binary_frame and the connection lived on, unlike a text frame
+    of the same size (and unlike docs/protocol.md)."""
+    ws, router = FakeSocket(), FakeRouter()
+
+    async def script(ws):
+        ws.incoming.put_nowait({"type": "websocket.receive", "bytes": b"x" * 5000})
+
+    run_session(ws, router, script, max_frame_bytes=4096)
+    assert (ws.closed, ws.sent[-1]["code"]) == (CLOSE_TOO_BIG, "frame_too_large")
+
+
+def test_json_nested_deeper_than_the_parser_goes_is_invalid_json_and_the_connection_lives_on():
+    """Found by the fuzz: ``json.loads`` raises ``RecursionError`` (not a ``ValueError``) past its
+    recursion limit; it escaped the frame's handling and closed the connection."""
+    ws, router = FakeSocket(), FakeRouter(n=1)
+
+    async def script(ws):
+        ws.client_sends("[" * 100_000 + "]" * 100_000)
+        ws.client_sends('{"a": ' * 50_000 + "1" + "}" * 50_000)
+        ws.client_sends("1" * 5000)  # an integer over Python's 4300-digit limit
+        ws.client_sends({"type": "response.create", "id": "ok", "model": "m", "input": "x"})
+        await until(lambda: any(e["type"] == "response.completed" for e in ws.sent))
+        ws.client_leaves()
+
+    run_session(ws, router, script)
+    errors = [e for e in ws.sent if e["type"] == "error"]
+    assert [e["code"] for e in errors] == ["invalid_json"] * 3 and "nested too deeply" in errors[0]["message"]
+    assert ws.of("ok")[-1]["type"] == "response.completed"
+
+
+def test_the_frame_budget_refills_and_runs_into_debt():
+    budget = FrameBudget(rate=100.0, burst=3)
+    assert [budget.take() for _ in range(3)] == [0.0, 0.0, 0.0]
+    wait = budget.take()
+    assert 0.019 < wait <= 0.02 and not budget.exhausted  # owes one frame, then needs one: 20 ms at 100/s
+    assert budget.take() > wait  # sending on digs deeper
+    refused = 2
+    while not budget.exhausted:
+        budget.take()
+        refused += 1
+    assert refused in (3, 4)  # owes a whole burst (a little refills meanwhile)
+    time.sleep(budget.take() + 0.001)
+    assert budget.take() == 0.0  # paid off: the wait it named was enough
+
+
+def test_frames_over_the_rate_are_refused_then_a_client_that_sends_on_is_closed_with_1008():
+    ws, router = FakeSocket(), FakeRouter(n=1)
+
+    async def script(ws):
+        for i in range(4):  # the burst: handled
+            ws.client_sends({"type": "response.cancel", "id": f"c{i}"})
+        ws.client_sends({"type": "response.create", "id": "over", "model": "m", "input": "x"})
+        await until(lambda: any(e.get("code") == "rate_limited" for e in ws.sent))
+        wait = next(e["retry_after"] for e in ws.sent if e.get("code") == "rate_limited")
+        await asyncio.sleep(wait + 0.05)  # a client that waits as told is served
+        ws.client_sends({"type": "response.create", "id": "later", "model": "m", "input": "x"})
+        await until(lambda: any(e["type"] == "response.completed" for e in ws.sent))
+        for i in range(20):  # one that does not is closed
+            ws.client_sends({"type": "response.cancel", "id": f"f{i}"})
+
+    run_session(ws, router, script, frames_per_s=2.0, frame_burst=4)
+    limited = [e for e in ws.sent if e.get("code") == "rate_limited"]
+    assert limited[0]["id"] == "over" and 0.9 < limited[0]["retry_after"] <= 1.0  # the frame's id: resend it
+    assert ws.of("over") == [limited[0]] and ws.of("later")[-1]["type"] == "response.completed"
+    assert (ws.closed, ws.reason) == (CLOSE_POLICY, "frame rate limit exceeded")
+    assert 4 <= len(limited) <= 6  # a burst's worth of refusals (a little refills meanwhile)
 
 
 def test_idle_connections_close_and_old_ones_drain():

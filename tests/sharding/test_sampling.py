@@ -65,3 +65,14 @@ def test_temperature_sampling_follows_the_distribution():
     cold = [SamplingParams(temperature=0.05)] * 200
     cold_draws = sample(probs.log().expand(200, 3), cold, [make_generator(cold[0])] * 200)
     assert (cold_draws == 0).all()
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=1e-300, seed=1),
+                                    SamplingParams(temperature=1e-45, seed=1),
+                                    SamplingParams(temperature=1.0, top_p=1e-300, seed=1)])
+def test_sampling_values_too_small_for_float32_still_take_the_most_likely_token(params):
+    """Hostile sampling values: a temperature of 1e-300 is 0 in float32 (the logits divided by it are
+    inf, their softmax NaN) and a top_p of 1e-300 dropped every token; both sampled token 0."""
+    logits = torch.zeros(1, 50)
+    logits[0, 7] = 10.0
+    assert sample(logits, [params], [make_generator(params)]).item() == 7
