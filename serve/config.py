@@ -112,6 +112,10 @@ class VLLMLaneConfig(LaneCommon):
         "replica; null lets vLLM size it from gpu_memory_utilization.")
     gpu_memory_utilization: float = Field(default=0.1, gt=0, le=1, description="vLLM's memory share.")
     enforce_eager: bool = Field(default=True, description="Skip CUDA graphs / compilation (fast start).")
+    block_size: int | None = Field(default=32, ge=1, description="vLLM's KV-cache block: its prefix cache "
+        "reuses whole blocks, so a conversation's next turn re-prefills up to block_size - 1 history tokens. "
+        "32 (vLLM's CPU default is 128): turn 20's first token 0.80x turn 1's against 1.25x, decode within "
+        "3% (fastmode bench turns / lanes, docs/serving.md); null: vLLM's default.")
     engine_args: dict[str, Any] = Field(default_factory=dict, description="Further vLLM AsyncEngineArgs.")
     admission: Literal["reject", "queue"] = Field(default="queue", description="When every replica "
         "holds max_num_seqs streams: 'reject' answers 'overloaded' at once (or spills to standard if "

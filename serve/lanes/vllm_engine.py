@@ -47,7 +47,8 @@ class VLLMLaneEngine:
                                kv_cache_memory_bytes=config.kv_cache_memory_bytes,
                                gpu_memory_utilization=config.gpu_memory_utilization,
                                enforce_eager=config.enforce_eager, seed=0,
-                               **speculative_args(config, draft_path), **config.engine_args)
+                               **speculative_args(config, draft_path),
+                               **({"block_size": config.block_size} if config.block_size else {}) | config.engine_args)
         self.engine = AsyncLLM.from_engine_args(args)
         self.max_len = self.engine.model_config.max_model_len
 
