@@ -5,8 +5,9 @@ the gateway replica itself (``serve.listen``), so a chunk goes lane replica -> g
 ``serve`` leaves it to Ray Serve's HTTP proxy (what ``serve deploy`` clusters and KubeRay's
 Service expect), which forwards each request and each streamed chunk to this replica.
 
-- ``GET /health``: 200 when every lane's engine answers, else 503, with per-lane detail (no key
-  needed, for load balancers);
+- ``GET /health``: 200 when every lane is warm and its engine answers, else 503 (``status``
+  ``starting`` while lanes warm up, ``degraded`` after), with per-lane detail (no key needed, for
+  load balancers);
 - ``GET /playground/``: a page that races the lanes over the WebSocket (static files from
   ``serve/playground``, no key needed: the WebSocket it opens asks for one); ``GET /`` redirects there;
 - ``WS /v1/responses``: the persistent WebSocket (``serve.websocket``, ``docs/protocol.md``);
@@ -36,7 +37,7 @@ from ray import serve
 from . import openai_api, openai_responses, telemetry
 from .auth import authorized, load_keys, subprotocol_bearer
 from .config import load_config
-from .errors import InvalidRequest, first_event, to_event
+from .errors import InvalidRequest, NotReady, first_event, to_event
 from .listen import listen
 from .protocol import VERSION
 from .router import Router
@@ -86,12 +87,22 @@ class Gateway:
         self.grpc_server = grpc_server  # held so that Serve deploys it with the application
         self.keys = load_keys(self.config)
         self.router = Router(self.config, fast, priority, standard, exact, stored)
+        self.router.start_warmup()  # /health and /v1/models say ready once every lane is warm
         api.state.gateway = self
         self.server = self.serving = None
         if self.config.http.server == "gateway":
             http = self.config.http
             self.server, self.serving = await listen(api, http.host, http.port,
                                                      ws_max_size=2 * self.config.gateway.max_frame_bytes)
+
+    async def wait_ready(self, timeout_s: float = 600.0) -> bool:
+        """Wait until this gateway's router has warmed every lane (``fastmode up`` calls it before
+        printing its URLs); ``False`` if that takes longer than ``timeout_s``."""
+        try:
+            await asyncio.wait_for(asyncio.shield(self.router.start_warmup()), timeout_s)
+        except TimeoutError:
+            return False
+        return True
 
     async def check_health(self) -> None:
         """Serve's health check: the replica is replaced if its own HTTP server has stopped."""
@@ -125,6 +136,8 @@ class Gateway:
 
     @api.get("/v1/models")
     async def list_models(self) -> JSONResponse:
+        if not self.router.ready:  # a client's first probe: answer once every lane serves at full speed
+            return _error(to_event(NotReady("the lanes are still starting (see /health)", retry_after=5)))
         return await openai_api.list_models(self.router)
 
     @api.post("/v1/chat/completions")

@@ -86,6 +86,8 @@ class Router:
         self.links = ({name: LaneLinks(self.handles[name], self.tries[name]) for name in LANES}
                       if self.config.router.lane_links else {})
         self.scorer = DifficultyScorer(self.config.models.fast.path, self.config.router.auto_max_tokens)
+        self.warm_lanes: set[str] = set()
+        self._warming: asyncio.Task | None = None
         g = self.config.gateway
         self.stored = stored
         self.store = ResponseStore(g.stored_responses, g.stored_response_bytes) if stored is None else None
@@ -277,12 +279,42 @@ class Router:
                 {"id": m.fast.id, "lanes": [FAST], "path": m.fast.path},
                 {"id": AUTO, "lanes": [FAST, STANDARD, PRIORITY, EXACT], "path": None}]
 
+    def start_warmup(self) -> asyncio.Task:
+        """Warm this front door's path to every lane in the background (``warm``); from then on
+        ``stats`` reports a lane ready only once it is warm. Call on the front door's event loop."""
+        if self._warming is None:
+            self._warming = asyncio.get_running_loop().create_task(self.warm())
+        return self._warming
+
+    async def warm(self) -> None:
+        """Wait for each lane's replicas to be up (a lane replica is up once it has served its own
+        warm-up requests, ``Lane.warmup``), open this front door's links to them, and run the
+        ``auto`` scorer once, so that the first user's request finds everything started."""
+        async def one(name: str) -> None:
+            await self.handles[name].stats.remote()  # Serve holds the call until a replica is up
+            if name in self.links:
+                await self.links[name].connect()
+            self.warm_lanes.add(name)
+
+        await asyncio.to_thread(self.scorer.score, "def main():\n    return 0\n")
+        await asyncio.gather(*(one(n) for n in LANES))
+
+    @property
+    def ready(self) -> bool:
+        """Whether every lane is warm for this front door (always, if ``start_warmup`` was not called)."""
+        return self._warming is None or len(self.warm_lanes) == len(LANES)
+
     async def stats(self, timeout_s: float = 10.0) -> dict[str, Any]:
         """Each lane's load (from one of its replicas) and this front door's in-flight counts.
 
-        A lane whose replica does not answer within ``timeout_s`` shows ``ready: false``.
+        A lane whose replica does not answer within ``timeout_s`` shows ``ready: false``; so does
+        one still starting (``starting: true``: not yet warm, see ``start_warmup``).
         """
         async def one(name: str) -> dict[str, Any]:
+            if self._warming is not None and name not in self.warm_lanes:
+                error = self._warming.exception() if self._warming.done() else None
+                return {"ready": False, "starting": error is None,
+                        **({"error": f"warm-up failed: {type(error).__name__}: {error}"} if error else {})}
             try:
                 s = await asyncio.wait_for(self.handles[name].stats.remote(), timeout_s)
                 return {"ready": True, **s}
@@ -292,7 +324,9 @@ class Router:
         lanes = dict(zip(LANES, await asyncio.gather(*(one(n) for n in LANES)), strict=True))
         for name in LANES:
             lanes[name]["front_door_in_flight"] = self.in_flight[name]
-        return {"status": "ok" if all(v["ready"] for v in lanes.values()) else "degraded", "lanes": lanes}
+        status = ("ok" if all(v["ready"] for v in lanes.values())
+                  else "starting" if any(v.get("starting") for v in lanes.values()) else "degraded")
+        return {"status": status, "lanes": lanes}
 
 
 def _record(span, event: dict[str, Any]) -> None:

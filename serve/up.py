@@ -123,7 +123,10 @@ def run(config: AppConfig, *, address: str | None, chips: int, verbose: bool = F
                     http_options={"host": config.http.host, "port": config.http.port},
                     logging_config={"log_level": "INFO" if verbose else "WARNING", "enable_access_log": verbose})
         print("fastmode up: deploying (engines load: about a minute on a CPU)", flush=True)
-        serve.run(build(config), name=config.name, route_prefix="/")
+        serve.run(build(config), name=config.name, route_prefix="/")  # lanes are up once warmed up
+        if not serve.get_deployment_handle("gateway", config.name).wait_ready.remote().result():
+            print("fastmode up: the gateway did not reach every lane within 10 minutes; see /health",
+                  file=sys.stderr, flush=True)
         layout = serve.get_deployment_handle("fast-lane", config.name).stats.remote().result()["layout"]
         base = f"http://{config.http.host}:{config.http.port}"
         m = config.models

@@ -79,6 +79,9 @@ class VLLMLaneEngine:
                 extra["speculative"] = speculative_summary(c.spec_decode_metrics.to_dict())
             yield EngineOutput(list(c.token_ids), c.text, c.finish_reason if out.finished else None, **extra)
 
+    def failure(self) -> BaseException | None:
+        return (self.engine.dead_error or RuntimeError("the vLLM engine has died")) if self.engine.errored else None
+
     def num_unfinished(self) -> int:
         return self.engine.get_num_unfinished_requests()
 

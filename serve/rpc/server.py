@@ -135,6 +135,7 @@ class GrpcServer:
         telemetry.setup("grpc")
         self.config = load_config(config)
         self.router = router = Router(self.config, fast, priority, standard, exact, stored)
+        router.start_warmup()  # the health service says SERVING once every lane is warm
         self.server = grpc.aio.server()
         pb_grpc.add_InferenceServicer_to_server(InferenceServicer(router, load_keys(self.config)), self.server)
         self.health = health.aio.HealthServicer()

@@ -25,10 +25,15 @@ API_KEY = "sk-fastmode-test"
 """The shared app requires this key (FASTMODE_API_KEYS), so authentication is on in every test."""
 
 
+FIRST_REQUESTS = {"fast": {"model": "fastmode-fast"}, "priority": {"model": "fastmode-full", "service_tier": "priority"},
+                  "standard": {"model": "fastmode-full"}, "exact": {"model": "fastmode-full", "service_tier": "exact"}}
+"""The request each lane gets first (``App.probe_first_requests``)."""
+
+
 class App:
     """A ``fastmode up`` process and an HTTP client for it."""
 
-    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, *args: str, env: dict[str, str] | None = None, probe_first_requests: bool = False) -> None:
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.ws_url = f"ws://127.0.0.1:{self.port}/v1/responses"
@@ -46,6 +51,7 @@ class App:
         threading.Thread(target=self._read, daemon=True).start()
         self.client = httpx.Client(base_url=self.base, timeout=120, headers={"Authorization": f"Bearer {API_KEY}"})
         self.health_before_ready: list[tuple[int | None, dict | None]] = []  # (status, body) while loading
+        self.models_before_ready: list[int] = []  # /v1/models' status while loading (once /health answered)
         deadline = time.monotonic() + START_TIMEOUT_S
         while not self.ready.is_set():
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -58,7 +64,32 @@ class App:
                 polled = (None, None)  # nothing listening yet
             if not self.ready.is_set():
                 self.health_before_ready.append(polled)
+                if polled[0] is not None:
+                    self.models_before_ready.append(self.client.get("/v1/models", timeout=15).status_code)
             time.sleep(1)
+        self.first_requests: dict[str, float] = {}
+        """Seconds to each lane's first token, one request per lane in turn on one WebSocket, sent
+        right after ``fastmode up`` said ready (``probe_first_requests``)."""
+        if probe_first_requests:
+            self.first_requests = self._first_requests()
+
+    def _first_requests(self) -> dict[str, float]:
+        from websockets.sync.client import connect
+
+        took = {}
+        with connect(self.ws_url, additional_headers={"Authorization": f"Bearer {self.key}"}) as ws:
+            for lane, body in FIRST_REQUESTS.items():
+                started = time.perf_counter()
+                ws.send(json.dumps({"type": "response.create", "id": lane, "max_output_tokens": 8,
+                                    "temperature": 0, "input": "class Config:\n    def __init__(self", **body}))
+                while True:
+                    event = json.loads(ws.recv(timeout=120))
+                    if event["type"] == "response.output_text.delta" and lane not in took:
+                        took[lane] = time.perf_counter() - started
+                    if event["type"] in ("response.completed", "error"):
+                        assert event["type"] == "response.completed", event
+                        break
+        return took
 
     def _read(self) -> None:
         for line in self.proc.stdout:
