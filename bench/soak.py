@@ -354,6 +354,11 @@ def engines_idle(base: str, key: str | None, timeout_s: float = 30.0) -> dict[st
 
 
 # -- disconnects ------------------------------------------------------------------------------
+VANISH_TOKENS = 480
+"""A vanishing client's request length (within the fast model's 512-token context): it would stream
+for about half a second on the fast lane and seconds on the others had its client stayed."""
+
+
 async def _wait_running(client: httpx.AsyncClient, lane: str, want_busy: bool, timeout_s: float) -> float | None:
     """Seconds until the lane's engine holds a sequence (``want_busy``) or none; ``None`` on timeout."""
     t0 = time.perf_counter()
@@ -370,9 +375,12 @@ async def vanish_ws(url: str, key: str | None, lane: str) -> None:
 
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     ws = await connect(url, additional_headers=headers, max_size=None)
-    await ws.send(json.dumps({"type": "response.create", "id": "vanish", **_body(lane, PROMPTS[1], 1024)}))
+    await ws.send(json.dumps({"type": "response.create", "id": "vanish", **_body(lane, PROMPTS[1], VANISH_TOKENS)}))
     async for raw in ws:
-        if json.loads(raw)["type"] == "response.output_text.delta":
+        event = json.loads(raw)
+        if event["type"] == "error":
+            raise RuntimeError(f"the request failed: {event}")
+        if event["type"] == "response.output_text.delta":
             break
     _rst(ws.transport)
 
@@ -380,7 +388,7 @@ async def vanish_ws(url: str, key: str | None, lane: str) -> None:
 async def vanish_sse(base: str, key: str | None, lane: str) -> None:
     host, port = base.removeprefix("http://").split(":")
     reader, writer = await asyncio.open_connection(host, int(port))
-    body = json.dumps({"model": TIERS[lane]["model"], "prompt": PROMPTS[1], "max_tokens": 1024, "stream": True,
+    body = json.dumps({"model": TIERS[lane]["model"], "prompt": PROMPTS[1], "max_tokens": VANISH_TOKENS, "stream": True,
                        "temperature": 0, "ignore_eos": True,
                        **({"service_tier": TIERS[lane]["service_tier"]} if "service_tier" in TIERS[lane] else {})})
     auth = f"Authorization: Bearer {key}\r\n" if key else ""
@@ -390,8 +398,8 @@ async def vanish_sse(base: str, key: str | None, lane: str) -> None:
     seen = b""
     while not re.search(rb'"text": ?"[^"]', seen):  # the first chunk with text
         chunk = await reader.read(4096)
-        if not chunk:
-            raise ConnectionError(f"the server closed the stream: {seen[-300:]!r}")
+        if not chunk or seen.startswith(b"HTTP/1.1 4") or b'"error"' in seen:
+            raise ConnectionError(f"the request failed: {(seen + chunk)[-300:]!r}")
         seen += chunk
     _rst(writer.transport)
 
@@ -400,7 +408,7 @@ GRPC_VANISH = """
 import sys, time
 from clients.grpc_client import GrpcClient
 client = GrpcClient(sys.argv[1], api_key=sys.argv[2] or None)
-for chunk in client.stream(sys.argv[3], sys.argv[4], max_output_tokens=1024, temperature=0.0, ignore_eos=True,
+for chunk in client.stream(sys.argv[3], sys.argv[4], max_output_tokens=int(sys.argv[6]), temperature=0.0, ignore_eos=True,
                            **({"service_tier": sys.argv[5]} if sys.argv[5] else {})):
     if chunk.delta:
         print("first", flush=True)
@@ -411,7 +419,7 @@ for chunk in client.stream(sys.argv[3], sys.argv[4], max_output_tokens=1024, tem
 async def vanish_grpc(target: str, key: str | None, lane: str) -> None:
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-c", GRPC_VANISH, target, key or "", TIERS[lane]["model"], PROMPTS[1],
-        TIERS[lane].get("service_tier", ""), cwd=str(Path(__file__).resolve().parents[1]),
+        TIERS[lane].get("service_tier", ""), str(VANISH_TOKENS), cwd=str(Path(__file__).resolve().parents[1]),
         stdout=asyncio.subprocess.PIPE)
     try:
         line = await asyncio.wait_for(proc.stdout.readline(), 120)
@@ -437,11 +445,20 @@ async def disconnects(base: str, ws_url: str, grpc_target: str | None, key: str 
                     continue
                 vanish = {"ws": lambda: vanish_ws(ws_url, key, lane), "sse": lambda: vanish_sse(base, key, lane),
                           "grpc": lambda: vanish_grpc(grpc_target, key, lane)}[door]
-                await vanish()
+                cancelled = (await client.get("/health")).json()["lanes"][lane].get("cancelled", 0)
+                try:
+                    await asyncio.wait_for(vanish(), 120)
+                except Exception as e:  # noqa: BLE001 - reported in the results
+                    out.append({"door": door, "lane": lane, "error": f"{type(e).__name__}: {e}"[:300]})
+                    continue
                 gone = time.perf_counter()
                 freed = await _wait_running(client, lane, False, 30)
-                out.append({"door": door, "lane": lane,
-                            "freed_s": None if freed is None else round(time.perf_counter() - gone, 4)})
+                took = time.perf_counter() - gone
+                after = (await client.get("/health")).json()["lanes"][lane].get("cancelled", 0)
+                # ``cancelled`` counts streams closed before their end: it proves the sequence was
+                # freed by the disconnect, not by reaching its last token.
+                out.append({"door": door, "lane": lane, "freed_s": None if freed is None else round(took, 4),
+                            "cancelled_by_disconnect": after - cancelled == 1})
     return out
 
 
@@ -507,7 +524,8 @@ def main(argv: list[str] | None = None) -> int:
               "no client failed": not failures,
               "engines hold nothing afterwards": result["engines_after"]["idle"],
               f"memory within {args.memory_slack:.0%}": mem["ratio"] is None or mem["ratio"] <= 1 + args.memory_slack,
-              "every vanished client's sequence freed": all(d.get("freed_s") is not None for d in result["disconnects"])}
+              "every vanished client's sequence freed": all(d.get("freed_s") is not None and d["cancelled_by_disconnect"]
+                                                           for d in result["disconnects"])}
     out = {"date": started, "command": "fastmode bench soak " + shlex.join(argv),
            "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform()},
            "settings": {k: v for k, v in vars(args).items() if k not in ("api_key", "json")},

@@ -471,6 +471,11 @@ class AsyncClient:
             return self._conn
         async with self._lock:
             if self._conn is None or not self._conn.usable:
+                if deadline is None and self._conn is not None and self._conn.closed and \
+                        not self._conn.closed_by_client and self._conn.close_code not in (1000, 1001):
+                    # The last connection dropped (no close handshake): the gateway is probably
+                    # restarting, so keep trying for a while rather than ``max_attempts`` times.
+                    deadline = time.monotonic() + self.reconnect_timeout_s
                 self._conn = await self._open(deadline)
             return self._conn
 
@@ -521,10 +526,12 @@ class AsyncClient:
 
     async def _start(self, body: dict[str, Any]) -> ResponseStream:
         deadline = None  # set once a connection drops under a create: then reconnect for a while
+        dropped = 0
         for _ in range(3 + self.resubmit_attempts):  # a draining or dropped connection: retry on a new one
             conn = await self._connection(deadline)
             queue = conn.register(body["id"])
             stream = ResponseStream(conn, body["id"], queue, self, body)
+            stream.resubmits = dropped
             try:
                 await conn.send({"type": "response.create", **body})
                 await stream._wait_created()
@@ -532,8 +539,10 @@ class AsyncClient:
                 conn.draining = True
                 continue
             except ConnectionLost:
-                if conn.closed_by_client or stream._parts or conn.close_code in (CLOSE_POLICY, CLOSE_TOO_BIG):
+                if conn.closed_by_client or stream._parts or conn.close_code in (CLOSE_POLICY, CLOSE_TOO_BIG) \
+                        or stream.resubmits >= self.resubmit_attempts and conn.close_code not in (1000, 1001):
                     raise
+                dropped = stream.resubmits + (conn.close_code not in (1000, 1001))
                 # The server closed an idle or aged connection just as we sent, or the connection
                 # dropped (a gateway restarting): nothing was produced, so send it again.
                 deadline = deadline or time.monotonic() + self.reconnect_timeout_s
