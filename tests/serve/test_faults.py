@@ -135,12 +135,14 @@ def test_a_killed_gateway_comes_back_and_the_sdk_reconnects(app):
             t0 = time.perf_counter()
             # Sent at once, on the connection the client does not yet know is dead: no text came,
             # so the SDK reconnects (the gateway restarting meanwhile) and sends it again.
-            pending = await client.responses.stream(model="fastmode-fast", input="x = 1\n", max_output_tokens=2)
+            pending = await client.responses.stream(model="fastmode-fast", input="x = 1\n", max_output_tokens=2,
+                                                    temperature=0)
             with pytest.raises(ConnectionLost):  # it had streamed text: sending it again could repeat it
                 async for _ in streaming:
                     pass
             after = await pending.final()
-            later = await client.responses.create(model="fastmode-fast", input="x = 1\n", max_output_tokens=2)
+            later = await client.responses.create(model="fastmode-fast", input="x = 1\n", max_output_tokens=2,
+                                                  temperature=0)
             return after, pending.resubmits, later, time.perf_counter() - t0, client.connects
 
     after, resubmits, later, took, connects = asyncio.run(main())
