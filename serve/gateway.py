@@ -18,7 +18,9 @@ Service expect), which forwards each request and each streamed chunk to this rep
 
 With API keys configured (``serve.auth``), every route but ``/health`` and the playground's files
 needs ``Authorization: Bearer KEY``: 401 on HTTP, close code 1008 on the WebSocket (where a browser
-may send the key as a subprotocol instead, ``serve.auth.KEY_SUBPROTOCOL``).
+may send the key as a subprotocol instead, ``serve.auth.KEY_SUBPROTOCOL``). With
+``http.tls_certfile`` and ``http.tls_keyfile`` the port speaks https and wss only (whichever
+``http.server`` listens: uvicorn here, or Ray Serve's proxy, ``serve.up.serve_config``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +38,7 @@ from fastapi.staticfiles import StaticFiles
 from ray import serve
 
 from . import openai_api, openai_responses, telemetry
-from .auth import authorized, load_keys, subprotocol_bearer
+from .auth import authorized, insecure_warning, load_keys, subprotocol_bearer
 from .config import load_config
 from .errors import InvalidRequest, NotReady, first_event, to_event
 from .listen import listen
@@ -43,6 +46,7 @@ from .protocol import VERSION
 from .router import Router
 from .websocket import CLOSE_POLICY, Session
 
+log = logging.getLogger(__name__)
 api = FastAPI(title="fastmode", docs_url=None, redoc_url=None)
 PLAYGROUND = "/playground"
 api.mount(PLAYGROUND, StaticFiles(directory=Path(__file__).parent / "playground", html=True), name="playground")
@@ -85,15 +89,18 @@ class Gateway:
         telemetry.setup("gateway")
         self.config = load_config(config)
         self.grpc_server = grpc_server  # held so that Serve deploys it with the application
-        self.keys = load_keys(self.config)
+        self.keys = load_keys(self.config)  # refuses a non-loopback bind without keys
+        if warning := insecure_warning(self.config, self.keys):
+            log.warning(warning)
         self.router = Router(self.config, fast, priority, standard, exact, stored)
         self.router.start_warmup()  # /health and /v1/models say ready once every lane is warm
         api.state.gateway = self
         self.server = self.serving = None
         if self.config.http.server == "gateway":
             http = self.config.http
-            self.server, self.serving = await listen(api, http.host, http.port,
-                                                     ws_max_size=2 * self.config.gateway.max_frame_bytes)
+            self.server, self.serving = await listen(
+                api, http.host, http.port, ws_max_size=2 * self.config.gateway.max_frame_bytes,
+                tls_certfile=http.tls_certfile, tls_keyfile=http.tls_keyfile)
 
     async def wait_ready(self, timeout_s: float = 600.0) -> bool:
         """Wait until this gateway's router has warmed every lane (``fastmode up`` calls it before

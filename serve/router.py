@@ -23,6 +23,7 @@ fewer requests); then the caller gets ``overloaded`` with a retry hint, or, if t
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -128,7 +129,9 @@ class Router:
         """Stream ``created``, ``delta``s and ``done`` for one request, or an ``error`` event.
 
         Each request is one trace span (OpenTelemetry GenAI conventions), continuing the caller's
-        ``traceparent`` from ``metadata``; the lane's spans are its children.
+        ``traceparent`` from ``metadata``; the lane's spans are its children. The span holds no
+        prompt or output text, and an error's code but not its message (which may quote the
+        request), unless ``telemetry.record_content`` asks for them.
         """
         meta = request.get("metadata") if isinstance(request, dict) else None
         chat = isinstance(request, dict) and isinstance(request.get("input"), list)
@@ -138,12 +141,18 @@ class Router:
             f"{op} {model}", kind=SpanKind.SERVER, context=telemetry.extract(meta if isinstance(meta, dict) else None),
             attributes={"gen_ai.operation.name": op, "gen_ai.provider.name": "fastmode",
                         "gen_ai.request.model": str(model)})
+        content = self.config.telemetry.record_content and span.is_recording()
         events = self._generate(request, span, history)
-        lane, outcome = None, "cancelled"
+        lane, outcome, output = None, "cancelled", []
         try:
             async for event in events:
                 if span.is_recording():
-                    _record(span, event)
+                    _record(span, event, content)
+                    if content and event["type"] == "delta":
+                        output.append(event["text"])
+                    elif content and event["type"] == "done":
+                        span.set_attribute("gen_ai.output.messages", _messages(
+                            [("assistant", "".join(output))], event["finish_reason"]))
                 kind = event["type"]
                 if kind == "created":
                     lane = event["lane"]
@@ -175,6 +184,8 @@ class Router:
                 req = req.model_copy(update={"input": [Message(role=r, content=c) for r, c in conversation]})
                 if span.is_recording():
                     span.set_attribute("fastmode.previous_response_id", prev.id)
+            if self.config.telemetry.record_content and span.is_recording():
+                span.set_attribute("gen_ai.input.messages", _messages(conversation))
             lane_request = req.to_lane(rid, telemetry.inject(span) if span.is_recording() else None)
             lane, route = await self.pick(req)
             prefer = prev.replica if prev is not None and prev.lane == lane else None
@@ -329,8 +340,16 @@ class Router:
         return {"status": status, "lanes": lanes}
 
 
-def _record(span, event: dict[str, Any]) -> None:
-    """Put what ``event`` tells about the request on its span."""
+def _messages(messages, finish_reason: str | None = None) -> str:
+    """Messages as the GenAI conventions' ``gen_ai.input.messages`` / ``gen_ai.output.messages`` (JSON)."""
+    extra = {} if finish_reason is None else {"finish_reason": finish_reason}
+    return json.dumps([{"role": role, "parts": [{"type": "text", "content": text}], **extra}
+                       for role, text in messages])
+
+
+def _record(span, event: dict[str, Any], content: bool = False) -> None:
+    """Put what ``event`` tells about the request on its span (an error's message only with ``content``:
+    it may quote the request)."""
     kind = event["type"]
     if kind == "created":
         span.set_attributes({"gen_ai.response.id": event["id"], "fastmode.lane": event["lane"],
@@ -349,4 +368,4 @@ def _record(span, event: dict[str, Any]) -> None:
             span.set_attribute("fastmode.decode_tokens_per_s", timing["decode_tokens_per_s"])
     elif kind == "error":
         span.set_attributes({"error.type": event["code"]})
-        span.set_status(Status(StatusCode.ERROR, event["message"][:200]))
+        span.set_status(Status(StatusCode.ERROR, event["message"][:200] if content else event["code"]))

@@ -12,6 +12,7 @@ import asyncio
 import json
 import os
 import random
+import ssl
 import time
 import uuid
 from dataclasses import asdict, dataclass, fields
@@ -426,8 +427,11 @@ def responses_url(base_url: str) -> str:
 class AsyncClient:
     """The asyncio fastmode client (see the package docstring for an example).
 
-    ``base_url``: the server (``ws://host:port``; ``/v1/responses`` is appended when there is no path).
+    ``base_url``: the server (``ws://host:port``, or ``wss://`` / ``https://`` for a server with TLS;
+    ``/v1/responses`` is appended when there is no path).
     ``api_key``: sent as ``Authorization: Bearer``; default ``$FASTMODE_API_KEY`` (none if unset).
+    ``ca_file``: PEM certificates to trust for ``wss://`` (e.g. a private CA or a self-signed server);
+    default: the system's trust store (``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` override it, as in OpenSSL).
     ``max_attempts``: how many times to try opening the connection before ``ConnectionFailed``;
     between tries it waits ``backoff_initial_s * 2**n`` capped at ``backoff_max_s``, times a random
     jitter in [0.5, 1]. ``open_timeout_s``: per try. ``ping_interval_s``: keepalive (``None``: off).
@@ -441,7 +445,7 @@ class AsyncClient:
 
     def __init__(self, base_url: str = DEFAULT_BASE_URL, api_key: str | None = None, *, max_attempts: int = 5,
                  backoff_initial_s: float = 0.25, backoff_max_s: float = 8.0, open_timeout_s: float = 10.0,
-                 ping_interval_s: float | None = 20.0, resubmit_attempts: int = 2,
+                 ping_interval_s: float | None = 20.0, ca_file: str | None = None, resubmit_attempts: int = 2,
                  reconnect_timeout_s: float = 60.0) -> None:
         if max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
@@ -449,6 +453,9 @@ class AsyncClient:
             raise ValueError("resubmit_attempts must be at least 0")
         self.resubmit_attempts, self.reconnect_timeout_s = resubmit_attempts, reconnect_timeout_s
         self.url = responses_url(base_url)
+        if ca_file is not None and not self.url.startswith("wss://"):
+            raise ValueError(f"ca_file is for a wss:// (or https://) server, not {self.url}")
+        self.ca_file = ca_file
         self.api_key = api_key if api_key is not None else os.environ.get("FASTMODE_API_KEY")
         self.max_attempts, self.open_timeout_s = max_attempts, open_timeout_s
         self.ping_interval_s = ping_interval_s
@@ -496,15 +503,23 @@ class AsyncClient:
     async def _open(self, deadline: float | None = None) -> _Connection:
         """Open a connection: up to ``max_attempts`` tries, or until ``deadline`` (``time.monotonic``)."""
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        # wss: the system's trust store, or ca_file's certificates (websockets refuses ssl= for ws://).
+        wss = self.url.startswith("wss://")
+        tls = {"ssl": ssl.create_default_context(cafile=self.ca_file)} if wss else {}
         last: BaseException | None = None
         attempt = 0
         while True:
             attempt += 1
             try:
                 ws = await connect(self.url, additional_headers=headers, max_size=None,
-                                   open_timeout=self.open_timeout_s, ping_interval=self.ping_interval_s)
+                                   open_timeout=self.open_timeout_s, ping_interval=self.ping_interval_s,
+                                   **tls)
             except InvalidURI as e:
                 raise ConnectionFailed("connection_failed", f"invalid URL {self.url!r}: {e}") from e
+            except ssl.SSLCertVerificationError as e:  # retrying will not help
+                raise ConnectionFailed("connection_failed", f"{self.url}: the server's certificate is not "
+                                       f"trusted ({e.verify_message}); pass ca_file (--ca-file) if it is "
+                                       "signed by a private CA") from e
             except InvalidStatus as e:
                 if e.response.status_code in (401, 403):
                     raise AuthenticationError("unauthorized", f"the server refused the API key "

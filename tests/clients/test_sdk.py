@@ -87,6 +87,10 @@ def test_url_and_error_mapping():
     assert responses_url("ws://h:1") == "ws://h:1/v1/responses"
     assert responses_url("http://h:1/") == "ws://h:1/v1/responses"
     assert responses_url("wss://h/custom") == "wss://h/custom"
+    assert responses_url("https://h:1") == "wss://h:1/v1/responses"
+    assert AsyncClient("https://h:1", ca_file="ca.pem").ca_file == "ca.pem"
+    with pytest.raises(ValueError, match="ca_file is for a wss:// .* server, not ws://h:1/v1/responses"):
+        AsyncClient("ws://h:1", ca_file="ca.pem")
     for code, cls in [("invalid_request", InvalidRequest), ("invalid_json", InvalidRequest),
                       ("prompt_too_long", InvalidRequest), ("duplicate_id", InvalidRequest),
                       ("unknown_model", UnknownModel), ("overloaded", Overloaded),

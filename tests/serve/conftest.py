@@ -31,12 +31,15 @@ FIRST_REQUESTS = {"fast": {"model": "fastmode-fast"}, "priority": {"model": "fas
 
 
 class App:
-    """A ``fastmode up`` process and an HTTP client for it."""
+    """A ``fastmode up`` process and an HTTP client for it. ``ca_file``: the app serves TLS with a
+    certificate this file trusts (https, wss)."""
 
-    def __init__(self, *args: str, env: dict[str, str] | None = None, probe_first_requests: bool = False) -> None:
+    def __init__(self, *args: str, env: dict[str, str] | None = None, ca_file: Path | None = None,
+                 probe_first_requests: bool = False) -> None:
         self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.ws_url = f"ws://127.0.0.1:{self.port}/v1/responses"
+        http, ws = ("https", "wss") if ca_file else ("http", "ws")
+        self.base = f"{http}://127.0.0.1:{self.port}"
+        self.ws_url = f"{ws}://127.0.0.1:{self.port}/v1/responses"
         self.key = API_KEY
         env = ({k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
                | {"FASTMODE_API_KEYS": f"{API_KEY},sk-other", "RAY_metrics_report_interval_ms": "1000"} | (env or {}))
@@ -49,7 +52,8 @@ class App:
         self.output: list[str] = []
         self.ready = threading.Event()
         threading.Thread(target=self._read, daemon=True).start()
-        self.client = httpx.Client(base_url=self.base, timeout=120, headers={"Authorization": f"Bearer {API_KEY}"})
+        self.client = httpx.Client(base_url=self.base, timeout=120, verify=str(ca_file) if ca_file else True,
+                                   headers={"Authorization": f"Bearer {API_KEY}"})
         self.health_before_ready: list[tuple[int | None, dict | None]] = []  # (status, body) while loading
         self.models_before_ready: list[int] = []  # /v1/models' status while loading (once /health answered)
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -137,16 +141,47 @@ class App:
 
 
 @contextmanager
-def app_with_config(yaml_text: str, tmp_dir: Path, *args: str, env: dict[str, str] | None = None):
+def app_with_config(yaml_text: str, tmp_dir: Path, *args: str, env: dict[str, str] | None = None,
+                    ca_file: Path | None = None):
     """A ``fastmode up`` of its own, on the deployment YAML ``yaml_text`` (written to ``tmp_dir``),
     stopped on leaving."""
     config = tmp_dir / "app.yaml"
     config.write_text(yaml_text)
-    app = App("--config", str(config), *args, env=env)
+    app = App("--config", str(config), *args, env=env, ca_file=ca_file)
     try:
         yield app
     finally:
         app.stop()
+
+
+def self_signed(out: Path, name: str = "server") -> tuple[Path, Path]:
+    """A self-signed certificate for ``localhost`` and 127.0.0.1 and its key, as PEM files in ``out``
+    (the certificate is its own CA: trust it with ``ca_file``)."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
+                                                        x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = out / f"{name}.crt", out / f"{name}.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_path, key_path
 
 
 def text_of(events: list[dict]) -> str:
