@@ -281,9 +281,10 @@ def soak_section(doc: dict | None) -> list[str]:
     ends = ", ".join(f"{k} {v}" for k, v in sorted(led["ends"].items()))
     out += [f"{led['requests']} requests ({ends}); {led['deltas']} WebSocket/gRPC deltas checked in order; "
             f"{len(led['problems'])} problems; {led['without_terminal']} without an end. Engines idle "
-            f"{idle['seconds']:.1f} s after the last client finished. Memory of the application's processes: "
-            f"{mem['before_bytes'] / 2**20:,.0f} MiB after a warm-up pass, {mem['after_bytes'] / 2**20:,.0f} MiB "
-            f"after the soak ({_f(mem['ratio'], '{:.3f}')}x).", ""]
+            f"{idle['seconds']:.1f} s after the last client finished. "
+            + (f"Memory of the application's processes: {mem['before_bytes'] / 2**20:,.0f} MiB after a warm-up pass, "
+               f"{mem['after_bytes'] / 2**20:,.0f} MiB after the soak ({mem['ratio']:.3f}x)." if mem["ratio"]
+               else "Memory: not measured (the application was not on this machine)."), ""]
     gone = doc.get("disconnects") or []
     if gone:
         out += ["A client that vanishes mid-stream (its first token received, then a TCP RST on the WebSocket and "

@@ -59,15 +59,28 @@ PROCESS_MARKS = ("ServeReplica:", "VLLM::EngineCore", "ray::ChipWorker")
 """The application's processes on this machine whose memory the soak follows."""
 
 
-def app_rss() -> int:
-    """Bytes resident in the application's processes on this machine."""
+def app_rss(port: int) -> int | None:
+    """Bytes resident in the processes of the application listening on ``port`` on this machine:
+    every Serve replica, engine and chip process under the Ray node (raylet) of the process that
+    listens there (``None`` if no process here does)."""
     import psutil
 
+    listening = [c.pid for c in psutil.net_connections("tcp")
+                 if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid]
+    if not listening:
+        return None
     total = 0
-    for p in psutil.process_iter(["cmdline", "memory_info"]):
-        cmd = " ".join(p.info["cmdline"] or [])
-        if any(mark in cmd for mark in PROCESS_MARKS) and p.info["memory_info"] is not None:
-            total += p.info["memory_info"].rss
+    try:
+        node = psutil.Process(listening[0]).parent()
+        procs = node.children(recursive=True) if node is not None else []
+    except psutil.Error:
+        return None
+    for p in procs:
+        try:
+            if any(mark in " ".join(p.cmdline()) for mark in PROCESS_MARKS):
+                total += p.memory_info().rss
+        except psutil.Error:  # gone meanwhile
+            pass
     return total
 
 
@@ -501,19 +514,20 @@ def main(argv: list[str] | None = None) -> int:
                                   "slow_fraction": 0})
         await ws_soak(ws_url, args.api_key, w, warm)
         time.sleep(2)
-        rss_before = app_rss()
+        port = int(base.rsplit(":", 1)[1])
+        rss_before = app_rss(port)
         ledger = Ledger()
         ws = await ws_soak(ws_url, args.api_key, args, ledger)
         sse = await sse_soak(base, args.api_key, args, ledger)
         grpc_ = await grpc_soak(grpc_target, args.api_key, args, ledger) if grpc_target else None
         idle = engines_idle(base, args.api_key)
         time.sleep(5)
-        rss_after = app_rss()
+        rss_after = app_rss(port)
         gone = await disconnects(base, ws_url, grpc_target, args.api_key, list(LANES),
                                  ["ws", "sse", "grpc"] if not args.quick else ["ws"])
         return {"ws": ws, "sse": sse, "grpc": grpc_, "ledger": ledger.summary(), "engines_after": idle,
                 "memory": {"before_bytes": rss_before, "after_bytes": rss_after,
-                           "ratio": rss_after / rss_before if rss_before else None},
+                           "ratio": rss_after / rss_before if rss_before and rss_after else None},
                 "disconnects": gone}
 
     result = asyncio.run(run())
@@ -535,7 +549,8 @@ def main(argv: list[str] | None = None) -> int:
           f"gRPC), ends {led['ends']}, {led['deltas']} deltas, {len(led['problems'])} problems, "
           f"{led['without_terminal']} without an end")
     print(f"engines idle after {result['engines_after']['seconds']} s: {result['engines_after']['idle']}; memory "
-          f"{mem['before_bytes'] / 2**20:.0f} -> {mem['after_bytes'] / 2**20:.0f} MiB")
+          + (f"{mem['before_bytes'] / 2**20:.0f} -> {mem['after_bytes'] / 2**20:.0f} MiB" if mem["ratio"]
+             else "not measured (the application is not on this machine)"))
     for d in result["disconnects"]:
         print(f"  vanished {d['door']:>4} client, {d['lane']:>8} lane: freed in "
               f"{'%.0f ms' % (d['freed_s'] * 1e3) if d.get('freed_s') is not None else d.get('error', 'never')}")
