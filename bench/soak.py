@@ -93,7 +93,7 @@ class Ledger:
 
     def start(self, rid: str, door: str, tier: str, tokens: int) -> None:
         self.requests[rid] = {"door": door, "tier": tier, "asked": tokens, "seq": 0, "tokens": 0, "end": None,
-                              "abandoned": False, "text": ""}
+                              "abandoned": False, "text": "", "cancel_sent": False, "late_cancel": False}
 
     def problem(self, rid: str, what: str) -> None:
         if len(self.problems) < 50:
@@ -109,7 +109,10 @@ class Ledger:
             self.problem(str(rid), f"an event for an unknown request: {ev['type']}")
             return False
         if r["end"] is not None:
-            self.problem(rid, f"{ev['type']} after its end ({r['end']})")
+            if ev["type"] == "error" and ev.get("code") == "unknown_id" and r["cancel_sent"]:
+                r["late_cancel"] = True  # our cancel crossed its completion: the server says so, fine
+            else:
+                self.problem(rid, f"{ev['type']} {ev.get('code', '')} after its end ({r['end']})")
             return False
         kind = ev["type"]
         if kind == "response.output_text.delta":
@@ -141,7 +144,8 @@ class Ledger:
         by_door = defaultdict(Counter)
         for r in self.requests.values():
             by_door[r["door"]][r["end"] or ("abandoned" if r["abandoned"] else "none")] += 1
-        return {"requests": len(self.requests), "ends": dict(ends), "by_door": {k: dict(v) for k, v in by_door.items()},
+        return {"requests": len(self.requests), "ends": dict(ends),
+                "cancels_after_the_end": sum(r["late_cancel"] for r in self.requests.values()), "by_door": {k: dict(v) for k, v in by_door.items()},
                 "deltas": sum(r["seq"] for r in self.requests.values()),
                 "tokens": sum(r["tokens"] for r in self.requests.values()),
                 "without_terminal": len(lost), "problems": self.problems}
@@ -212,6 +216,7 @@ async def ws_connection(url: str, key: str | None, ledger: Ledger, cid: int, str
                     await asyncio.wait({got, done}, return_when=asyncio.FIRST_COMPLETED)
                     got.cancel()
                     if not done.done():
+                        ledger.requests[rid]["cancel_sent"] = True
                         await ws.send(json.dumps({"type": "response.cancel", "id": rid}))
                 await asyncio.wait_for(done, 300)
 
