@@ -269,19 +269,21 @@ def soak_section(doc: dict | None) -> list[str]:
         return out + ["Not run.", ""]
     ws, led, mem, idle = doc["ws"], doc["ledger"], doc["memory"], doc["engines_after"]
     s = doc["settings"]
-    out += [f"`{doc['command']}` ({doc['date']}): {ws['streams']} WebSocket streams on {ws['connections']} "
+    out += [f"`{doc['command']}` ({doc['date']}, {doc['machine']['cpu_count']} cores; a run of its own when its "
+            f"date is not the suite's): {ws['streams']} WebSocket streams on {ws['connections']} "
             f"connections, {s['requests']} requests each, one after the other (tiers and lengths mixed, "
             f"{s['cancel_fraction']:.0%} cancelled after their first delta, {ws['slow_connections']} connection(s) "
             f"reading slowly, {ws['reset_connections']} reset mid-stream with a TCP RST); then "
             f"{doc['sse']['streams']} OpenAI SSE streams and {doc['grpc']['streams'] if doc.get('grpc') else 0} gRPC "
             "streams, the same mix. Every request asks for a fixed number of tokens (`ignore_eos`), so a completed "
-            "one must carry exactly that many.", ""]
+            "one must carry exactly that many. Priority requests may spill to standard; exact ones may not, so "
+            "`overloaded` answers (the exact lane's batch cap, with `retry_after`) are part of the load.", ""]
     rows = [[name, "ok" if ok else "**FAILED**"] for name, ok in doc["checks"].items()]
     out += _table(["check", "result"], rows) + [""]
     ends = ", ".join(f"{k} {v}" for k, v in sorted(led["ends"].items()))
     out += [f"{led['requests']} requests ({ends}); {led['deltas']} WebSocket/gRPC deltas checked in order; "
             f"{len(led['problems'])} problems; {led['without_terminal']} without an end. Engines idle "
-            f"{idle['seconds']:.1f} s after the last client finished. "
+            f"{idle['seconds']:.2f} s after the last client finished. "
             + (f"Memory of the application's processes: {mem['before_bytes'] / 2**20:,.0f} MiB after a warm-up pass, "
                f"{mem['after_bytes'] / 2**20:,.0f} MiB after the soak ({mem['ratio']:.3f}x)." if mem["ratio"]
                else "Memory: not measured (the application was not on this machine)."), ""]
