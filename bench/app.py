@@ -39,6 +39,8 @@ class RunningApp:
     """``http://127.0.0.1:PORT``; the WebSocket is ``ws://127.0.0.1:PORT``."""
     key: str
     start_s: float
+    grpc: str | None = None
+    """``127.0.0.1:PORT`` of its gRPC server."""
 
     @property
     def ws_url(self) -> str:
@@ -51,9 +53,9 @@ class AppFailed(RuntimeError):
 
 @contextlib.contextmanager
 def running_app(*args: str, timeout_s: float = 400, log: Path | None = None) -> Iterator[RunningApp]:
-    port, key = free_port(), "sk-bench-" + secrets.token_urlsafe(12)
+    port, grpc_port, key = free_port(), free_port(), "sk-bench-" + secrets.token_urlsafe(12)
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"FASTMODE_API_KEYS": key}
-    cmd = [sys.executable, "-m", "clients.cli", "up", "--port", str(port), "--grpc-port", str(free_port()),
+    cmd = [sys.executable, "-m", "clients.cli", "up", "--port", str(port), "--grpc-port", str(grpc_port),
            "--metrics-port", str(free_port()), *args]
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -76,7 +78,7 @@ def running_app(*args: str, timeout_s: float = 400, log: Path | None = None) -> 
         while not ready.wait(1):
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise AppFailed("fastmode up did not become ready:\n" + "".join(lines[-40:]))
-        yield RunningApp(f"http://127.0.0.1:{port}", key, time.perf_counter() - t0)
+        yield RunningApp(f"http://127.0.0.1:{port}", key, time.perf_counter() - t0, f"127.0.0.1:{grpc_port}")
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)

@@ -454,6 +454,7 @@ OTHERS = {"all": ("bench.suite", "every benchmark in one run, then docs/benchmar
           "vllm": ("bench.vllm_serve", "vLLM's own OpenAI server on the full and fast checkpoints, same load"),
           "gateway": ("bench.gateway", "front-door cost and time to first token, loopback and emulated network"),
           "turns": ("bench.turns", "multi-turn: previous_response_id on one WebSocket against re-sending over HTTP"),
+          "soak": ("bench.soak", "sustained mixed load and vanishing clients: every delta accounted for, nothing leaked"),
           "sharding": ("bench.sharding", "the fast lane's executor: tp x pp layouts, hop costs, the planner")}
 
 

@@ -263,6 +263,44 @@ def turns_section(doc: dict | None) -> list[str]:
     return out
 
 
+def soak_section(doc: dict | None) -> list[str]:
+    out = ["## 7. Soak and vanishing clients", ""]
+    if doc is None:
+        return out + ["Not run.", ""]
+    ws, led, mem, idle = doc["ws"], doc["ledger"], doc["memory"], doc["engines_after"]
+    s = doc["settings"]
+    out += [f"`{doc['command']}` ({doc['date']}, {doc['machine']['cpu_count']} cores; a run of its own when its "
+            f"date is not the suite's): {ws['streams']} WebSocket streams on {ws['connections']} "
+            f"connections, {s['requests']} requests each, one after the other (tiers and lengths mixed, "
+            f"{s['cancel_fraction']:.0%} cancelled after their first delta, {ws['slow_connections']} connection(s) "
+            f"reading slowly, {ws['reset_connections']} reset mid-stream with a TCP RST); then "
+            f"{doc['sse']['streams']} OpenAI SSE streams and {doc['grpc']['streams'] if doc.get('grpc') else 0} gRPC "
+            "streams, the same mix. Every request asks for a fixed number of tokens (`ignore_eos`), so a completed "
+            "one must carry exactly that many. Priority requests may spill to standard; exact ones may not, so "
+            "`overloaded` answers (the exact lane's batch cap, with `retry_after`) are part of the load.", ""]
+    rows = [[name, "ok" if ok else "**FAILED**"] for name, ok in doc["checks"].items()]
+    out += _table(["check", "result"], rows) + [""]
+    ends = ", ".join(f"{k} {v}" for k, v in sorted(led["ends"].items()))
+    out += [f"{led['requests']} requests ({ends}); {led['deltas']} WebSocket/gRPC deltas checked in order; "
+            f"{len(led['problems'])} problems; {led['without_terminal']} without an end. Engines idle "
+            f"{idle['seconds']:.2f} s after the last client finished. "
+            + (f"Memory of the application's processes: {mem['before_bytes'] / 2**20:,.0f} MiB after a warm-up pass, "
+               f"{mem['after_bytes'] / 2**20:,.0f} MiB after the soak ({mem['ratio']:.3f}x)." if mem["ratio"]
+               else "Memory: not measured (the application was not on this machine)."), ""]
+    gone = doc.get("disconnects") or []
+    if gone:
+        out += ["A client that vanishes mid-stream (its first token received, then a TCP RST on the WebSocket and "
+                "SSE, a killed client process on gRPC): time until the lane's engine no longer holds its sequence "
+                "(polled on `/health` every 5 ms; goal: 100 ms).", ""]
+        doors = sorted({d["door"] for d in gone})
+        lanes = list(dict.fromkeys(d["lane"] for d in gone))
+        cell = {(d["door"], d["lane"]): (f"{d['freed_s'] * 1e3:.0f}" if d.get("freed_s") is not None
+                                         else d.get("error", "never")) for d in gone}
+        out += _table(["front door", *[f"{lane} (ms)" for lane in lanes]],
+                      [[door, *[cell.get((door, lane), "-") for lane in lanes]] for door in doors]) + [""]
+    return out
+
+
 def sharding_section(doc: dict | None) -> list[str]:
     out = ["## 4. Sharding", ""]
     if doc is None:
@@ -355,6 +393,7 @@ def write_report(results: Path, docs: Path) -> str:
     lines += sharding_section(_load(results, "sharding.json"))
     lines += baseline_section(_load(results, "vllm_serve.json"), _load(results, "lanes_load_openai.json"))
     lines += turns_section(_load(results, "turns.json"))
+    lines += soak_section(_load(results, "soak.json"))
     text = "\n".join(lines).rstrip() + "\n"
     docs.parent.mkdir(parents=True, exist_ok=True)
     docs.write_text(text)

@@ -13,6 +13,8 @@ and nothing else runs beside a stage; only ``--quick`` starts the app while stag
    emulated network.
    ``turns``: an agent loop of short turns per lane, ``previous_response_id`` on one WebSocket
    against re-sending the history over a fresh HTTP request each turn.
+   ``soak``: sustained mixed load on every front door (every delta accounted for, nothing leaked)
+   and clients that vanish mid-stream (how soon their sequences are freed).
 7. The report: ``bench/report.py`` writes ``docs/benchmarks.md`` (with ``--quick``:
    ``bench/results/quick/benchmarks.md``; quick results never replace the published ones).
 
@@ -46,7 +48,7 @@ niceness (Ray's ``worker_niceness``, 15 by default). The stages that measure a s
 same niceness, so the load generator on this same machine does not take the CPU from the server
 it measures; vLLM's own server, started by its stage, inherits it. Sharding keeps Ray's default
 relation (driver 0, workers 15)."""
-WITH_APP = ("lanes", "lanes-openai", "quality", "gateway", "turns")
+WITH_APP = ("lanes", "lanes-openai", "quality", "gateway", "turns", "soak")
 STAGES = NO_APP + WITH_APP
 
 
@@ -61,6 +63,7 @@ def stage_command(name: str, url: str | None, out: Path, quick: bool) -> list[st
         "quality": ["bench.quality", "--url", str(ws), "--out", str(out), *q],
         "gateway": ["bench.gateway", "--url", str(url), "--json", str(out / "gateway.json"), *q],
         "turns": ["bench.turns", "--url", str(url), "--json", str(out / "turns.json"), *q],
+        "soak": ["bench.soak", "--url", str(url), "--json", str(out / "soak.json"), *q],
     }
     return [sys.executable, "-m", *commands[name]]
 
@@ -154,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
                 if background:
                     background.join()
                 env["FASTMODE_API_KEY"] = app.key
+                env["FASTMODE_GRPC_TARGET"] = app.grpc or ""
                 record["app"] = {"url": app.url, "started_here": True, "start_s": app.start_s,
                                  "config": "embedded default (serve/fastmode.yaml)"}
                 for name in app_stages:

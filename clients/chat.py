@@ -21,7 +21,7 @@ import json
 import signal
 import sys
 
-from clients.sdk import AsyncClient, FastmodeError, Response
+from clients.sdk import AsyncClient, FastmodeError, Response, responses_url
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -37,7 +37,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--service-tier", default=None, help="priority, exact or default (fastmode-full's lane)")
     p.add_argument("--max-tokens", type=int, default=None, help="max output tokens (default: the server's)")
     p.add_argument("--temperature", type=float, default=None, help="sampling temperature (0: greedy)")
-    p.add_argument("--url", default="ws://127.0.0.1:8000", help="server URL (default: %(default)s)")
+    p.add_argument("--url", default="ws://127.0.0.1:8000", help="server URL, ws:// or wss:// (https:// works "
+                   "too) (default: %(default)s)")
+    p.add_argument("--ca-file", default=None, help="PEM certificates to trust for a wss:// server "
+                   "(default: the system's trust store)")
     p.add_argument("--api-key", default=None, help="API key (default: $FASTMODE_API_KEY)")
     p.add_argument("--json", action="store_true", help="print the complete response as one JSON object")
     return p.parse_args(argv)
@@ -73,7 +76,7 @@ async def chat(args: argparse.Namespace) -> int:
         pass
     params = {"model": args.model, "service_tier": args.service_tier,
               "max_output_tokens": args.max_tokens, "temperature": args.temperature}
-    async with AsyncClient(args.url, args.api_key, max_attempts=3) as client:
+    async with AsyncClient(args.url, args.api_key, max_attempts=3, ca_file=args.ca_file) as client:
         if not args.interactive:
             return (await turn(client, {**params, "input": args.prompt}, args, interrupted))[0]
         previous, line = None, args.prompt
@@ -140,6 +143,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.prompt == "-":
         args.prompt = sys.stdin.read()
+    if args.ca_file is not None and not responses_url(args.url).startswith("wss://"):
+        print(f"fastmode chat: --ca-file is for a wss:// (or https://) server, not {args.url}",
+              file=sys.stderr)
+        return 2
     try:
         return asyncio.run(chat(args))
     except FastmodeError as e:

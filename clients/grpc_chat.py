@@ -22,12 +22,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--target", default="127.0.0.1:9000", help="host:port of the gRPC API")
     ap.add_argument("--api-key", help="default: FASTMODE_API_KEY")
+    ap.add_argument("--tls", action="store_true", help="the server has grpc.tls_certfile: speak TLS")
+    ap.add_argument("--ca-file", help="PEM certificates to trust over TLS (implies --tls; default: gRPC's "
+                    "roots)")
     ap.add_argument("--timeout", type=float, help="deadline in seconds")
     ap.add_argument("--json", action="store_true", help="print one JSON object and nothing else")
     args = ap.parse_args(argv)
     params = {"service_tier": args.service_tier, "max_output_tokens": args.max_tokens,
               "temperature": args.temperature}
-    with GrpcClient(args.target, args.api_key) as client:
+    with GrpcClient(args.target, args.api_key, tls=args.tls, ca_file=args.ca_file) as client:
         try:
             if args.json:
                 print(json.dumps(client.generate(args.model, args.prompt, timeout=args.timeout, **params)))

@@ -13,6 +13,7 @@ error code from the trailers, ``retry_after(e)`` the overload hint.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -44,10 +45,18 @@ def retry_after(e: grpc.RpcError) -> float | None:
 
 
 class GrpcClient:
-    """Blocking client over one channel; ``api_key`` defaults to ``FASTMODE_API_KEY``."""
+    """Blocking client over one channel; ``api_key`` defaults to ``FASTMODE_API_KEY``.
 
-    def __init__(self, target: str = "127.0.0.1:9000", api_key: str | None = None) -> None:
-        self.channel = grpc.insecure_channel(target)
+    ``tls``: speak TLS to a server with ``grpc.tls_certfile``, trusting gRPC's default roots;
+    ``ca_file``: PEM certificates to trust instead (implies ``tls``)."""
+
+    def __init__(self, target: str = "127.0.0.1:9000", api_key: str | None = None, *, tls: bool = False,
+                 ca_file: str | None = None) -> None:
+        if tls or ca_file is not None:
+            roots = Path(ca_file).read_bytes() if ca_file is not None else None
+            self.channel = grpc.secure_channel(target, grpc.ssl_channel_credentials(root_certificates=roots))
+        else:
+            self.channel = grpc.insecure_channel(target)
         self.stub = pb_grpc.InferenceStub(self.channel)
         key = api_key if api_key is not None else os.environ.get("FASTMODE_API_KEY")
         self.metadata = (("authorization", f"Bearer {key}"),) if key else ()

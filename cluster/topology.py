@@ -41,7 +41,9 @@ exist on every node.
 API keys never appear in a topology or in anything rendered from it: ``api_keys_file`` names a
 local file that the launcher copies to every node (like Ray's token), and the gateway reads it
 there (``auth.api_keys_file``). An app that binds HTTP or gRPC beyond loopback without a key file
-is refused here, before any machine starts (the gateway would refuse to start anyway).
+is refused here, before any machine starts (the gateway would refuse to start anyway), unless its
+``auth.allow_public_without_keys`` says to serve without keys. TLS files the app config names
+(``http.tls_certfile``, ...) are paths on the nodes, like a model path outside this checkout.
 
 ``load_topology`` validates all of it and raises ``TopologyError`` naming the offending field.
 """
@@ -55,7 +57,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
-from serve.auth import LOOPBACK
+from serve.auth import is_loopback
 from serve.config import LANE_CONFIGS, AppConfig
 from serve.errors import ConfigError, describe_validation, validate_mapping
 from sharding.planner import AUTO
@@ -305,8 +307,8 @@ def _resolve_app(topology: Topology, base: Path) -> AppConfig:
         app = app.model_copy(update={"auth": app.auth.model_copy(
             update={"api_keys_file": topology.remote_api_keys_file()})})
     open_ports = [f"app.{name}.host" for name, host in (("http", app.http.host), ("grpc", app.grpc.host))
-                  if host not in LOOPBACK and (name == "http" or app.grpc.enabled)]
-    if open_ports and not app.auth.api_keys_file:
+                  if not is_loopback(host) and (name == "http" or app.grpc.enabled)]
+    if open_ports and not app.auth.api_keys_file and not app.auth.allow_public_without_keys:
         raise TopologyError(f"{open_ports[0]}: binds beyond loopback, so API keys are required: set "
                             f"api_keys_file (a file here, copied to every node) or app.auth.api_keys_file "
                             f"(a file already on every node)")

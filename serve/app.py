@@ -31,6 +31,16 @@ from .rpc.server import GrpcServer
 UNCAPPED = 10_000
 
 
+class LaneReplica(Lane):
+    """A lane's Serve replica: ``Lane``, counted ready by Serve only once it has served its warm-up
+    requests (``Lane.warmup``), so ``serve.run`` (and ``fastmode up``'s URLs, ``/health``) wait for
+    every lane to be at full speed, not for its first user."""
+
+    async def __init__(self, *args: Any, **kwargs: Any) -> None:
+        Lane.__init__(self, *args, **kwargs)
+        await self.warmup()
+
+
 def build_app(args: dict[str, Any] | None = None) -> Application:
     """The application for ``args = {"config": path | mapping | None}`` (``None``: the defaults)."""
     config = load_config((args or {}).get("config"))
@@ -56,7 +66,7 @@ def build(config: AppConfig) -> Application:
         model = config.models.fast if lane == FAST else config.models.full
         # A rejecting lane's replica refuses a stream beyond its batch cap itself (serve.router), so
         # Serve must not queue one in front of it.
-        handles[lane] = serve.deployment(Lane).options(
+        handles[lane] = serve.deployment(LaneReplica).options(
             name=f"{lane}-lane", num_replicas=cfg.replicas,
             ray_actor_options=actor_options(config, cfg.ray_actor_options),
             max_ongoing_requests=UNCAPPED, health_check_timeout_s=60, graceful_shutdown_timeout_s=5,

@@ -1,16 +1,25 @@
 """API keys: read from the environment or a file (a secret), never from the deployment YAML.
 
-Keys may be off only when the HTTP port is bound to loopback; otherwise the gateway refuses to
-start without them. Clients send ``Authorization: Bearer KEY`` on every HTTP request and on the
-WebSocket upgrade. A browser cannot set headers on a WebSocket upgrade, so there the key may come
-as a subprotocol instead (``KEY_SUBPROTOCOL``).
+Keys may be off only when the HTTP port and the gRPC port are bound to loopback; otherwise
+``fastmode up``, the gateway and the gRPC server refuse to start without them, unless
+``auth.allow_public_without_keys`` (``fastmode up --insecure-no-auth``) says to serve anyway, which
+every one of them warns about. Clients send ``Authorization: Bearer KEY`` on every HTTP request and
+on the WebSocket upgrade. A browser cannot set headers on a WebSocket upgrade, so there the key
+may come as a subprotocol instead (``KEY_SUBPROTOCOL``).
+
+A key is checked in constant time: the offered key and every accepted key are hashed to SHA-256
+(so every comparison is between 32-byte strings, whatever the lengths), and the digest is compared
+with every accepted key's, without stopping at a match, so the time taken says neither which key
+matched nor how long any key is.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import hmac
+import ipaddress
 import os
 from pathlib import Path
 
@@ -23,9 +32,28 @@ KEY_SUBPROTOCOL = "fastmode.key."
 next to the protocol's version, which is the one the server selects (the key is never echoed)."""
 
 
+def is_loopback(host: str) -> bool:
+    """Whether binding ``host`` keeps a port to this machine (``localhost``, 127.0.0.0/8, ``::1``)."""
+    if host in LOOPBACK:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def public_binds(config: AppConfig) -> list[str]:
+    """The config fields that bind a port beyond loopback (``http.host``, ``grpc.host`` if enabled)."""
+    binds = [("http.host", config.http.host)]
+    if config.grpc.enabled:
+        binds.append(("grpc.host", config.grpc.host))
+    return [f"{field} is {host!r}" for field, host in binds if not is_loopback(host)]
+
+
 def load_keys(config: AppConfig) -> frozenset[str]:
     """The accepted keys (empty: no key needed). Raises ``ConfigError`` on a non-loopback bind
-    without keys, or an unreadable key file."""
+    without keys (unless ``auth.allow_public_without_keys``: then see ``insecure_warning``), or an
+    unreadable key file."""
     auth = config.auth
     keys = {k.strip() for k in os.environ.get(auth.api_keys_env, "").split(",") if k.strip()}
     if auth.api_keys_file:
@@ -33,27 +61,48 @@ def load_keys(config: AppConfig) -> frozenset[str]:
             keys |= {line.strip() for line in Path(auth.api_keys_file).read_text().splitlines() if line.strip()}
         except OSError as e:
             raise ConfigError(f"auth.api_keys_file: cannot read {auth.api_keys_file}: {e.strerror or e}") from None
-    if not keys and config.http.host not in LOOPBACK:
-        raise ConfigError(f"http.host is {config.http.host!r}, not loopback: API keys are required (set "
-                          f"{auth.api_keys_env} or auth.api_keys_file)")
+    public = public_binds(config)
+    if not keys and public and not auth.allow_public_without_keys:
+        raise ConfigError(f"{' and '.join(public)}, not loopback: API keys are required (set "
+                          f"{auth.api_keys_env} or auth.api_keys_file; or, to serve anyone who reaches "
+                          f"the port, auth.allow_public_without_keys / fastmode up --insecure-no-auth)")
     return frozenset(keys)
 
 
+def insecure_warning(config: AppConfig, keys: frozenset[str]) -> str | None:
+    """What to warn about at every start when a port is open beyond loopback without keys
+    (``auth.allow_public_without_keys``); ``None`` when it is not."""
+    public = public_binds(config)
+    if keys or not public:
+        return None
+    return (f"INSECURE: {' and '.join(public)} and no API keys are set (auth.allow_public_without_keys): "
+            "anyone who can reach the port can use every lane")
+
+
+def _digest(key: str | bytes) -> bytes:
+    return hashlib.sha256(key.encode() if isinstance(key, str) else key).digest()
+
+
 def authorized(keys: frozenset[str], header: str | None) -> bool:
-    """Whether an ``Authorization`` header value carries one of ``keys`` (always, if none)."""
+    """Whether an ``Authorization`` header value carries one of ``keys`` (always, if none).
+
+    Constant time in the key: see the module docstring."""
     return key_of(keys, header) is not None
 
 
 def key_of(keys: frozenset[str], header: str | None) -> str | None:
     """The key of ``keys`` an ``Authorization`` header value carries (``""`` if there are no keys), or
-    ``None``: what per-key limits count by."""
+    ``None``: what per-key limits count by. Compares against every key, with no early exit."""
     if not keys:
         return ""
     if not header or not header.startswith("Bearer "):
         return None
-    token = header[len("Bearer "):].strip().encode("utf-8", "surrogatepass")  # compare_digest wants bytes
-    matches = [k for k in keys if hmac.compare_digest(token, k.encode())]  # every key: constant time
-    return matches[0] if matches else None
+    offered = _digest(header[len("Bearer "):].strip().encode("utf-8", "surrogatepass"))
+    match = None
+    for key in keys:  # every key, no early exit: the time does not say which one matched
+        if hmac.compare_digest(offered, _digest(key)):
+            match = key
+    return match
 
 
 def subprotocol_bearer(offered: list[str]) -> str | None:

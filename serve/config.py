@@ -112,6 +112,10 @@ class VLLMLaneConfig(LaneCommon):
         "replica; null lets vLLM size it from gpu_memory_utilization.")
     gpu_memory_utilization: float = Field(default=0.1, gt=0, le=1, description="vLLM's memory share.")
     enforce_eager: bool = Field(default=True, description="Skip CUDA graphs / compilation (fast start).")
+    block_size: int | None = Field(default=32, ge=1, description="vLLM's KV-cache block: its prefix cache "
+        "reuses whole blocks, so a conversation's next turn re-prefills up to block_size - 1 history tokens. "
+        "32 (vLLM's CPU default is 128): turn 20's first token 0.80x turn 1's against 1.25x, decode within "
+        "3% (fastmode bench turns / lanes, docs/serving.md); null: vLLM's default.")
     engine_args: dict[str, Any] = Field(default_factory=dict, description="Further vLLM AsyncEngineArgs.")
     admission: Literal["reject", "queue"] = Field(default="queue", description="When every replica "
         "holds max_num_seqs streams: 'reject' answers 'overloaded' at once (or spills to standard if "
@@ -188,6 +192,21 @@ class HTTPConfig(_Strict):
         "KubeRay's Service expect).")
     metrics_port: int = Field(default=8080, ge=1, le=65535, description="Prometheus metrics of a Ray that "
                               "fastmode up starts (Ray's metrics export port; ray_serve_* and ray_fastmode_*).")
+    tls_certfile: str | None = Field(default=None, description="PEM certificate chain: with "
+                                     "tls_keyfile, the port serves https and wss only (either http.server). "
+                                     "A relative path is relative to the config file; it must exist on the "
+                                     "node that listens.")
+    tls_keyfile: str | None = Field(default=None, description="PEM private key of tls_certfile "
+                                    "(unencrypted).")
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> HTTPConfig:
+        _check_tls_pair(self)
+        return self
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_certfile is not None
 
 
 class TelemetryConfig(_Strict):
@@ -198,6 +217,9 @@ class TelemetryConfig(_Strict):
                                   "first N decode steps...")
     step_spans_every: int = Field(default=64, ge=1, description="...and every k-th decode step after. Hop "
                                   "totals (count, bytes, seconds, p50, p99) cover every step regardless.")
+    record_content: bool = Field(default=False, description="Put prompts and outputs on the request spans "
+        "(gen_ai.input.messages, gen_ai.output.messages) and error messages, which may quote the request, "
+        "on their status. Off: spans carry ids, counts, timings and error codes only.")
 
 
 class GrpcConfig(_Strict):
@@ -206,6 +228,25 @@ class GrpcConfig(_Strict):
     enabled: bool = Field(default=True, description="Serve fastmode.v1.Inference, health and reflection.")
     host: str = Field(default="127.0.0.1", description="Bind address of the gRPC port.")
     port: int = Field(default=9000, ge=1, le=65535, description="gRPC port.")
+    tls_certfile: str | None = Field(default=None, description="PEM certificate chain: with tls_keyfile, "
+                                     "the port serves gRPC over TLS only. A relative path is relative to the "
+                                     "config file.")
+    tls_keyfile: str | None = Field(default=None, description="PEM private key of tls_certfile "
+                                    "(unencrypted).")
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> GrpcConfig:
+        _check_tls_pair(self)
+        return self
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_certfile is not None
+
+
+def _check_tls_pair(section: HTTPConfig | GrpcConfig) -> None:
+    if (section.tls_certfile is None) != (section.tls_keyfile is None):
+        raise ValueError("tls_certfile and tls_keyfile go together: set both, or neither")
 
 
 class GatewayConfig(_Strict):
@@ -253,12 +294,16 @@ class GatewayConfig(_Strict):
 
 
 class AuthConfig(_Strict):
-    """Where API keys come from (never from this file). Keys may be off only on a loopback bind."""
+    """Where API keys come from (never from this file). Keys may be off only on a loopback bind,
+    unless ``allow_public_without_keys`` says otherwise."""
 
     api_keys_env: str = Field(default="FASTMODE_API_KEYS", description="Environment variable holding "
                               "comma-separated API keys (in the gateway's process).")
     api_keys_file: str | None = Field(default=None, description="A file with one key per line, e.g. a "
                                       "mounted Kubernetes secret.")
+    allow_public_without_keys: bool = Field(default=False, description="Serve HTTP or gRPC beyond loopback "
+        "with no API keys: anyone who reaches the port may use every lane. Warned at every start; for a "
+        "network that something else guards (fastmode up --insecure-no-auth sets it).")
 
 
 class LanesConfig(_Strict):
@@ -294,8 +339,9 @@ SERVE_ENV = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_DIRECT_ING
 def load_config(source: str | Path | dict | AppConfig | None = None) -> AppConfig:
     """Validate a config given as a YAML path, a dict, or ``None`` (the defaults).
 
-    Relative model paths are resolved against the YAML file's directory (or the working directory
-    for a dict). Raises ``ConfigError`` naming the field and what is wrong with it.
+    Relative model and TLS file paths are resolved against the YAML file's directory (or the working
+    directory for a dict), and must exist. Raises ``ConfigError`` naming the field and what is wrong
+    with it.
     """
     if isinstance(source, AppConfig):
         return source
@@ -321,7 +367,31 @@ def load_config(source: str | Path | dict | AppConfig | None = None) -> AppConfi
         if not (path / "config.json").is_file():
             raise ConfigError(f"{origin}: models.{key}.path: no checkpoint (config.json) at {path}")
         models[key] = spec.model_copy(update={"path": str(path.resolve())})
-    return config.model_copy(update={"models": config.models.model_copy(update=models)})
+    update: dict[str, Any] = {"models": config.models.model_copy(update=models)}
+    for name in ("http", "grpc"):
+        section = getattr(config, name)
+        files = {}
+        for key in ("tls_certfile", "tls_keyfile"):
+            if getattr(section, key) is not None:
+                path = base / Path(getattr(section, key)).expanduser()
+                if not path.is_file():
+                    raise ConfigError(f"{origin}: {name}.{key}: no file at {path}")
+                files[key] = str(path.resolve())
+        if files:
+            _load_tls(files["tls_certfile"], files["tls_keyfile"], f"{origin}: {name}")
+            update[name] = section.model_copy(update=files)
+    return config.model_copy(update=update)
+
+
+def _load_tls(certfile: str, keyfile: str, where: str) -> None:
+    """Raise ``ConfigError`` unless the certificate and key load as a pair (now, not once a server starts)."""
+    import ssl
+
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(certfile, keyfile, password=b"")
+    except (ssl.SSLError, OSError) as e:
+        raise ConfigError(f"{where}.tls_certfile, tls_keyfile: cannot load them as a PEM certificate and its "
+                          f"unencrypted key: {e}") from None
 
 
 def dump_config(config: AppConfig) -> str:

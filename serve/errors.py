@@ -74,6 +74,13 @@ class LaneUnavailable(FastmodeError):
     status = 503
 
 
+class NotReady(FastmodeError):
+    """The application is still starting: its lanes are loading or warming up (``/health``)."""
+
+    code = "not_ready"
+    status = 503
+
+
 # sharding error code -> HTTP status (everything a request can trigger is the caller's fault).
 _SHARDING_STATUS = {"kv_cache_full": 503, "not_enough_chips": 503, "bad_checkpoint": 500,
                     "invalid_config": 500, "invalid_layout": 500}

@@ -5,8 +5,9 @@ the gateway replica itself (``serve.listen``), so a chunk goes lane replica -> g
 ``serve`` leaves it to Ray Serve's HTTP proxy (what ``serve deploy`` clusters and KubeRay's
 Service expect), which forwards each request and each streamed chunk to this replica.
 
-- ``GET /health``: 200 when every lane's engine answers, else 503, with per-lane detail (no key
-  needed, for load balancers);
+- ``GET /health``: 200 when every lane is warm and its engine answers, else 503 (``status``
+  ``starting`` while lanes warm up, ``degraded`` after), with per-lane detail (no key needed, for
+  load balancers);
 - ``GET /playground/``: a page that races the lanes over the WebSocket (static files from
   ``serve/playground``, no key needed: the WebSocket it opens asks for one); ``GET /`` redirects there;
 - ``WS /v1/responses``: the persistent WebSocket (``serve.websocket``, ``docs/protocol.md``);
@@ -21,7 +22,9 @@ may send the key as a subprotocol instead, ``serve.auth.KEY_SUBPROTOCOL``). A ke
 ``gateway.max_connections_per_key`` WebSockets on this replica; one more is told so
 (``too_many_connections``) and closed with 1008, which a browser can see, unlike the status of a
 refused upgrade. Request bodies are parsed by ``serve.errors.parse_json``, so that JSON Python's
-parser gives up on is a 400 too, not a 500.
+parser gives up on is a 400 too, not a 500. With ``http.tls_certfile`` and ``http.tls_keyfile`` the
+port speaks https and wss only (whichever ``http.server`` listens: uvicorn here, or Ray Serve's
+proxy, ``serve.up.serve_config``).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -39,15 +43,16 @@ from fastapi.staticfiles import StaticFiles
 from ray import serve
 
 from . import openai_api, openai_responses, telemetry
-from .auth import authorized, key_of, load_keys, subprotocol_bearer
+from .auth import authorized, insecure_warning, key_of, load_keys, subprotocol_bearer
 from .config import load_config
-from .errors import InvalidRequest, first_event, parse_json, to_event
+from .errors import InvalidRequest, NotReady, first_event, parse_json, to_event
 from .listen import listen
 from .openai_api import JSONBody
 from .protocol import VERSION
 from .router import Router
 from .websocket import CLOSE_POLICY, Session
 
+log = logging.getLogger(__name__)
 api = FastAPI(title="fastmode", docs_url=None, redoc_url=None)
 PLAYGROUND = "/playground"
 api.mount(PLAYGROUND, StaticFiles(directory=Path(__file__).parent / "playground", html=True), name="playground")
@@ -90,18 +95,30 @@ class Gateway:
         telemetry.setup("gateway")
         self.config = load_config(config)
         self.grpc_server = grpc_server  # held so that Serve deploys it with the application
-        self.keys = load_keys(self.config)
+        self.keys = load_keys(self.config)  # refuses a non-loopback bind without keys
+        if warning := insecure_warning(self.config, self.keys):
+            log.warning(warning)
         self.connections: Counter[str] = Counter()
         """Open WebSocket connections per API key (``gateway.max_connections_per_key``)."""
         self.router = Router(self.config, fast, priority, standard, exact, stored)
+        self.router.start_warmup()  # /health and /v1/models say ready once every lane is warm
         api.state.gateway = self
         self.server = self.serving = None
         if self.config.http.server == "gateway":
             http = self.config.http
             g = self.config.gateway
-            self.server, self.serving = await listen(api, http.host, http.port, ws_max_size=2 * g.max_frame_bytes,
-                                                     header_timeout_s=g.header_timeout_s,
-                                                     max_header_bytes=g.max_header_bytes)
+            self.server, self.serving = await listen(
+                api, http.host, http.port, ws_max_size=2 * g.max_frame_bytes, header_timeout_s=g.header_timeout_s,
+                max_header_bytes=g.max_header_bytes, tls_certfile=http.tls_certfile, tls_keyfile=http.tls_keyfile)
+
+    async def wait_ready(self, timeout_s: float = 600.0) -> bool:
+        """Wait until this gateway's router has warmed every lane (``fastmode up`` calls it before
+        printing its URLs); ``False`` if that takes longer than ``timeout_s``."""
+        try:
+            await asyncio.wait_for(asyncio.shield(self.router.start_warmup()), timeout_s)
+        except TimeoutError:
+            return False
+        return True
 
     async def check_health(self) -> None:
         """Serve's health check: the replica is replaced if its own HTTP server has stopped."""
@@ -152,6 +169,8 @@ class Gateway:
 
     @api.get("/v1/models")
     async def list_models(self) -> JSONResponse:
+        if not self.router.ready:  # a client's first probe: answer once every lane serves at full speed
+            return _error(to_event(NotReady("the lanes are still starting (see /health)", retry_after=5)))
         return await openai_api.list_models(self.router)
 
     @api.post("/v1/chat/completions")

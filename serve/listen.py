@@ -91,12 +91,15 @@ class _HeadLimits(HttpToolsProtocol):
 
 
 async def listen(app: Any, host: str, port: int, *, ws_max_size: int, keep_alive_s: float = 5.0,
-                 header_timeout_s: float = 10.0, max_header_bytes: int = 65536
+                 header_timeout_s: float = 10.0, max_header_bytes: int = 65536,
+                 tls_certfile: str | None = None, tls_keyfile: str | None = None
                  ) -> tuple[uvicorn.Server, asyncio.Task]:
-    """Start serving ``app`` on ``host:port``; return once it accepts connections.
+    """Start serving ``app`` on ``host:port``; return once it accepts connections. With a
+    certificate and its key (PEM files), the port speaks TLS only (https, wss).
 
     ``header_timeout_s`` and ``max_header_bytes`` bound each request's head (see above).
-    Raises ``OSError`` if the port cannot be bound (another server has it).
+    Raises ``OSError`` if the port cannot be bound (another server has it), ``ssl.SSLError`` if the
+    certificate and key do not load.
     """
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -113,7 +116,8 @@ async def listen(app: Any, host: str, port: int, *, ws_max_size: int, keep_alive
                                                    "max_header_bytes": max_header_bytes})
     server = _Server(uvicorn.Config(app, lifespan="off", access_log=False, log_config=None, http=protocol,
                                     ws="websockets", ws_max_size=ws_max_size, ws_per_message_deflate=False,
-                                    timeout_keep_alive=keep_alive_s))
+                                    timeout_keep_alive=keep_alive_s, ssl_certfile=tls_certfile,
+                                    ssl_keyfile=tls_keyfile))
     task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
     while not server.started:
         if task.done():

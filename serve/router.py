@@ -23,6 +23,7 @@ fewer requests); then the caller gets ``overloaded`` with a retry hint, or, if t
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -86,6 +87,8 @@ class Router:
         self.links = ({name: LaneLinks(self.handles[name], self.tries[name]) for name in LANES}
                       if self.config.router.lane_links else {})
         self.scorer = DifficultyScorer(self.config.models.fast.path, self.config.router.auto_max_tokens)
+        self.warm_lanes: set[str] = set()
+        self._warming: asyncio.Task | None = None
         g = self.config.gateway
         self.stored = stored
         self.store = ResponseStore(g.stored_responses, g.stored_response_bytes) if stored is None else None
@@ -126,7 +129,9 @@ class Router:
         """Stream ``created``, ``delta``s and ``done`` for one request, or an ``error`` event.
 
         Each request is one trace span (OpenTelemetry GenAI conventions), continuing the caller's
-        ``traceparent`` from ``metadata``; the lane's spans are its children.
+        ``traceparent`` from ``metadata``; the lane's spans are its children. The span holds no
+        prompt or output text, and an error's code but not its message (which may quote the
+        request), unless ``telemetry.record_content`` asks for them.
         """
         meta = request.get("metadata") if isinstance(request, dict) else None
         chat = isinstance(request, dict) and isinstance(request.get("input"), list)
@@ -136,12 +141,18 @@ class Router:
             f"{op} {model}", kind=SpanKind.SERVER, context=telemetry.extract(meta if isinstance(meta, dict) else None),
             attributes={"gen_ai.operation.name": op, "gen_ai.provider.name": "fastmode",
                         "gen_ai.request.model": str(model)})
+        content = self.config.telemetry.record_content and span.is_recording()
         events = self._generate(request, span, history)
-        lane, outcome = None, "cancelled"
+        lane, outcome, output = None, "cancelled", []
         try:
             async for event in events:
                 if span.is_recording():
-                    _record(span, event)
+                    _record(span, event, content)
+                    if content and event["type"] == "delta":
+                        output.append(event["text"])
+                    elif content and event["type"] == "done":
+                        span.set_attribute("gen_ai.output.messages", _messages(
+                            [("assistant", "".join(output))], event["finish_reason"]))
                 kind = event["type"]
                 if kind == "created":
                     lane = event["lane"]
@@ -173,6 +184,8 @@ class Router:
                 req = req.model_copy(update={"input": [Message(role=r, content=c) for r, c in conversation]})
                 if span.is_recording():
                     span.set_attribute("fastmode.previous_response_id", prev.id)
+            if self.config.telemetry.record_content and span.is_recording():
+                span.set_attribute("gen_ai.input.messages", _messages(conversation))
             # The engines key their sequences by this id: it must be unique among every front door's
             # requests, which the client's id is not (two connections may both send "r1").
             lane_request = req.to_lane(f"{rid}#{uuid.uuid4().hex[:16]}",
@@ -280,12 +293,42 @@ class Router:
                 {"id": m.fast.id, "lanes": [FAST], "path": m.fast.path},
                 {"id": AUTO, "lanes": [FAST, STANDARD, PRIORITY, EXACT], "path": None}]
 
+    def start_warmup(self) -> asyncio.Task:
+        """Warm this front door's path to every lane in the background (``warm``); from then on
+        ``stats`` reports a lane ready only once it is warm. Call on the front door's event loop."""
+        if self._warming is None:
+            self._warming = asyncio.get_running_loop().create_task(self.warm())
+        return self._warming
+
+    async def warm(self) -> None:
+        """Wait for each lane's replicas to be up (a lane replica is up once it has served its own
+        warm-up requests, ``Lane.warmup``), open this front door's links to them, and run the
+        ``auto`` scorer once, so that the first user's request finds everything started."""
+        async def one(name: str) -> None:
+            await self.handles[name].stats.remote()  # Serve holds the call until a replica is up
+            if name in self.links:
+                await self.links[name].connect()
+            self.warm_lanes.add(name)
+
+        await asyncio.to_thread(self.scorer.score, "def main():\n    return 0\n")
+        await asyncio.gather(*(one(n) for n in LANES))
+
+    @property
+    def ready(self) -> bool:
+        """Whether every lane is warm for this front door (always, if ``start_warmup`` was not called)."""
+        return self._warming is None or len(self.warm_lanes) == len(LANES)
+
     async def stats(self, timeout_s: float = 10.0) -> dict[str, Any]:
         """Each lane's load (from one of its replicas) and this front door's in-flight counts.
 
-        A lane whose replica does not answer within ``timeout_s`` shows ``ready: false``.
+        A lane whose replica does not answer within ``timeout_s`` shows ``ready: false``; so does
+        one still starting (``starting: true``: not yet warm, see ``start_warmup``).
         """
         async def one(name: str) -> dict[str, Any]:
+            if self._warming is not None and name not in self.warm_lanes:
+                error = self._warming.exception() if self._warming.done() else None
+                return {"ready": False, "starting": error is None,
+                        **({"error": f"warm-up failed: {type(error).__name__}: {error}"} if error else {})}
             try:
                 s = await asyncio.wait_for(self.handles[name].stats.remote(), timeout_s)
                 return {"ready": True, **s}
@@ -295,11 +338,21 @@ class Router:
         lanes = dict(zip(LANES, await asyncio.gather(*(one(n) for n in LANES)), strict=True))
         for name in LANES:
             lanes[name]["front_door_in_flight"] = self.in_flight[name]
-        return {"status": "ok" if all(v["ready"] for v in lanes.values()) else "degraded", "lanes": lanes}
+        status = ("ok" if all(v["ready"] for v in lanes.values())
+                  else "starting" if any(v.get("starting") for v in lanes.values()) else "degraded")
+        return {"status": status, "lanes": lanes}
 
 
-def _record(span, event: dict[str, Any]) -> None:
-    """Put what ``event`` tells about the request on its span."""
+def _messages(messages, finish_reason: str | None = None) -> str:
+    """Messages as the GenAI conventions' ``gen_ai.input.messages`` / ``gen_ai.output.messages`` (JSON)."""
+    extra = {} if finish_reason is None else {"finish_reason": finish_reason}
+    return json.dumps([{"role": role, "parts": [{"type": "text", "content": text}], **extra}
+                       for role, text in messages])
+
+
+def _record(span, event: dict[str, Any], content: bool = False) -> None:
+    """Put what ``event`` tells about the request on its span (an error's message only with ``content``:
+    it may quote the request)."""
     kind = event["type"]
     if kind == "created":
         span.set_attributes({"gen_ai.response.id": event["id"], "fastmode.lane": event["lane"],
@@ -318,4 +371,4 @@ def _record(span, event: dict[str, Any]) -> None:
             span.set_attribute("fastmode.decode_tokens_per_s", timing["decode_tokens_per_s"])
     elif kind == "error":
         span.set_attributes({"error.type": event["code"]})
-        span.set_status(Status(StatusCode.ERROR, event["message"][:200]))
+        span.set_status(Status(StatusCode.ERROR, event["message"][:200] if content else event["code"]))

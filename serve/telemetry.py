@@ -11,6 +11,9 @@ server; Ray workers inherit the environment of the ``fastmode up`` that started 
 - ``FASTMODE_TRACE_FILE=PATH`` also appends every span batch to PATH as OTLP JSON (one
   ``ExportTraceServiceRequest`` per line), which ``fastmode trace`` reads.
 
+Spans hold no prompt, output, key or error message (which may quote the request) unless
+``telemetry.record_content`` asks for text on the request span (``serve.router``).
+
 Context crosses process boundaries as W3C ``traceparent`` carriers: from the caller (WebSocket
 ``metadata``, HTTP headers, gRPC metadata) into the router, and from the router to the lane inside
 the request. Chip actors create no spans: every ``Hop`` carries its receiver's timestamp, and the

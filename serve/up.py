@@ -3,7 +3,8 @@
 Without ``--address`` it starts a local Ray instance whose chips are this machine's cores and
 stops it again on exit; with ``--address`` it joins a running cluster and, on exit, deletes only
 the application it deployed. ``--print-serve-config`` writes the equivalent ``serve deploy`` file
-for a cluster that already runs Ray.
+for a cluster that already runs Ray. Beyond loopback it refuses to start without API keys unless
+``--insecure-no-auth`` (``serve.auth``); with ``http.tls_*`` it serves https and wss (docs/security.md).
 """
 
 from __future__ import annotations
@@ -17,9 +18,18 @@ import time
 
 import yaml
 
-from .auth import load_keys
+from .auth import insecure_warning, load_keys
 from .config import AppConfig, dump_config, load_config
 from .errors import ConfigError
+
+
+def http_options(config: AppConfig) -> dict:
+    """Ray Serve's ``http_options``: its proxy's bind and, with ``http.tls_*``, its certificate."""
+    http = config.http
+    options = {"host": http.host, "port": http.port}
+    if http.tls:
+        options |= {"ssl_certfile": http.tls_certfile, "ssl_keyfile": http.tls_keyfile}
+    return options
 
 
 def serve_config(config: AppConfig) -> dict:
@@ -27,7 +37,7 @@ def serve_config(config: AppConfig) -> dict:
     return {
         # http.server 'gateway': the gateway replica listens on the port itself, so no Serve proxy.
         "proxy_location": "HeadOnly" if config.http.server == "serve" else "Disabled",
-        "http_options": {"host": config.http.host, "port": config.http.port},
+        "http_options": http_options(config),
         "logging_config": {"log_level": "INFO", "enable_access_log": False},
         "applications": [{
             "name": config.name, "route_prefix": "/", "import_path": "serve.app:build_app",
@@ -60,6 +70,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--print-config", action="store_true", help="print the effective config and exit")
     ap.add_argument("--print-serve-config", action="store_true",
                     help="print the equivalent `serve deploy` config and exit")
+    ap.add_argument("--insecure-no-auth", action="store_true", help="serve a non-loopback http.host or grpc.host "
+                    "without API keys: anyone who reaches the port may use it (sets auth.allow_public_without_keys)")
     ap.add_argument("--verbose", action="store_true", help="keep vLLM's and Serve's info logs")
     return ap
 
@@ -74,10 +86,16 @@ def main(argv: list[str] | None = None) -> int:
             config = load_config(config.model_dump(mode="json") | {"http": config.http.model_dump() | http})
         if args.grpc_port is not None:
             config = load_config(config.model_dump(mode="json") | {"grpc": config.grpc.model_dump() | {"port": args.grpc_port}})
-        load_keys(config)  # refuse a non-loopback bind without keys before starting anything
+        if args.insecure_no_auth:
+            config = load_config(config.model_dump(mode="json") | {
+                "auth": config.auth.model_dump() | {"allow_public_without_keys": True}})
+        keys = load_keys(config)  # refuse a non-loopback bind without keys before starting anything
     except ConfigError as e:
         print(f"fastmode up: {e}", file=sys.stderr)
         return 2
+    if warning := insecure_warning(config, keys):
+        line = "!" * 100
+        print(f"{line}\nfastmode up: {warning}\n{line}", file=sys.stderr, flush=True)
     if args.print_config:
         print(dump_config(config), end="")
         return 0
@@ -118,23 +136,28 @@ def run(config: AppConfig, *, address: str | None, chips: int, verbose: bool = F
     # starts background jobs with SIGINT ignored, and Python then leaves it ignored.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _interrupt)
+    http, ws = ("https", "wss") if config.http.tls else ("http", "ws")
+    base = f"{http}://{config.http.host}:{config.http.port}"
     try:
+        # root_url: what Serve's own "is ready at" line says (it would say http:// with TLS too).
         serve.start(proxy_location="HeadOnly" if config.http.server == "serve" else "Disabled",
-                    http_options={"host": config.http.host, "port": config.http.port},
+                    http_options=http_options(config) | {"root_url": base},
                     logging_config={"log_level": "INFO" if verbose else "WARNING", "enable_access_log": verbose})
         print("fastmode up: deploying (engines load: about a minute on a CPU)", flush=True)
-        serve.run(build(config), name=config.name, route_prefix="/")
+        serve.run(build(config), name=config.name, route_prefix="/")  # lanes are up once warmed up
+        if not serve.get_deployment_handle("gateway", config.name).wait_ready.remote().result():
+            print("fastmode up: the gateway did not reach every lane within 10 minutes; see /health",
+                  file=sys.stderr, flush=True)
         layout = serve.get_deployment_handle("fast-lane", config.name).stats.remote().result()["layout"]
-        base = f"http://{config.http.host}:{config.http.port}"
         m = config.models
         print(f"fastmode up: ready in {time.perf_counter() - started:.0f} s\n"
               f"  page     {base}{PLAYGROUND}/   (playground: race one prompt on every tier, in a browser)\n"
-              f"  WS       {base.replace('http', 'ws', 1)}/v1/responses   (persistent WebSocket, docs/protocol.md)\n"
+              f"  WS       {ws}{base[len(http):]}/v1/responses   (persistent WebSocket, docs/protocol.md)\n"
               f"  HTTP     {base}/v1   (OpenAI API: chat/completions, completions, models)\n"
               f"           {base}/health   {base}/v1/generate (NDJSON)\n"
               + ("" if address else f"  metrics  http://127.0.0.1:{config.http.metrics_port}/metrics   (Prometheus)\n")
-              + (f"  gRPC     {config.grpc.host}:{config.grpc.port}   (fastmode.v1.Inference, health, reflection)\n"
-                 if config.grpc.enabled else "") +
+              + (f"  gRPC     {config.grpc.host}:{config.grpc.port}   ({'TLS, ' if config.grpc.tls else ''}"
+                 "fastmode.v1.Inference, health, reflection)\n" if config.grpc.enabled else "") +
               f"  models   {m.full.id} (lanes: standard; service_tier=priority: priority; "
               f"service_tier=exact: exact, k={config.lanes.exact.num_speculative_tokens} drafts by {m.fast.id})\n"
               f"           {m.fast.id} (lane: fast, tp={layout['tp']} x pp={layout['pp']}: {layout['why']})\n"

@@ -47,7 +47,7 @@ def app():
 
     def get() -> App:
         if "app" not in holder or not holder["app"].running:
-            holder["app"] = App()
+            holder["app"] = App(probe_first_requests=True)
         return holder["app"]
 
     yield get

@@ -12,6 +12,8 @@ import asyncio
 import json
 import os
 import random
+import ssl
+import time
 import uuid
 from dataclasses import asdict, dataclass, fields
 from collections.abc import AsyncIterator
@@ -201,8 +203,12 @@ class ResponseStream:
     the response on the server. Iterating raises the typed ``FastmodeError`` the response ended with.
     """
 
-    def __init__(self, conn: _Connection, rid: str, queue: asyncio.Queue) -> None:
+    def __init__(self, conn: _Connection, rid: str, queue: asyncio.Queue, client: AsyncClient | None = None,
+                 body: dict[str, Any] | None = None) -> None:
         self.id = rid
+        self.resubmits = 0
+        """How many times the request was sent again on a new connection (see ``AsyncClient``)."""
+        self._client, self._body = client, body
         self.lane: str | None = None
         self.model: str | None = None
         self.route: dict[str, Any] | None = None
@@ -237,6 +243,14 @@ class ResponseStream:
         if self.result is not None:
             return None
         event = await self._queue.get()
+        while event.get("type") == _CLOSED and self._resubmittable():
+            self.resubmits += 1
+            try:
+                self._conn, self._queue = await self._client._resubmit(self._body)
+            except FastmodeError as e:
+                self.error = e
+                raise
+            event = await self._queue.get()
         kind = event.get("type")
         if kind == "response.created":
             self.lane, self.model = event.get("lane"), event.get("model")
@@ -257,6 +271,16 @@ class ResponseStream:
             self.error = self._conn.close_error(self.id)
             raise self.error
         return event
+
+    def _resubmittable(self) -> bool:
+        """Whether a response cut off by a dropped connection may be sent again: it produced no
+        text yet (so nothing the caller saw is repeated), the caller did not cancel it, the server
+        did not close for a reason of the request's own, and the client allows more resubmits."""
+        conn = self._conn
+        return (self._client is not None and self._body is not None and not self._parts and not self._early
+                and not self._cancel_sent and not conn.closed_by_client
+                and conn.close_code not in (CLOSE_POLICY, CLOSE_TOO_BIG)
+                and self.resubmits < self._client.resubmit_attempts)
 
     async def _next_text(self) -> str | None:
         if self._early:
@@ -403,19 +427,35 @@ def responses_url(base_url: str) -> str:
 class AsyncClient:
     """The asyncio fastmode client (see the package docstring for an example).
 
-    ``base_url``: the server (``ws://host:port``; ``/v1/responses`` is appended when there is no path).
+    ``base_url``: the server (``ws://host:port``, or ``wss://`` / ``https://`` for a server with TLS;
+    ``/v1/responses`` is appended when there is no path).
     ``api_key``: sent as ``Authorization: Bearer``; default ``$FASTMODE_API_KEY`` (none if unset).
+    ``ca_file``: PEM certificates to trust for ``wss://`` (e.g. a private CA or a self-signed server);
+    default: the system's trust store (``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` override it, as in OpenSSL).
     ``max_attempts``: how many times to try opening the connection before ``ConnectionFailed``;
     between tries it waits ``backoff_initial_s * 2**n`` capped at ``backoff_max_s``, times a random
     jitter in [0.5, 1]. ``open_timeout_s``: per try. ``ping_interval_s``: keepalive (``None``: off).
+
+    A connection that drops (the gateway restarted, the network broke) fails the responses that
+    had streamed text with ``ConnectionLost``; a response that had produced no text yet is sent
+    again on a new connection, up to ``resubmit_attempts`` times, and the caller sees it stream as
+    if nothing happened (``stream.resubmits`` counts it). Reconnecting for a resubmit keeps trying
+    for ``reconnect_timeout_s`` (a restarting gateway takes seconds to listen again).
     """
 
     def __init__(self, base_url: str = DEFAULT_BASE_URL, api_key: str | None = None, *, max_attempts: int = 5,
                  backoff_initial_s: float = 0.25, backoff_max_s: float = 8.0, open_timeout_s: float = 10.0,
-                 ping_interval_s: float | None = 20.0) -> None:
+                 ping_interval_s: float | None = 20.0, ca_file: str | None = None, resubmit_attempts: int = 2,
+                 reconnect_timeout_s: float = 60.0) -> None:
         if max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
+        if resubmit_attempts < 0:
+            raise ValueError("resubmit_attempts must be at least 0")
+        self.resubmit_attempts, self.reconnect_timeout_s = resubmit_attempts, reconnect_timeout_s
         self.url = responses_url(base_url)
+        if ca_file is not None and not self.url.startswith("wss://"):
+            raise ValueError(f"ca_file is for a wss:// (or https://) server, not {self.url}")
+        self.ca_file = ca_file
         self.api_key = api_key if api_key is not None else os.environ.get("FASTMODE_API_KEY")
         self.max_attempts, self.open_timeout_s = max_attempts, open_timeout_s
         self.ping_interval_s = ping_interval_s
@@ -431,25 +471,55 @@ class AsyncClient:
         """The wait after failed try number ``attempt`` (1-based): capped exponential, jittered."""
         return min(self.backoff_max_s, self.backoff_initial_s * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
 
-    async def _connection(self) -> _Connection:
+    async def _connection(self, deadline: float | None = None) -> _Connection:
         if self._closed:
             raise FastmodeError("client_closed", "this client has been closed")
         if self._conn is not None and self._conn.usable:
             return self._conn
         async with self._lock:
             if self._conn is None or not self._conn.usable:
-                self._conn = await self._open()
+                if deadline is None and self._conn is not None and self._conn.closed and \
+                        not self._conn.closed_by_client and self._conn.close_code not in (1000, 1001):
+                    # The last connection dropped (no close handshake): the gateway is probably
+                    # restarting, so keep trying for a while rather than ``max_attempts`` times.
+                    deadline = time.monotonic() + self.reconnect_timeout_s
+                self._conn = await self._open(deadline)
             return self._conn
 
-    async def _open(self) -> _Connection:
+    async def _resubmit(self, body: dict[str, Any]) -> tuple[_Connection, asyncio.Queue]:
+        """Send ``body`` again on a working connection (opening one, for up to ``reconnect_timeout_s``)."""
+        deadline = time.monotonic() + self.reconnect_timeout_s
+        while True:
+            conn = await self._connection(deadline)
+            queue = conn.register(body["id"])
+            try:
+                await conn.send({"type": "response.create", **body})
+                return conn, queue
+            except ConnectionLost:
+                conn.queues.pop(body["id"], None)
+                if time.monotonic() > deadline:
+                    raise
+
+    async def _open(self, deadline: float | None = None) -> _Connection:
+        """Open a connection: up to ``max_attempts`` tries, or until ``deadline`` (``time.monotonic``)."""
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        # wss: the system's trust store, or ca_file's certificates (websockets refuses ssl= for ws://).
+        wss = self.url.startswith("wss://")
+        tls = {"ssl": ssl.create_default_context(cafile=self.ca_file)} if wss else {}
         last: BaseException | None = None
-        for attempt in range(1, self.max_attempts + 1):
+        attempt = 0
+        while True:
+            attempt += 1
             try:
                 ws = await connect(self.url, additional_headers=headers, max_size=None,
-                                   open_timeout=self.open_timeout_s, ping_interval=self.ping_interval_s)
+                                   open_timeout=self.open_timeout_s, ping_interval=self.ping_interval_s,
+                                   **tls)
             except InvalidURI as e:
                 raise ConnectionFailed("connection_failed", f"invalid URL {self.url!r}: {e}") from e
+            except ssl.SSLCertVerificationError as e:  # retrying will not help
+                raise ConnectionFailed("connection_failed", f"{self.url}: the server's certificate is not "
+                                       f"trusted ({e.verify_message}); pass ca_file (--ca-file) if it is "
+                                       "signed by a private CA") from e
             except InvalidStatus as e:
                 if e.response.status_code in (401, 403):
                     raise AuthenticationError("unauthorized", f"the server refused the API key "
@@ -460,16 +530,23 @@ class AsyncClient:
             else:
                 self.connects += 1
                 return _Connection(ws)
-            if attempt < self.max_attempts:
-                await asyncio.sleep(self.backoff_s(attempt))
+            if deadline is None and attempt >= self.max_attempts:
+                break
+            wait = self.backoff_s(attempt)
+            if deadline is not None and time.monotonic() + wait > deadline:
+                break
+            await asyncio.sleep(wait)
         raise ConnectionFailed("connection_failed", f"could not connect to {self.url} after "
-                               f"{self.max_attempts} attempt(s): {type(last).__name__}: {last}") from last
+                               f"{attempt} attempt(s): {type(last).__name__}: {last}") from last
 
     async def _start(self, body: dict[str, Any]) -> ResponseStream:
-        for _ in range(3):  # a draining connection refuses new responses: retry on a new one
-            conn = await self._connection()
+        deadline = None  # set once a connection drops under a create: then reconnect for a while
+        dropped = 0
+        for _ in range(3 + self.resubmit_attempts):  # a draining or dropped connection: retry on a new one
+            conn = await self._connection(deadline)
             queue = conn.register(body["id"])
-            stream = ResponseStream(conn, body["id"], queue)
+            stream = ResponseStream(conn, body["id"], queue, self, body)
+            stream.resubmits = dropped
             try:
                 await conn.send({"type": "response.create", **body})
                 await stream._wait_created()
@@ -477,9 +554,14 @@ class AsyncClient:
                 conn.draining = True
                 continue
             except ConnectionLost:
-                if conn.closed_by_client or conn.close_code not in (1000, 1001) or stream.lane is not None:
+                if conn.closed_by_client or stream._parts or conn.close_code in (CLOSE_POLICY, CLOSE_TOO_BIG) \
+                        or stream.resubmits >= self.resubmit_attempts and conn.close_code not in (1000, 1001):
                     raise
-                continue  # the server closed an idle or aged connection just as we sent: nothing was lost
+                dropped = stream.resubmits + (conn.close_code not in (1000, 1001))
+                # The server closed an idle or aged connection just as we sent, or the connection
+                # dropped (a gateway restarting): nothing was produced, so send it again.
+                deadline = deadline or time.monotonic() + self.reconnect_timeout_s
+                continue
             except BaseException:
                 conn.queues.pop(body["id"], None)
                 if not stream.done:

@@ -69,6 +69,11 @@ class LaneEngine(Protocol):
         """
         ...
 
+    def failure(self) -> BaseException | None:
+        """Why the engine has died (a chip, the ring or the engine process is gone), else ``None``.
+        A dead engine does not come back: the lane builds a new one (``Lane``)."""
+        ...
+
     def num_unfinished(self) -> int:
         """Requests the engine holds (waiting or running)."""
         ...

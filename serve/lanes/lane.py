@@ -8,6 +8,7 @@ its batch cap, its price, and for exact the fast model drafting for the full one
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -21,7 +22,7 @@ from sharding.errors import PromptTooLong
 
 from .. import metrics, telemetry
 from ..config import LANE_CONFIGS, FastLaneConfig, TelemetryConfig, VLLMLaneConfig
-from ..errors import Overloaded, to_event
+from ..errors import LaneUnavailable, Overloaded, to_event
 from ..request import LaneRequest
 from ..stream import coalesce
 from .engine import EngineOutput, EngineRequest, LaneEngine
@@ -32,6 +33,11 @@ PRIORITY = "priority"
 STANDARD = "standard"
 EXACT = "exact"
 LANES = (FAST, PRIORITY, STANDARD, EXACT)
+REBUILD_RETRY_S = 5.0
+"""``retry_after`` of the requests refused while a dead engine is rebuilt."""
+WARMUP_REQUESTS = (("def main():\n", 8), ("import os\nimport sys\n\n\ndef parse_args(argv):\n    " * 4, 16))
+"""(prompt, output tokens) of ``Lane.warmup``: a short and a longer prompt, so that prefill and
+decode of both sizes (and the exact lane's verify steps) have run once before any user's."""
 MIN_STREAM_INTERVAL_S = 0.005
 """The shortest coalescing window (the longest is the lane's ``stream_interval_ms``); in between
 it adapts to what a streamed chunk costs Ray Serve (``serve.stream.coalesce``)."""
@@ -59,20 +65,60 @@ class Lane:
         self.lane, self.model_id = lane, model_id
         self.tokenizer = Tokenizer.from_file(str(Path(model_path) / "tokenizer.json"))
         self.config: FastLaneConfig | VLLMLaneConfig = LANE_CONFIGS[lane].model_validate(config)
-        if lane == FAST:
-            from .sharded_engine import ShardedLaneEngine
-
-            self.engine: LaneEngine = ShardedLaneEngine(model_path, self.config, self.tokenizer,
-                                                        TelemetryConfig.model_validate(telemetry_config or {}))
-            self.cap = None
-        else:
-            from .vllm_engine import VLLMLaneEngine
-
-            self.engine = VLLMLaneEngine(model_path, self.config, draft_path if lane == EXACT else None)
-            self.cap = self.config.max_num_seqs if self.config.admission == "reject" else None
+        self._engine_args = (model_path, TelemetryConfig.model_validate(telemetry_config or {}), draft_path)
+        self.engine: LaneEngine = self._build_engine()
+        self.cap = None if lane == FAST or self.config.admission != "reject" else self.config.max_num_seqs
+        self.rebuilds: list[dict[str, Any]] = []
+        """Each engine rebuild after a failure: why, when, how long it took, and whether it worked."""
+        self._rebuilding: asyncio.Task | None = None
+        self._warmup_ids: set[str] = set()
         self.in_flight = 0
         self.cancelled = 0
+        self.warm: dict[str, Any] | None = None
+        """What ``warmup`` measured (``None``: not warmed up)."""
         self.link = LinkServer(self.generate)
+
+    def _build_engine(self) -> LaneEngine:
+        model_path, telemetry_config, draft_path = self._engine_args
+        if self.lane == FAST:
+            from .sharded_engine import ShardedLaneEngine
+
+            return ShardedLaneEngine(model_path, self.config, self.tokenizer, telemetry_config)
+        from .vllm_engine import VLLMLaneEngine
+
+        return VLLMLaneEngine(model_path, self.config, draft_path if self.lane == EXACT else None)
+
+    # -- engine failures --------------------------------------------------------------------------
+    def _unavailable(self, why: BaseException | str) -> LaneUnavailable:
+        return LaneUnavailable(f"the {self.lane} lane's engine failed ({why}); it is being rebuilt, retry "
+                               f"shortly", retry_after=REBUILD_RETRY_S)
+
+    def _engine_failed(self) -> BaseException | None:
+        """The engine's failure, if it has died; starts its rebuild (once)."""
+        failure = self.engine.failure()
+        if failure is not None and self._rebuilding is None:
+            self._rebuilding = asyncio.get_running_loop().create_task(self._rebuild(failure))
+        return failure
+
+    async def _rebuild(self, failure: BaseException) -> None:
+        """Replace a dead engine in this replica (its chips or engine process are rebuilt; the
+        replica, its links and the application stay): shut the old one down, build and warm up a
+        new one. Requests meanwhile get ``lane_unavailable`` with ``retry_after``."""
+        started, record = time.perf_counter(), {"why": f"{type(failure).__name__}: {failure}"[:300],
+                                                "at": time.time(), "ok": False}
+        self.rebuilds.append(record)
+        try:
+            old = self.engine
+            await asyncio.to_thread(_shutdown_quietly, old)
+            self.engine = await asyncio.to_thread(self._build_engine)
+            await self.warmup()
+            record["ok"] = True
+        except Exception as e:  # noqa: BLE001 - reported by check_health: Serve replaces the replica
+            record["error"] = f"{type(e).__name__}: {e}"[:300]
+        finally:
+            record["seconds"] = round(time.perf_counter() - started, 3)
+            if record["ok"]:
+                self._rebuilding = None
 
     async def link_address(self) -> dict[str, Any]:
         """Where a front door's router streams from this replica directly (``serve.lanes.link``):
@@ -106,6 +152,9 @@ class Lane:
             span.end()
 
     async def _generate(self, request: LaneRequest, arrived: float, span) -> AsyncIterator[dict[str, Any]]:
+        if request.request_id not in self._warmup_ids and (self._rebuilding is not None
+                                                           or self._engine_failed() is not None):
+            raise self._unavailable(self.rebuilds[-1]["why"] if self.rebuilds else "it has died")
         if self.cap is not None and self.in_flight >= self.cap:
             raise Overloaded(f"the {self.lane} lane's batch is full ({self.cap} sequences)",
                              retry_after=self.config.retry_after_s)
@@ -125,8 +174,7 @@ class Lane:
             yield {"type": "accepted", "input_tokens": n_prompt}
             n_out, seq, first, last, reason, queue_s, hops, spec = 0, 0, None, None, None, None, None, None
             cached = 0
-            async for outs in coalesce(self.engine.generate(engine_request), self.config.stream_interval_ms / 1e3,
-                                       min_interval_s=MIN_STREAM_INTERVAL_S, final=_is_last):
+            async for outs in self._outputs(engine_request):
                 now = time.perf_counter()
                 first = first or now
                 last = now
@@ -160,6 +208,21 @@ class Lane:
         finally:
             self.in_flight -= 1
             self.cancelled += not done
+
+    async def _outputs(self, engine_request: EngineRequest) -> AsyncIterator[list[EngineOutput]]:
+        """The engine's coalesced outputs; a dead engine's failure becomes ``lane_unavailable``
+        (retryable) and starts the engine's rebuild."""
+        engine = self.engine
+        try:
+            async for outs in coalesce(engine.generate(engine_request), self.config.stream_interval_ms / 1e3,
+                                       min_interval_s=MIN_STREAM_INTERVAL_S, final=_is_last):
+                yield outs
+        except Exception as e:
+            if engine is self.engine and self._engine_failed() is not None:
+                raise self._unavailable(self.engine.failure()) from e
+            if engine is not self.engine:  # a rebuild replaced it while this request ran
+                raise self._unavailable(e) from e
+            raise
 
     def _done(self, n_prompt: int, n_out: int, reason: str | None, arrived: float,
               first: float | None, last: float | None) -> dict[str, Any]:
@@ -197,20 +260,55 @@ class Lane:
                                                   attributes={"fastmode.engine": "vllm"})
                 s.end(end_time=at(b))
 
+    async def warmup(self) -> dict[str, Any]:
+        """Serve a few short requests through this replica's whole path (tokenizer, engine,
+        coalescing), so that the first user's request does not pay what an engine does only on its
+        first requests (vLLM's first steps of each kind, the fast lane's link to its head chip).
+        The Serve deployment (``serve.app``) awaits it before the replica counts as ready. Returns
+        each warm-up request's seconds; the engine's counters are reset so they count users only."""
+        started = time.perf_counter()
+        took = []
+        for i, (prompt, tokens) in enumerate(WARMUP_REQUESTS):
+            t0 = time.perf_counter()
+            request = LaneRequest(request_id=f"warmup-{self.lane}-{len(self.rebuilds)}-{i}", prompt=prompt,
+                                  max_output_tokens=tokens, temperature=0.0, top_p=1.0, seed=None, stop=(),
+                                  ignore_eos=True, trace=None)
+            self._warmup_ids.add(request.request_id)
+            try:
+                async for _ in self.generate(request):
+                    pass
+            finally:
+                self._warmup_ids.discard(request.request_id)
+            took.append(round(time.perf_counter() - t0, 4))
+        self.cancelled = 0
+        self.warm = {"requests_s": took, "total_s": round(time.perf_counter() - started, 3)}
+        return self.warm
+
     async def stats(self) -> dict[str, Any]:
         """This replica's load: requests in the engine (``running``), streams open here, and streams
         closed before their end (``cancelled``, since start); the fast lane's chip layout and
         prefix cache too (``parked`` slots, ``hits``, ``reused_tokens``)."""
         stats = {"lane": self.lane, "model": self.model_id, "running": self.engine.num_unfinished(),
-                 "in_flight": self.in_flight, "cap": self.cap, "cancelled": self.cancelled}
+                 "in_flight": self.in_flight, "cap": self.cap, "cancelled": self.cancelled, "warmup": self.warm,
+                 "rebuilding": self._rebuilding is not None, "rebuilds": self.rebuilds}
         if self.lane == FAST:
             stats["layout"] = {"tp": self.engine.tp, "pp": self.engine.pp, "why": self.engine.layout_reason}
-            stats["prefix_cache"] = await self.engine.prefix_stats()
+            stats["prefix_cache"] = None if self._rebuilding else await self.engine.prefix_stats()
         return stats
 
     async def check_health(self) -> None:
-        """Serve's health check: raises once the engine has died (so the replica is replaced)."""
-        await self.engine.check_health()
+        """Serve's health check. A dead engine is rebuilt in place (``_rebuild``), and the replica
+        stays healthy meanwhile; it raises (so Serve replaces the replica) only if a rebuild failed."""
+        if self._rebuilding is not None:
+            if self._rebuilding.done() and self.rebuilds and not self.rebuilds[-1]["ok"]:
+                raise LaneUnavailable(f"the {self.lane} lane's engine could not be rebuilt: "
+                                      f"{self.rebuilds[-1].get('error')}")
+            return
+        try:
+            await self.engine.check_health()
+        except Exception:
+            if self._engine_failed() is None:
+                raise
 
     def __del__(self) -> None:
         link = getattr(self, "link", None)
@@ -222,6 +320,13 @@ class Lane:
                 engine.shutdown()
             except Exception:  # noqa: BLE001 - best effort at teardown
                 pass
+
+
+def _shutdown_quietly(engine: LaneEngine) -> None:
+    try:
+        engine.shutdown()
+    except Exception:  # noqa: BLE001 - a dead engine's remains: best effort
+        pass
 
 
 __all__ = ["Lane", "LANES", "FAST", "PRIORITY", "STANDARD", "EXACT", "EngineOutput"]

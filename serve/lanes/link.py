@@ -258,6 +258,11 @@ class LaneLinks:
                     log.warning("lane link discovery failed: %s", where)
             self.conns = live
 
+    async def connect(self) -> None:
+        """Open links to the lane's replicas now (``open`` does when it finds none)."""
+        self._discovered_at = -float("inf")
+        await self._discover()
+
     async def open(self, request: Any, tried: set[str], prefer: str | None = None) -> tuple[str, LinkStream] | None:
         """Start ``request`` on replica ``prefer`` if it is up and not in ``tried`` (session affinity:
         it holds the conversation's prefix), else on the least-busy replica not in ``tried``;

@@ -198,6 +198,9 @@ class ShardedLaneEngine:
             return None
         return await self.model.head_worker.prefix_stats.remote()
 
+    def failure(self) -> BaseException | None:
+        return self._error
+
     def num_unfinished(self) -> int:
         return len(self._sinks)
 
@@ -207,6 +210,7 @@ class ShardedLaneEngine:
         try:
             await asyncio.to_thread(self.model.check_alive)
         except RingFailed as e:
+            self._error = self._error or e
             raise LaneUnavailable(f"the fast lane's engine has stopped ({e})") from e
 
     def shutdown(self) -> None:

@@ -47,7 +47,8 @@ class VLLMLaneEngine:
                                kv_cache_memory_bytes=config.kv_cache_memory_bytes,
                                gpu_memory_utilization=config.gpu_memory_utilization,
                                enforce_eager=config.enforce_eager, seed=0,
-                               **speculative_args(config, draft_path), **config.engine_args)
+                               **speculative_args(config, draft_path),
+                               **({"block_size": config.block_size} if config.block_size else {}) | config.engine_args)
         self.engine = AsyncLLM.from_engine_args(args)
         self.max_len = self.engine.model_config.max_model_len
 
@@ -77,6 +78,9 @@ class VLLMLaneEngine:
             if out.finished and getattr(c, "spec_decode_metrics", None) is not None:
                 extra["speculative"] = speculative_summary(c.spec_decode_metrics.to_dict())
             yield EngineOutput(list(c.token_ids), c.text, c.finish_reason if out.finished else None, **extra)
+
+    def failure(self) -> BaseException | None:
+        return (self.engine.dead_error or RuntimeError("the vLLM engine has died")) if self.engine.errored else None
 
     def num_unfinished(self) -> int:
         return self.engine.get_num_unfinished_requests()

@@ -11,12 +11,18 @@ The servicer relays the router's events: deltas become chunks (``seq`` from 0), 
 chunk, ``error`` a status with the WebSocket error code in the details. A request message that does
 not parse (a string field that is not UTF-8, say) is INVALID_ARGUMENT too (``invalid_request``), not
 the UNKNOWN that grpcio answers when a deserializer raises.
+
+The port speaks TLS (``grpc.ssl_server_credentials``) when ``grpc.tls_certfile`` and
+``grpc.tls_keyfile`` are set, and refuses to start beyond loopback without API keys
+(``serve.auth.load_keys``), as the gateway does.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -25,13 +31,14 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from .. import telemetry
-from ..auth import authorized, load_keys
-from ..config import load_config
+from ..auth import authorized, insecure_warning, load_keys
+from ..config import GrpcConfig, load_config
 from ..lanes.lane import LANES
 from ..router import Router
 from . import inference_pb2 as pb
 from . import inference_pb2_grpc as pb_grpc
 
+log = logging.getLogger(__name__)
 SERVICE = pb.DESCRIPTOR.services_by_name["Inference"].full_name  # "fastmode.v1.Inference"
 HEALTH_INTERVAL_S = 2.0
 
@@ -173,14 +180,19 @@ class GrpcServer:
     async def __init__(self, config: dict[str, Any], fast, priority, standard, exact, stored=None) -> None:
         telemetry.setup("grpc")
         self.config = load_config(config)
+        keys = load_keys(self.config)  # refuses a non-loopback bind without keys
+        if warning := insecure_warning(self.config, keys):
+            log.warning(warning)
         self.router = router = Router(self.config, fast, priority, standard, exact, stored)
+        router.start_warmup()  # the health service says SERVING once every lane is warm
         self.server = grpc.aio.server()
-        add_servicer(InferenceServicer(router, load_keys(self.config)), self.server)
+        add_servicer(InferenceServicer(router, keys), self.server)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection((SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server)
         address = f"{self.config.grpc.host}:{self.config.grpc.port}"
-        if self.server.add_insecure_port(address) == 0:
+        if (self.server.add_secure_port(address, credentials(self.config.grpc)) if self.config.grpc.tls
+                else self.server.add_insecure_port(address)) == 0:
             raise RuntimeError(f"cannot bind the gRPC port {address}")
         await self.server.start()
         await self._set_health(await self.router.stats())
@@ -204,6 +216,12 @@ class GrpcServer:
     async def check_health(self) -> None:
         if self._watch.done():
             raise RuntimeError("the gRPC health watcher stopped")
+
+
+def credentials(config: GrpcConfig) -> grpc.ServerCredentials:
+    """The server's TLS credentials from ``grpc.tls_certfile`` and ``grpc.tls_keyfile`` (PEM)."""
+    cert, key = Path(config.tls_certfile).read_bytes(), Path(config.tls_keyfile).read_bytes()
+    return grpc.ssl_server_credentials([(key, cert)])
 
 
 def _usage(u: dict) -> pb.Usage:

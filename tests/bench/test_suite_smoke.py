@@ -31,7 +31,7 @@ def test_report(quick_run):
     out, _ = quick_run
     text = (out / "benchmarks.md").read_text()
     for heading in ("## 1. Lanes under load", "## 2. Quality against speed", "## 3. Gateway", "## 4. Sharding",
-                    "## 5. What users would pick instead", "## 6. Multi-turn"):
+                    "## 5. What users would pick instead", "## 6. Multi-turn", "## 7. Soak"):
         assert heading in text
     assert "Not run" not in text and "**failed" not in text
     assert "**Quick run**" in text and "fastmode bench all --quick" in text
@@ -89,6 +89,14 @@ def test_turns(quick_run):
         assert r["wall_ratio"] == pytest.approx(r["websocket"]["wall_s"] / r["http_resend"]["wall_s"])
     # the fast lane's prefix cache: the last turn over the WebSocket reused its history
     assert doc["loopback"]["fast"]["websocket"]["cached_tokens_per_turn"][-1] > 0
+
+
+def test_soak(quick_run):
+    out, _ = quick_run
+    doc = json.loads((out / "soak.json").read_text())
+    assert doc["passed"], doc["checks"]
+    assert doc["ledger"]["requests"] >= 60 and doc["ws"]["streams"] == 20
+    assert doc["memory"]["ratio"] is not None  # the shared app runs on this machine
 
 
 def test_sharding(quick_run):

@@ -23,6 +23,9 @@ def test_usage_errors_exit_2():
     p = subprocess.run([sys.executable, "-m", "clients.cli", "chat", "x", "--max-tokens", "many"], cwd=REPO,
                        capture_output=True, text=True)
     assert p.returncode == 2
+    p = subprocess.run([sys.executable, "-m", "clients.cli", "chat", "x", "--ca-file", "ca.pem"], cwd=REPO,
+                       capture_output=True, text=True)
+    assert p.returncode == 2 and "--ca-file is for a wss:// (or https://) server" in p.stderr
 
 
 def test_nothing_listening_exits_1_with_the_code():

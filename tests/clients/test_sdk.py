@@ -30,8 +30,10 @@ class Dummy:
     ``drop_first``, the first connection is dropped (no close handshake) after the first delta;
     with ``close_code``, every connection is closed with that code at once."""
 
-    def __init__(self, drop_first: bool = False, close_code: int | None = None) -> None:
+    def __init__(self, drop_first: bool = False, close_code: int | None = None, drop_before_text: int = 0) -> None:
         self.drop_first, self.close_code = drop_first, close_code
+        self.drop_before_text = drop_before_text
+        """Drop this many connections (no close handshake) right after a create, before any text."""
         self.connections = 0
         self.creates: list[dict] = []
         self.headers: list[str | None] = []
@@ -53,6 +55,9 @@ class Dummy:
             await ws.send(json.dumps({"type": "response.created", "id": rid, "lane": "fast",
                                       "model": event["model"], "input_tokens": 3, "route": {"by": "model"},
                                       "protocol": "fastmode.responses.v1"}))
+            if n <= self.drop_before_text:  # e.g. the gateway died before the first token
+                ws.transport.abort()
+                return
             await ws.send(json.dumps({"type": "response.output_text.delta", "id": rid, "seq": 0,
                                       "delta": "hello"}))
             if self.drop_first and n == 1:
@@ -82,6 +87,10 @@ def test_url_and_error_mapping():
     assert responses_url("ws://h:1") == "ws://h:1/v1/responses"
     assert responses_url("http://h:1/") == "ws://h:1/v1/responses"
     assert responses_url("wss://h/custom") == "wss://h/custom"
+    assert responses_url("https://h:1") == "wss://h:1/v1/responses"
+    assert AsyncClient("https://h:1", ca_file="ca.pem").ca_file == "ca.pem"
+    with pytest.raises(ValueError, match="ca_file is for a wss:// .* server, not ws://h:1/v1/responses"):
+        AsyncClient("ws://h:1", ca_file="ca.pem")
     for code, cls in [("invalid_request", InvalidRequest), ("invalid_json", InvalidRequest),
                       ("prompt_too_long", InvalidRequest), ("duplicate_id", InvalidRequest),
                       ("unknown_model", UnknownModel), ("overloaded", Overloaded),
@@ -140,6 +149,41 @@ def test_a_dropped_connection_fails_in_flight_responses_and_the_next_call_reconn
     assert got == ["hello"] and lost.code == "connection_lost" and lost.response_id
     assert after.text == "hello world" and after.finish_reason == "length"
     assert connects == 2 and dummy.connections == 2
+
+
+def test_a_response_dropped_before_its_first_text_is_resubmitted_on_a_new_connection():
+    dummy = Dummy(drop_before_text=2)
+
+    async def main():
+        async with dummy as url, AsyncClient(url, backoff_initial_s=0.01) as client:
+            stream = await client.responses.stream(model="m", input="x", max_output_tokens=2)
+            texts = [t async for t in stream]
+            return texts, stream, client.connects
+
+    texts, stream, connects = run(main())
+    assert texts == ["hello", " world"] and stream.result.finish_reason == "length"
+    assert stream.resubmits == 2 and connects == 3 and dummy.connections == 3
+    assert len(dummy.creates) == 3 and len({c["id"] for c in dummy.creates}) == 1  # the same request each time
+
+
+def test_resubmits_are_bounded_and_never_repeat_text():
+    async def main():
+        async with Dummy(drop_before_text=3) as url, AsyncClient(url, backoff_initial_s=0.01,
+                                                                 resubmit_attempts=2) as client:
+            stream = await client.responses.stream(model="m", input="x")
+            with pytest.raises(ConnectionLost):
+                async for _ in stream:
+                    pass
+            bounded = stream.resubmits
+        async with Dummy(drop_first=True) as url, AsyncClient(url, backoff_initial_s=0.01) as client:
+            stream = await client.responses.stream(model="m", input="x")
+            with pytest.raises(ConnectionLost):  # "hello" was seen: sending it again could repeat it
+                async for _ in stream:
+                    pass
+            return bounded, stream.resubmits
+
+    bounded, after_text = run(main())
+    assert bounded == 2 and after_text == 0
 
 
 def test_a_closed_port_is_retried_with_backoff_then_fails_typed():

@@ -67,6 +67,10 @@ def test_security_defaults(path, tmp_path):
     # Token auth on: every ray start asks for it, the token file (by path) reaches every node.
     assert all(c.count("RAY_AUTH_MODE=token ray start") == 1 for c in start_commands(cluster))
     assert "disabled" not in text
+    # ...and so does every Ray client on the nodes (ray exec's login shell: serve deploy, ray status).
+    setups = [cluster["setup_commands"]] + [t["worker_setup_commands"]
+                                            for t in cluster.get("available_node_types", {}).values()]
+    assert all(any("export RAY_AUTH_MODE=token" in c and ".bashrc" in c for c in s) for s in setups)
     assert cluster["file_mounts"][TOKEN_PATH] == TOKEN_PATH
     assert serve["http_options"]["host"] == "127.0.0.1"
 

@@ -182,6 +182,15 @@ def test_open_ports_need_api_keys(tmp_path):
     assert load_topology(data).app_config.auth.api_keys_file == "/etc/fastmode/keys"
 
 
+def test_open_ports_without_keys_only_when_the_app_says_so():
+    data = example("local-2node") | {"app": {"http": {"host": "0.0.0.0"}, "grpc": {"host": "0.0.0.0"},
+                                             "auth": {"allow_public_without_keys": True}}}
+    assert load_topology(data).app_config.auth.allow_public_without_keys is True
+    data["app"]["http"]["host"] = "127.0.0.2"  # all of 127.0.0.0/8 is loopback
+    data["app"]["auth"]["allow_public_without_keys"] = False
+    assert "app.grpc.host: binds beyond loopback" in error(data)
+
+
 def test_local_worker_type_needs_hosts():
     data = example("local-2node")
     data["provider"]["worker_ips"] = []

@@ -149,7 +149,8 @@ def test_no_api_key_anywhere():
         ref = env["valueFrom"]["secretKeyRef"]
         assert ref == {"name": kuberay.DEFAULT_SECRET, "key": kuberay.SECRET_KEY}
     config = yaml.safe_load(manifest["spec"]["serveConfigV2"])["applications"][0]["args"]["config"]
-    assert config["auth"] == {"api_keys_env": "FASTMODE_API_KEYS", "api_keys_file": None}
+    assert config["auth"] == {"api_keys_env": "FASTMODE_API_KEYS", "api_keys_file": None,
+                              "allow_public_without_keys": False}  # the pods bind 0.0.0.0: keys required
     # The Secret example names the same Secret and key, and holds no key.
     secret = yaml.safe_load(SECRET.read_text())
     assert secret["kind"] == "Secret" and secret["metadata"]["name"] == kuberay.DEFAULT_SECRET
@@ -172,6 +173,19 @@ def test_ray_token_auth_stays_on():
     assert cluster["rayVersion"].split(".")[:2] == ray.__version__.split(".")[:2]
     for c in containers(example()):
         assert all(e["name"] not in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN") for e in c["env"])
+
+
+@pytest.mark.parametrize("argv", [[], ["--gpu", "--workers", "2", "--chips", "4"], ["--workers", "0"],
+                                  ["--config", str(REPO / "infra" / "container" / "fastmode.yaml")],
+                                  ["--otel-endpoint", "http://collector:4317", "--name", "other"]])
+def test_every_render_keeps_ray_token_auth_on(argv, capsys):
+    # Whatever the command line: KubeRay generates the token Secret and sets it on every Ray container
+    # (authOptions), and nothing in the manifest turns it off or carries a token.
+    assert kuberay.main(argv) == 0
+    out = capsys.readouterr().out
+    manifest = yaml.safe_load(out)
+    assert manifest["spec"]["rayClusterConfig"]["authOptions"] == {"mode": "token"}
+    assert "RAY_AUTH_MODE" not in out and "RAY_AUTH_TOKEN" not in out and "disabled" not in out
 
 
 def test_chip_resources_and_gpus_per_worker_group():

@@ -25,13 +25,21 @@ API_KEY = "sk-fastmode-test"
 """The shared app requires this key (FASTMODE_API_KEYS), so authentication is on in every test."""
 
 
-class App:
-    """A ``fastmode up`` process and an HTTP client for it."""
+FIRST_REQUESTS = {"fast": {"model": "fastmode-fast"}, "priority": {"model": "fastmode-full", "service_tier": "priority"},
+                  "standard": {"model": "fastmode-full"}, "exact": {"model": "fastmode-full", "service_tier": "exact"}}
+"""The request each lane gets first (``App.probe_first_requests``)."""
 
-    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+
+class App:
+    """A ``fastmode up`` process and an HTTP client for it. ``ca_file``: the app serves TLS with a
+    certificate this file trusts (https, wss)."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None, ca_file: Path | None = None,
+                 probe_first_requests: bool = False) -> None:
         self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.ws_url = f"ws://127.0.0.1:{self.port}/v1/responses"
+        http, ws = ("https", "wss") if ca_file else ("http", "ws")
+        self.base = f"{http}://127.0.0.1:{self.port}"
+        self.ws_url = f"{ws}://127.0.0.1:{self.port}/v1/responses"
         self.key = API_KEY
         env = ({k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
                | {"FASTMODE_API_KEYS": f"{API_KEY},sk-other", "RAY_metrics_report_interval_ms": "1000"} | (env or {}))
@@ -44,8 +52,10 @@ class App:
         self.output: list[str] = []
         self.ready = threading.Event()
         threading.Thread(target=self._read, daemon=True).start()
-        self.client = httpx.Client(base_url=self.base, timeout=120, headers={"Authorization": f"Bearer {API_KEY}"})
+        self.client = httpx.Client(base_url=self.base, timeout=120, verify=str(ca_file) if ca_file else True,
+                                   headers={"Authorization": f"Bearer {API_KEY}"})
         self.health_before_ready: list[tuple[int | None, dict | None]] = []  # (status, body) while loading
+        self.models_before_ready: list[int] = []  # /v1/models' status while loading (once /health answered)
         deadline = time.monotonic() + START_TIMEOUT_S
         while not self.ready.is_set():
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -58,7 +68,32 @@ class App:
                 polled = (None, None)  # nothing listening yet
             if not self.ready.is_set():
                 self.health_before_ready.append(polled)
+                if polled[0] is not None:
+                    self.models_before_ready.append(self.client.get("/v1/models", timeout=15).status_code)
             time.sleep(1)
+        self.first_requests: dict[str, float] = {}
+        """Seconds to each lane's first token, one request per lane in turn on one WebSocket, sent
+        right after ``fastmode up`` said ready (``probe_first_requests``)."""
+        if probe_first_requests:
+            self.first_requests = self._first_requests()
+
+    def _first_requests(self) -> dict[str, float]:
+        from websockets.sync.client import connect
+
+        took = {}
+        with connect(self.ws_url, additional_headers={"Authorization": f"Bearer {self.key}"}) as ws:
+            for lane, body in FIRST_REQUESTS.items():
+                started = time.perf_counter()
+                ws.send(json.dumps({"type": "response.create", "id": lane, "max_output_tokens": 8,
+                                    "temperature": 0, "input": "class Config:\n    def __init__(self", **body}))
+                while True:
+                    event = json.loads(ws.recv(timeout=120))
+                    if event["type"] == "response.output_text.delta" and lane not in took:
+                        took[lane] = time.perf_counter() - started
+                    if event["type"] in ("response.completed", "error"):
+                        assert event["type"] == "response.completed", event
+                        break
+        return took
 
     def _read(self) -> None:
         for line in self.proc.stdout:
@@ -106,16 +141,47 @@ class App:
 
 
 @contextmanager
-def app_with_config(yaml_text: str, tmp_dir: Path, *args: str, env: dict[str, str] | None = None):
+def app_with_config(yaml_text: str, tmp_dir: Path, *args: str, env: dict[str, str] | None = None,
+                    ca_file: Path | None = None):
     """A ``fastmode up`` of its own, on the deployment YAML ``yaml_text`` (written to ``tmp_dir``),
     stopped on leaving."""
     config = tmp_dir / "app.yaml"
     config.write_text(yaml_text)
-    app = App("--config", str(config), *args, env=env)
+    app = App("--config", str(config), *args, env=env, ca_file=ca_file)
     try:
         yield app
     finally:
         app.stop()
+
+
+def self_signed(out: Path, name: str = "server") -> tuple[Path, Path]:
+    """A self-signed certificate for ``localhost`` and 127.0.0.1 and its key, as PEM files in ``out``
+    (the certificate is its own CA: trust it with ``ca_file``)."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
+                                                        x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = out / f"{name}.crt", out / f"{name}.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_path, key_path
 
 
 def text_of(events: list[dict]) -> str:

@@ -141,3 +141,50 @@ def test_serve_env_reaches_every_replica_and_the_users_env_vars_win():
                                                    "responses", "standard-lane"]
     for d in deployments:
         assert d.ray_actor_options["runtime_env"]["env_vars"] == SERVE_ENV, d.name
+
+
+# --- TLS files ----------------------------------------------------------------------------------
+
+
+def test_tls_files_resolve_against_the_config_file_and_load(tmp_path):
+    from tests.serve.conftest import self_signed
+
+    self_signed(tmp_path)
+    f = tmp_path / "app.yaml"
+    f.write_text("http: {tls_certfile: server.crt, tls_keyfile: server.key}\n"
+                 "grpc: {tls_certfile: server.crt, tls_keyfile: server.key}\n")
+    c = load_config(f)
+    assert c.http.tls and c.grpc.tls
+    assert c.http.tls_certfile == str(tmp_path / "server.crt")
+    assert c.grpc.tls_keyfile == str(tmp_path / "server.key")
+    assert not load_config(None).http.tls and not load_config(None).grpc.tls
+
+
+@pytest.mark.parametrize("section", ["http", "grpc"])
+def test_bad_tls_files_are_refused_before_anything_starts(tmp_path, section):
+    from tests.serve.conftest import self_signed
+
+    cert, key = self_signed(tmp_path)
+    _, other_key = self_signed(tmp_path, "other")
+    with pytest.raises(ConfigError, match=f"{section}: Value error, tls_certfile and tls_keyfile go "):
+        load_config({section: {"tls_certfile": str(cert)}})
+    with pytest.raises(ConfigError, match=f"{section}.tls_keyfile: no file at {tmp_path / 'nope.key'}"):
+        load_config({section: {"tls_certfile": str(cert), "tls_keyfile": str(tmp_path / "nope.key")}})
+    with pytest.raises(ConfigError, match=f"{section}.tls_certfile, tls_keyfile: cannot load them"):
+        load_config({section: {"tls_certfile": str(cert), "tls_keyfile": str(other_key)}})  # not its key
+    with pytest.raises(ConfigError, match="cannot load them"):
+        load_config({section: {"tls_certfile": str(key), "tls_keyfile": str(key)}})  # not a certificate
+
+
+def test_serve_deploy_config_gives_serves_proxy_the_certificate(tmp_path):
+    # http.server: serve: Ray Serve's proxy listens, and serves https with the same files.
+    from tests.serve.conftest import self_signed
+
+    cert, key = self_signed(tmp_path)
+    config = load_config({"http": {"server": "serve", "tls_certfile": str(cert), "tls_keyfile": str(key)}})
+    out = serve_config(config)
+    assert out["http_options"] == {"host": "127.0.0.1", "port": 8000, "ssl_certfile": str(cert),
+                                   "ssl_keyfile": str(key)}
+    schema = ServeDeploySchema.model_validate(out)
+    assert (schema.http_options.ssl_certfile, schema.http_options.ssl_keyfile) == (str(cert), str(key))
+    assert "ssl_certfile" not in serve_config(load_config(None))["http_options"]

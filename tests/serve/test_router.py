@@ -252,3 +252,62 @@ def test_each_request_reaches_its_lane_under_an_id_of_its_own():
         assert {e["id"] for e in events} == {"r1"}  # the client's id on every event
     ids = [r.request_id for r in lanes["standard"].requests]
     assert len(set(ids)) == 2 and all(i.startswith("r1#") for i in ids)
+
+
+# --- what the request span holds: no text unless telemetry.record_content ------------------------
+
+SECRET_PROMPT = "def launch_codes_7f3a():\n"
+
+
+def traced(monkeypatch, config: dict | None, *bodies: dict) -> list:
+    """The finished spans of ``bodies`` streamed through a router over scripted lanes."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from serve import telemetry
+
+    exporter, provider = InMemorySpanExporter(), TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(telemetry, "tracer", lambda: provider.get_tracer(telemetry.TRACER_NAME))
+    router, _ = router_over(config)
+    for body in bodies:
+        asyncio.run(events_of(router, **body))
+    return list(exporter.get_finished_spans())
+
+
+def span_text(span) -> str:
+    return repr(dict(span.attributes)) + repr(span.status.description) + repr(span.name) + repr(span.events)
+
+
+BODIES = [{"model": "fastmode-fast", "input": SECRET_PROMPT},
+          {"model": "fastmode-fast", "input": [{"role": "user", "content": SECRET_PROMPT}]},
+          # Refused: the validation error quotes the offending input (the client sees it; spans must not).
+          {"model": "fastmode-fast", "input": [{"role": "wizard", "content": SECRET_PROMPT}]},
+          {"model": "fastmode-fast", "input": SECRET_PROMPT, "stop": [SECRET_PROMPT] * 5}]
+
+
+def test_spans_hold_no_prompt_output_or_error_message_by_default(monkeypatch):
+    spans = traced(monkeypatch, None, *BODIES)
+    assert len(spans) == len(BODIES)
+    for span in spans:
+        text = span_text(span)
+        assert "launch_codes" not in text and "xxx" not in text, text  # the lanes' output is "x" x 3
+    ok, chat, bad_role, bad_stop = spans
+    assert ok.attributes["gen_ai.usage.output_tokens"] == 3 and ok.attributes["fastmode.lane"] == "fast"
+    for refused in (bad_role, bad_stop):
+        assert refused.attributes["error.type"] == refused.status.description == "invalid_request"
+
+
+def test_record_content_puts_prompts_outputs_and_error_messages_on_spans(monkeypatch):
+    import json
+
+    spans = traced(monkeypatch, {"telemetry": {"record_content": True}}, *BODIES)
+    ok, chat, bad_role, bad_stop = spans
+    for span in (ok, chat):
+        assert json.loads(span.attributes["gen_ai.input.messages"]) == [
+            {"role": "user", "parts": [{"type": "text", "content": SECRET_PROMPT}]}]
+        assert json.loads(span.attributes["gen_ai.output.messages"]) == [
+            {"role": "assistant", "parts": [{"type": "text", "content": "xxx"}], "finish_reason": "length"}]
+    assert "launch_codes" in bad_role.status.description  # the message, quoting the request
+    assert "at most 4 stop strings" in bad_stop.status.description
