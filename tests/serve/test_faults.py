@@ -182,7 +182,7 @@ def test_the_quick_soak_accounts_for_every_delta_and_leaks_nothing(app, tmp_path
     soak.main(["--quick", "--url", a.base, "--grpc", a.grpc_target, "--api-key", a.key, "--json", out])
     doc = json.loads(out.read_text())
     led = doc["ledger"]
-    assert led["requests"] >= 60 and not led["problems"] and led["without_terminal"] == 0, led
+    assert led["requests"] >= 40 and not led["problems"] and led["without_terminal"] == 0, led
     assert led["ends"].get("completed", 0) > 0 and led["ends"].get("cancelled", 0) > 0, led["ends"]
     assert set(led["by_door"]) == {"ws", "sse", "grpc"}, led["by_door"]
     checks = doc["checks"]
