@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import ssl
 import subprocess
 import sys
 import time
@@ -362,10 +363,13 @@ def piped_app(tmp_path_factory):
     dashboard's chip-to-chip hop panels have series (the default layout on a 2-core machine is the
     planner's 1x1, which has no hops), behind Ray Serve's HTTP proxy (``http.server: serve``, what
     clusters use; the shared app has the gateway's own server)."""
-    from tests.serve.conftest import app_with_config
+    from tests.serve.conftest import app_with_config, self_signed
 
-    with app_with_config("lanes:\n  fast: {tp: 1, pp: 2}\nhttp: {server: serve}\n",
-                         tmp_path_factory.mktemp("dashboard"), "--chips", "2") as a:
+    d = tmp_path_factory.mktemp("dashboard")
+    cert, key = self_signed(d)  # and TLS, so that this app also proves Serve's proxy serves https and wss
+    with app_with_config(f"lanes:\n  fast: {{tp: 1, pp: 2}}\nhttp: {{server: serve, tls_certfile: {cert}, "
+                         f"tls_keyfile: {key}}}\n", d, "--chips", "2", ca_file=cert) as a:
+        a.ca_file = cert
         yield a
 
 
@@ -373,7 +377,8 @@ def piped_app(tmp_path_factory):
 def test_every_dashboard_series_is_in_a_real_scrape(piped_app):
     a = piped_app
     assert a.lane_stats("fast")["layout"]["pp"] == 2
-    with connect(a.ws_url, additional_headers={"Authorization": f"Bearer {a.key}"}) as ws:  # through the proxy
+    tls = ssl.create_default_context(cafile=str(a.ca_file))
+    with connect(a.ws_url, additional_headers={"Authorization": f"Bearer {a.key}"}, ssl=tls) as ws:  # the proxy, wss
         ws.send(json.dumps({"type": "response.create", "id": "r1", "model": "fastmode-fast", "input": "def f():",
                             "max_output_tokens": 4}))
         events = [json.loads(ws.recv(timeout=60))]
@@ -399,3 +404,29 @@ def test_every_dashboard_series_is_in_a_real_scrape(piped_app):
             break
         assert time.monotonic() < deadline, f"not in the scrape (or without these labels): {missing}"
         time.sleep(1)
+
+
+@pytest.mark.slow
+def test_serves_proxy_serves_https_and_wss(piped_app):
+    """``http.server: serve`` with a certificate: Ray Serve's proxy speaks TLS only (https, wss; the
+    SDK with ``ca_file``), and ``fastmode up`` prints https URLs."""
+    import asyncio
+
+    import httpx
+
+    from clients.sdk import AsyncClient
+    from tests.serve.conftest import API_KEY
+
+    a = piped_app
+    assert f"https://127.0.0.1:{a.port}/v1 " in "".join(a.output)
+    status, events = a.generate(model="fastmode-fast", input="def main():\n", max_output_tokens=8)
+    assert status == 200 and events[-1]["type"] == "done", events
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"http://127.0.0.1:{a.port}/health", timeout=10)
+
+    async def main():
+        async with AsyncClient(a.ws_url, API_KEY, ca_file=str(a.ca_file)) as client:
+            return await client.responses.create(model="fastmode-fast", input="def main():\n", max_output_tokens=8)
+
+    assert asyncio.run(main()).finish_reason in ("length", "stop")
+    assert isinstance(ssl.get_server_certificate(("127.0.0.1", a.port)), str)  # it is TLS that answers

@@ -20,7 +20,6 @@ import asyncio
 import json
 import re
 import shutil
-import ssl
 import tempfile
 from pathlib import Path
 
@@ -195,22 +194,5 @@ def test_no_key_prompt_or_output_in_spans_or_logs(tls):
     assert not leaks, leaks
 
 
-# --- Ray Serve's proxy with TLS (http.server: serve) ---------------------------------------------
-
-
-@pytest.mark.slow
-def test_serves_proxy_serves_https_and_wss(tmp_path):
-    cert, key = self_signed(tmp_path)
-    with app_with_config(tls_yaml(cert, key, server="serve", grpc_on=False), tmp_path, ca_file=cert) as app:
-        assert f"https://127.0.0.1:{app.port}/v1 " in "".join(app.output)
-        status, events = app.generate(model="fastmode-fast", input=PROMPT, max_output_tokens=8)
-        assert status == 200 and events[-1]["type"] == "done", events
-        with pytest.raises(httpx.TransportError):
-            httpx.get(f"http://127.0.0.1:{app.port}/health", timeout=10)
-
-        async def main():
-            async with AsyncClient(app.ws_url, API_KEY, ca_file=str(cert)) as client:
-                return await client.responses.create(model="fastmode-fast", input=PROMPT, max_output_tokens=8)
-
-        assert asyncio.run(main()).finish_reason in ("length", "stop")
-        assert isinstance(ssl.get_server_certificate(("127.0.0.1", app.port)), str)  # it is TLS that answers
+# Ray Serve's proxy with TLS (http.server: serve) is tested on the dashboard test's app, which runs
+# behind the proxy anyway: tests/infra/test_prometheus_grafana.py::test_serves_proxy_serves_https_and_wss.
