@@ -235,6 +235,7 @@ def turns_section(doc: dict | None) -> list[str]:
     if doc is None:
         return out + ["Not run.", ""]
     s = doc["settings"]
+    out += [f"`{doc['command']}` ({doc['date']}; a run of its own when its date is not the suite's).", ""]
     out += [f"An agent loop: {s['turns']} turns per conversation (one held-out source line in, {s['tokens']} greedy "
             "tokens out), several conversations at once per lane (up to its batch cap). `websocket`: one persistent "
             "WebSocket per conversation, each turn only its new line with `previous_response_id`; `http_resend`: "
