@@ -14,6 +14,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 
 from serve.config import GatewayConfig
+from tests.serve.test_listen import trickle
 from tests.serve.test_websocket import collect, create, ws
 
 LIMITS = GatewayConfig()
@@ -127,25 +128,9 @@ def test_fifty_slowloris_connections_do_not_hold_the_gateway(app):
     ``header_timeout_s``."""
     a = app()
 
-    async def trickle(stop: asyncio.Event) -> tuple[bytes, float]:
-        start = time.monotonic()
-        reader, writer = await asyncio.open_connection("127.0.0.1", a.port)
-        writer.write(b"GET /v1/responses HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-                     b"X-Slow: ")
-        answer = asyncio.ensure_future(reader.read())
-        while not answer.done() and not stop.is_set():
-            writer.write(b"a")
-            await asyncio.wait([answer], timeout=1.0)
-        try:
-            got = await answer if answer.done() else b""
-        except ConnectionResetError:  # closed while a byte of ours was in flight: the 408 may be lost
-            got = b"reset"
-        writer.close()
-        return got, time.monotonic() - start
-
     async def main():
         stop = asyncio.Event()
-        slow = [asyncio.ensure_future(trickle(stop)) for _ in range(50)]
+        slow = [asyncio.ensure_future(trickle(a.port, stop, "/v1/responses", every_s=1.0)) for _ in range(50)]
         await asyncio.sleep(1.0)
         start = time.monotonic()
         health = await asyncio.to_thread(a.health)

@@ -56,16 +56,16 @@ async def get(port: int, raw: bytes) -> bytes:
     return data
 
 
-async def trickle(port: int, stop: asyncio.Event) -> tuple[bytes, float]:
-    """A slowloris client: an upgrade's request line, then a header byte every 0.2 s, never the end.
-    Returns what the server answered and when (seconds after connecting)."""
+async def trickle(port: int, stop: asyncio.Event, path: str = "/ws", every_s: float = 0.2) -> tuple[bytes, float]:
+    """A slowloris client: an upgrade's request line, then a header byte every ``every_s``, never the
+    end. Returns what the server answered and when (seconds after connecting)."""
     start = time.monotonic()
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(b"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nX-Slow: ")
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nX-Slow: ".encode())
     answer = asyncio.ensure_future(reader.read())
     while not answer.done() and not stop.is_set():
         writer.write(b"a")
-        await asyncio.wait([answer], timeout=0.2)
+        await asyncio.wait([answer], timeout=every_s)
     try:
         got = await answer if answer.done() else b""
     except ConnectionResetError:  # closed while a byte of ours was in flight: the 408 may be lost
