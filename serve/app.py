@@ -21,6 +21,8 @@ from typing import Any
 from ray import serve
 from ray.serve import Application
 
+from cluster import cpus
+
 from .config import AppConfig, load_config
 from .conversation import StoredResponses
 from .gateway import Gateway
@@ -37,6 +39,9 @@ class LaneReplica(Lane):
     every lane to be at full speed, not for its first user."""
 
     async def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # Before the engine starts, so that vLLM's scheduler process (EngineCore) inherits the serving
+        # cores; its workers bind to the compute cores (serve.lanes.vllm_engine).
+        cpus.place("serving")  # FASTMODE_CPUS, from actor_options
         Lane.__init__(self, *args, **kwargs)
         await self.warmup()
 
@@ -48,11 +53,12 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
 
 
 def actor_options(config: AppConfig, options: dict[str, Any]) -> dict[str, Any]:
-    """``options`` with ``config.serve_env`` in its ``runtime_env``'s ``env_vars`` (those already
-    there win)."""
+    """``options`` with ``config.serve_env`` and ``config.cpus`` (``FASTMODE_CPUS``, read by
+    ``cluster.cpus.place``) in its ``runtime_env``'s ``env_vars`` (those already there win)."""
     options = dict(options)
     runtime_env = dict(options.get("runtime_env") or {})
-    runtime_env["env_vars"] = dict(config.serve_env) | dict(runtime_env.get("env_vars") or {})
+    runtime_env["env_vars"] = (dict(config.serve_env) | {cpus.ENV: config.cpus}
+                               | dict(runtime_env.get("env_vars") or {}))
     if runtime_env["env_vars"]:
         options["runtime_env"] = runtime_env
     return options

@@ -20,6 +20,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+from cluster import cpus
+
 from .errors import FastmodeError
 
 
@@ -114,6 +116,7 @@ class StoredResponses:
     paid only by requests that use ``store`` or continue a stored response)."""
 
     def __init__(self, max_responses: int, max_bytes: int) -> None:
+        cpus.place("serving")  # FASTMODE_CPUS, from serve.app.actor_options
         self.store = ResponseStore(max_responses, max_bytes)
 
     def put(self, turn: Turn) -> None:

@@ -42,6 +42,8 @@ from fastapi.responses import JSONResponse, RedirectResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from ray import serve
 
+from cluster import cpus
+
 from . import openai_api, openai_responses, telemetry
 from .auth import authorized, insecure_warning, key_of, load_keys, subprotocol_bearer
 from .config import load_config
@@ -94,6 +96,7 @@ class Gateway:
                        stored=None) -> None:
         telemetry.setup("gateway")
         self.config = load_config(config)
+        cpus.place("serving", self.config.cpus)
         self.grpc_server = grpc_server  # held so that Serve deploys it with the application
         self.keys = load_keys(self.config)  # refuses a non-loopback bind without keys
         if warning := insecure_warning(self.config, self.keys):

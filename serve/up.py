@@ -18,6 +18,8 @@ import time
 
 import yaml
 
+from cluster import cpus
+
 from .auth import insecure_warning, load_keys
 from .config import AppConfig, dump_config, load_config
 from .errors import ConfigError
@@ -130,6 +132,8 @@ def run(config: AppConfig, *, address: str | None, chips: int, verbose: bool = F
     if address:
         ray.init(address=address, include_dashboard=False, log_to_driver=verbose)
     else:
+        # Ray's daemons (and Serve's controller), started by this process, inherit the serving cores.
+        cpus.place("serving", config.cpus)
         ray.init(address="local", resources={"chip": chips}, include_dashboard=False, log_to_driver=verbose,
                  _metrics_export_port=config.http.metrics_port)
     # After ray.init, which installs its own SIGTERM handler. SIGINT is set too because a shell

@@ -20,6 +20,8 @@ import ray
 import torch
 import torch.distributed as dist
 
+from cluster import cpus
+
 from .ring import Chip, ChipRole, Head
 from .stage import StageRunner
 from .transport import SPIN_S, Link, accept, listen
@@ -46,6 +48,8 @@ class ChipWorker:
         self.device = torch.device(device)
         if self.device.type == "cpu":
             torch.set_num_threads(max(1, threads))
+            # On the compute cores, if the layout's chips fit there (FASTMODE_CPUS, cluster/cpus.py).
+            cpus.place("compute", max_chips=num_stages * tp_size * max(1, threads))
         self.runner: StageRunner | None = None
         self._server: socket.socket | None = None
         self._control: socket.socket | None = None

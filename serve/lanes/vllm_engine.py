@@ -9,8 +9,11 @@ tokenized by the lane, so every lane sees exactly the same prompt.
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
+
+from cluster import cpus
 
 from ..config import ExactLaneConfig, VLLMLaneConfig
 from ..errors import LaneUnavailable
@@ -49,6 +52,8 @@ class VLLMLaneEngine:
                                enforce_eager=config.enforce_eager, seed=0,
                                **speculative_args(config, draft_path),
                                **({"block_size": config.block_size} if config.block_size else {}) | config.engine_args)
+        if (bind := cpus.vllm_omp_bind()) and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = bind  # the workers on the compute cores (cluster/cpus.py)
         self.engine = AsyncLLM.from_engine_args(args)
         self.max_len = self.engine.model_config.max_model_len
 

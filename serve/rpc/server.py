@@ -30,6 +30,8 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from cluster import cpus
+
 from .. import telemetry
 from ..auth import authorized, insecure_warning, load_keys
 from ..config import GrpcConfig, load_config
@@ -180,6 +182,7 @@ class GrpcServer:
     async def __init__(self, config: dict[str, Any], fast, priority, standard, exact, stored=None) -> None:
         telemetry.setup("grpc")
         self.config = load_config(config)
+        cpus.place("serving", self.config.cpus)
         keys = load_keys(self.config)  # refuses a non-loopback bind without keys
         if warning := insecure_warning(self.config, keys):
             log.warning(warning)

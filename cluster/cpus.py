@@ -1,0 +1,144 @@
+"""Which CPUs a node's processes run on, on a host without an accelerator: compute and serving cores.
+
+vLLM's CPU worker binds its OpenMP threads to the cores of its NUMA node except the last one, which
+it reserves "for other processes" (its scheduler process, the API frontend), and then leaves those
+other processes wherever the OS puts them. On a small host the OS often puts them, and fastmode's
+gateway, lane replicas and Ray's daemons, on the worker's core: each wake-up preempts the engine's
+step. On this 2-core VM (docs/serving.md, "CPU placement") the standard lane gave 1,423 tokens/s at
+32 streams with the OS's placement and 1,861 with the serving processes kept off the worker's core.
+
+So fastmode places its processes itself (``AppConfig.cpus``, carried to every replica in the
+``FASTMODE_CPUS`` environment variable):
+
+- **compute** cores: vLLM's workers (``VLLM_CPU_OMP_THREADS_BIND``, set by the vLLM lanes) and the
+  fast lane's chips (when the layout has no more chips than compute cores);
+- **serving** cores: the gateway, the gRPC server, the lane replicas and vLLM's scheduler
+  (EngineCore, spawned by a lane replica, inherits it), and Ray's daemons when ``fastmode up`` starts
+  Ray itself.
+
+``auto`` keeps vLLM's own rule, the node's last CPU for serving and the rest for compute; a CPU list
+(``"1"``, ``"6-7"``) names the serving CPUs; ``off`` leaves placement to the OS. Nothing is placed on
+a node with fewer than 2 CPUs or with a GPU (its engines do not compute on these cores).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+ENV = "FASTMODE_CPUS"
+"""The environment variable every replica reads its setting from (``AppConfig.cpus``)."""
+
+_LIST = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
+
+
+class CpuSettingError(ValueError):
+    """A ``cpus`` setting that is neither ``auto``, ``off`` nor a CPU list like ``"1"`` or ``"6-7,9"``."""
+
+
+@dataclass(frozen=True)
+class CpuPlan:
+    """The node's CPUs split by role (both non-empty, disjoint)."""
+
+    serving: tuple[int, ...]
+    compute: tuple[int, ...]
+
+
+def parse_cpu_list(text: str) -> list[int]:
+    """``"0-2,5"`` -> ``[0, 1, 2, 5]`` (the kernel's cpulist format)."""
+    text = text.strip()
+    if not _LIST.match(text):
+        raise CpuSettingError(f"not a CPU list: {text!r} (expected e.g. '1' or '6-7,9')")
+    cpus: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        if hi and int(hi) < int(lo):
+            raise CpuSettingError(f"not a CPU list: {text!r} ({part}: the range runs backwards)")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return sorted(cpus)
+
+
+def format_cpu_list(cpus) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0,1,2,5"`` (what ``VLLM_CPU_OMP_THREADS_BIND`` takes)."""
+    return ",".join(str(c) for c in sorted(cpus))
+
+
+def validate(setting: str) -> str:
+    """The setting if valid (``auto``, ``off`` or a CPU list), else ``CpuSettingError``."""
+    if setting not in ("auto", "off"):
+        parse_cpu_list(setting)
+    return setting
+
+
+def node_cpus() -> list[int]:
+    """The CPUs this node (or container) may use: its cgroup's cpuset, else every online CPU.
+
+    Not this process's affinity: a process already placed on the serving cores must still see the
+    whole node."""
+    for path in ("/sys/fs/cgroup/cpuset.cpus.effective", "/sys/devices/system/cpu/online"):
+        try:
+            return parse_cpu_list(Path(path).read_text())
+        except (OSError, CpuSettingError):
+            continue
+    return list(range(os.cpu_count() or 1))
+
+
+def has_accelerator() -> bool:
+    """Whether this node has a GPU its engines compute on (then nothing is placed)."""
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a core dependency
+        return False
+    return torch.cuda.is_available()
+
+
+def plan(setting: str | None = None, cpus: list[int] | None = None) -> CpuPlan | None:
+    """The split for ``setting`` (default: ``$FASTMODE_CPUS``, else ``off``) on ``cpus`` (default:
+    ``node_cpus()``); ``None`` where nothing is placed."""
+    setting = validate(os.environ.get(ENV, "off") if setting is None else setting)
+    if setting == "off":
+        return None
+    cpus = sorted(node_cpus() if cpus is None else cpus)
+    if len(cpus) < 2 or has_accelerator():
+        return None
+    serving = [cpus[-1]] if setting == "auto" else [c for c in parse_cpu_list(setting) if c in cpus]
+    compute = [c for c in cpus if c not in serving]
+    if not serving or not compute:
+        return None
+    return CpuPlan(tuple(serving), tuple(compute))
+
+
+def place(role: Literal["serving", "compute"], setting: str | None = None, *, max_chips: int | None = None
+          ) -> tuple[int, ...] | None:
+    """Run this process (every thread it has now, and so the ones they start) on ``role``'s CPUs.
+
+    ``max_chips``: for a chip, how many chips of its layout share the node: they are placed on the
+    compute cores only if that many fit (one thread each), else left to the OS. Returns the CPUs, or
+    ``None`` where nothing was placed."""
+    p = plan(setting)
+    if p is None:
+        return None
+    cpus = p.serving if role == "serving" else p.compute
+    if max_chips is not None and max_chips > len(cpus):
+        return None
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except OSError:  # a thread that ended meanwhile
+            pass
+    return cpus
+
+
+def vllm_omp_bind(setting: str | None = None) -> str | None:
+    """``VLLM_CPU_OMP_THREADS_BIND`` for a vLLM engine on this node: its compute cores (``None``:
+    vLLM's own ``auto``)."""
+    p = plan(setting)
+    return format_cpu_list(p.compute) if p else None
+
+
+def affinity(pid: int) -> list[int]:
+    """The CPUs process ``pid``'s main thread may run on."""
+    return sorted(os.sched_getaffinity(pid))

@@ -1,0 +1,77 @@
+"""``cluster.cpus``: the compute / serving split of a CPU host, and placing a process on it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from cluster import cpus
+from serve.config import load_config
+from serve.errors import ConfigError
+
+
+def test_cpu_lists_parse_like_the_kernels():
+    assert cpus.parse_cpu_list("0-2,5\n") == [0, 1, 2, 5]
+    assert cpus.parse_cpu_list("3") == [3]
+    assert cpus.format_cpu_list([5, 0, 1]) == "0,1,5"
+    for bad in ("", "a", "1-", "-1", "1,,2", "3-1", "1 2"):
+        with pytest.raises(cpus.CpuSettingError):
+            cpus.parse_cpu_list(bad)
+
+
+def test_auto_keeps_vllms_rule_the_last_cpu_serves(monkeypatch):
+    monkeypatch.setattr(cpus, "has_accelerator", lambda: False)
+    assert cpus.plan("auto", [0, 1]) == cpus.CpuPlan(serving=(1,), compute=(0,))
+    assert cpus.plan("auto", [4, 5, 6, 7]) == cpus.CpuPlan(serving=(7,), compute=(4, 5, 6))
+    assert cpus.plan("6-7", list(range(8))) == cpus.CpuPlan(serving=(6, 7), compute=(0, 1, 2, 3, 4, 5))
+    assert cpus.plan("1,9", [0, 1, 2]) == cpus.CpuPlan(serving=(1,), compute=(0, 2))  # CPUs it lacks: ignored
+    # Nothing to split: off, one CPU, every CPU serving, or none of the node's.
+    for setting, node in (("off", [0, 1]), ("auto", [0]), ("0-1", [0, 1]), ("5", [0, 1])):
+        assert cpus.plan(setting, node) is None, (setting, node)
+    monkeypatch.setenv(cpus.ENV, "auto")
+    assert cpus.plan(cpus=[0, 1]) == cpus.CpuPlan(serving=(1,), compute=(0,))  # the replica's environment
+    monkeypatch.delenv(cpus.ENV)
+    assert cpus.plan(cpus=[0, 1]) is None  # unset: nothing placed (a process outside the application)
+
+
+def test_a_node_with_a_gpu_is_left_to_the_os(monkeypatch):
+    monkeypatch.setattr(cpus, "has_accelerator", lambda: True)
+    assert cpus.plan("auto", [0, 1, 2, 3]) is None
+    assert cpus.vllm_omp_bind("auto") is None
+
+
+def test_the_config_names_a_bad_setting():
+    assert load_config({"cpus": "6-7"}).cpus == "6-7"
+    assert load_config(None).cpus == "auto"
+    with pytest.raises(ConfigError, match="cpus"):
+        load_config({"cpus": "most of them"})
+
+
+@pytest.mark.skipif(cpus.plan("auto") is None, reason="needs a CPU node with 2 or more CPUs")
+def test_place_moves_every_thread_of_the_process():
+    """A thread started before ``place`` moves too (Ray's and gRPC's threads exist before a replica's
+    ``__init__``), and one started after inherits it; the vLLM bind names the other CPUs."""
+    p = cpus.plan("auto")
+    code = textwrap.dedent("""
+        import json, os, sys, threading
+        from cluster import cpus
+        stop = threading.Event()
+        t = threading.Thread(target=stop.wait); t.start()
+        placed = cpus.place(sys.argv[1])
+        later = threading.Thread(target=stop.wait); later.start()
+        masks = {tid: sorted(os.sched_getaffinity(int(tid))) for tid in os.listdir("/proc/self/task")}
+        stop.set()
+        print(json.dumps([list(placed), len(masks), sorted({tuple(m) for m in masks.values()}), cpus.vllm_omp_bind()]))
+    """)
+    env = os.environ | {cpus.ENV: "auto"}
+    for role, want in (("serving", p.serving), ("compute", p.compute)):
+        out = subprocess.run([sys.executable, "-c", code, role], env=env, capture_output=True, text=True,
+                             check=True).stdout
+        placed, threads, masks, bind = json.loads(out)
+        assert placed == list(want) and threads >= 3 and masks == [list(want)], out
+        assert bind == cpus.format_cpu_list(p.compute)
