@@ -13,8 +13,11 @@ import json
 import os
 import statistics
 import time
+from contextlib import contextmanager
 
 import httpx
+
+from cluster import cpus
 
 LANES = {"fast": ("fastmode-fast", None), "priority": ("fastmode-full", "priority"),
          "standard": ("fastmode-full", "default")}
@@ -52,13 +55,8 @@ def direct(tokens: int, runs: int, concurrency: int = 0) -> dict:
     ``tokens``-token requests at once (``vllm_full_aggregate``)."""
     import asyncio
 
-    import ray
-
-    from models import FAST, FULL
-    from serve.config import FastLaneConfig, StandardLaneConfig
-    from serve.lanes.sharded_engine import resolve_layout
-    from sharding.pipeline import ShardedModel
-    from sharding.sampling import SamplingParams
+    from models import FULL
+    from serve.config import StandardLaneConfig
 
     out = {}
 
@@ -92,7 +90,40 @@ def direct(tokens: int, runs: int, concurrency: int = 0) -> dict:
             engine.shutdown()
         return rates
 
-    out["vllm_full"] = statistics.median(asyncio.run(vllm_runs()))
+    # Placed as the application places its engines (cluster/cpus.py, the default cpus: auto): this
+    # process and vLLM's scheduler on the serving CPUs, vLLM's worker and the chips on the others.
+    with _env(cpus.ENV, os.environ.get(cpus.ENV, "auto")), cpus.placed("serving"):
+        out |= _engines(tokens, runs, vllm_runs)
+    print(f"direct    vLLM AsyncLLM, full model {out['vllm_full']:6.0f} tok/s   fastmode executor, fast model "
+          f"{out['layout']} {out['sharded_fast']:6.0f} tok/s", flush=True)
+    return out
+
+
+@contextmanager
+def _env(name: str, value: str):
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
+
+
+def _engines(tokens: int, runs: int, vllm_runs) -> dict:
+    import asyncio
+
+    import ray
+
+    from models import FAST
+    from serve.config import FastLaneConfig
+    from serve.lanes.sharded_engine import resolve_layout
+    from sharding.pipeline import ShardedModel
+    from sharding.sampling import SamplingParams
+
+    out = {"vllm_full": statistics.median(asyncio.run(vllm_runs()))}
     cfg = FastLaneConfig()
     tp, pp, _ = resolve_layout(FAST, cfg, os.cpu_count() or 1)  # what fastmode up deploys here
     ray.init(address="local", resources={"chip": tp * pp}, include_dashboard=False, log_to_driver=False)
@@ -114,8 +145,7 @@ def direct(tokens: int, runs: int, concurrency: int = 0) -> dict:
             out["sharded_fast_ttft_s"] = statistics.median(ttft)
     finally:
         ray.shutdown()
-    print(f"direct    vLLM AsyncLLM, full model {out['vllm_full']:6.0f} tok/s   fastmode executor, fast model "
-          f"tp={tp} x pp={pp} ({cfg.transport}) {out['sharded_fast']:6.0f} tok/s", flush=True)
+    out["layout"] = f"tp={tp} x pp={pp} ({cfg.transport})"
     return out
 
 

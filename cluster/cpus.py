@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -130,6 +131,21 @@ def place(role: Literal["serving", "compute"], setting: str | None = None, *, ma
         except OSError:  # a thread that ended meanwhile
             pass
     return cpus
+
+
+@contextmanager
+def placed(role: Literal["serving", "compute"], setting: str | None = None):
+    """``place`` for the duration of a block (a benchmark's in-process engines placed as the
+    application's are), then this process's threads back on the CPUs they had."""
+    before = {tid: os.sched_getaffinity(int(tid)) for tid in os.listdir("/proc/self/task")}
+    try:
+        yield place(role, setting)
+    finally:
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                os.sched_setaffinity(int(tid), before.get(tid, node_cpus()))
+            except OSError:
+                pass
 
 
 def vllm_omp_bind(setting: str | None = None) -> str | None:
