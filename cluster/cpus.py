@@ -11,7 +11,7 @@ So fastmode places its processes itself (``AppConfig.cpus``, carried to every re
 ``FASTMODE_CPUS`` environment variable):
 
 - **compute** cores: vLLM's workers (``VLLM_CPU_OMP_THREADS_BIND``, set by the vLLM lanes) and the
-  fast lane's chips (when the layout has no more chips than compute cores);
+  fast lane's chips (when the layout has no more chips than compute cores; else every CPU);
 - **serving** cores: the gateway, the gRPC server, the lane replicas and vLLM's scheduler
   (EngineCore, spawned by a lane replica, inherits it), and Ray's daemons when ``fastmode up`` starts
   Ray itself.
@@ -117,20 +117,25 @@ def place(role: Literal["serving", "compute"], setting: str | None = None, *, ma
     """Run this process (every thread it has now, and so the ones they start) on ``role``'s CPUs.
 
     ``max_chips``: for a chip, how many chips of its layout share the node: they are placed on the
-    compute cores only if that many fit (one thread each), else left to the OS. Returns the CPUs, or
-    ``None`` where nothing was placed."""
+    compute cores only if that many fit (one thread each), else spread over every CPU of the node
+    (not left where they started: a worker of a Ray that ``fastmode up`` started inherits the serving
+    CPUs). Returns the CPUs, or ``None`` where nothing was placed."""
     p = plan(setting)
     if p is None:
         return None
     cpus = p.serving if role == "serving" else p.compute
     if max_chips is not None and max_chips > len(cpus):
-        return None
+        cpus = tuple(node_cpus())
+    _set_all_threads(cpus)
+    return cpus
+
+
+def _set_all_threads(cpus) -> None:
     for tid in os.listdir("/proc/self/task"):
         try:
             os.sched_setaffinity(int(tid), cpus)
         except OSError:  # a thread that ended meanwhile
             pass
-    return cpus
 
 
 @contextmanager

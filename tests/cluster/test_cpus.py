@@ -56,23 +56,27 @@ def test_the_config_names_a_bad_setting():
 @pytest.mark.skipif(cpus.plan("auto") is None, reason="needs a CPU node with 2 or more CPUs")
 def test_place_moves_every_thread_of_the_process():
     """A thread started before ``place`` moves too (Ray's and gRPC's threads exist before a replica's
-    ``__init__``), and one started after inherits it; the vLLM bind names the other CPUs."""
+    ``__init__``), and one started after inherits it; the vLLM bind names the other CPUs. The process
+    starts on the serving CPUs, as a worker of a Ray that ``fastmode up`` started does."""
     p = cpus.plan("auto")
     code = textwrap.dedent("""
         import json, os, sys, threading
         from cluster import cpus
         stop = threading.Event()
         t = threading.Thread(target=stop.wait); t.start()
-        placed = cpus.place(sys.argv[1])
+        placed = cpus.place(sys.argv[1], max_chips=int(sys.argv[2]))
         later = threading.Thread(target=stop.wait); later.start()
         masks = {tid: sorted(os.sched_getaffinity(int(tid))) for tid in os.listdir("/proc/self/task")}
         stop.set()
         print(json.dumps([list(placed), len(masks), sorted({tuple(m) for m in masks.values()}), cpus.vllm_omp_bind()]))
     """)
     env = os.environ | {cpus.ENV: "auto"}
-    for role, want in (("serving", p.serving), ("compute", p.compute)):
-        out = subprocess.run([sys.executable, "-c", code, role], env=env, capture_output=True, text=True,
-                             check=True).stdout
+    everywhere = tuple(cpus.node_cpus())
+    # A layout of more chips than compute cores: its chips may run anywhere, not where they started.
+    for role, chips, want in (("serving", 1, p.serving), ("compute", 1, p.compute),
+                              ("compute", len(p.compute) + 1, everywhere)):
+        out = subprocess.run(["taskset", "-c", str(p.serving[0]), sys.executable, "-c", code, role, str(chips)],
+                             env=env, capture_output=True, text=True, check=True).stdout
         placed, threads, masks, bind = json.loads(out)
         assert placed == list(want) and threads >= 3 and masks == [list(want)], out
         assert bind == cpus.format_cpu_list(p.compute)
