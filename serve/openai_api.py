@@ -118,22 +118,31 @@ async def _complete(router, request: Request, api: _Chat | _Text):
     except OpenAIRequestError as e:
         return _error_response(400, e.message, "invalid_request", e.param)
     reply = _Reply(api, rid, int(time.time()), req.include_usage)
-    stream = router.stream(body)
+    return await respond(router.stream(body), rid, request, req.stream, created=reply.created_event,
+                         sse=lambda stream: _sse(reply, stream), body=reply.response,
+                         error=lambda event: _event_response(event, api))
+
+
+async def respond(stream, rid: str, request: Request, streaming: bool, *, created, sse, body, error) -> Response:
+    """What every OpenAI route does with a router stream: an error before anything streamed is a
+    plain HTTP error (``error(event)``); else ``created(first event)``, then either an SSE response
+    that owns the stream (``sse(stream)``'s chunks; it cancels the stream when the client goes) or
+    the whole text collected into ``body(text, done)`` (``error(event)`` if it ended in one)."""
     handed_off = False  # once the SSE response owns the stream, it cancels it
     try:
         first = await first_event(stream, rid)
         if first["type"] == "error":  # refused before anything streamed: a plain HTTP error
-            return _event_response(first, api)
-        reply.created_event(first)
-        if req.stream:
+            return error(first)
+        created(first)
+        if streaming:
             handed_off = True
-            return _EventStream(_sse(reply, stream), on_close=stream.cancel)
+            return _EventStream(sse(stream), on_close=stream.cancel)
         text, done = await collect(stream, rid, request)
         if done is None:
             return Response(status_code=CLIENT_GONE)
         if done["type"] == "error":
-            return _event_response(done, api)
-        return JSONBody(reply.response(text, done))
+            return error(done)
+        return JSONBody(body(text, done))
     finally:
         if not handed_off:
             stream.cancel()  # a client that hung up, or an error: free the engine sequence

@@ -28,12 +28,11 @@ from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 from fastapi import Request
-from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .errors import InvalidRequest, describe_validation, first_event, parse_json, to_event
+from .errors import InvalidRequest, describe_validation, parse_json, to_event
 from .lanes.lane import EXACT, PRIORITY
-from .openai_api import CLIENT_GONE, JSONBody, _error_response, _EventStream, _extension, collect
+from .openai_api import JSONBody, _error_response, _extension, respond
 from .openai_api import _event_response as _openai_event_response
 from .telemetry import with_traceparent
 
@@ -107,25 +106,9 @@ async def create(router, request: Request):
                                str(e.errors()[0]["loc"][0]) if e.errors()[0]["loc"] else None)
     rid = f"resp_{uuid.uuid4().hex}"
     reply = _Response(rid, req)
-    stream = router.stream(with_traceparent(req.generate_request(rid), request.headers))
-    handed_off = False
-    try:
-        first = await first_event(stream, rid)
-        if first["type"] == "error":  # refused before anything streamed: a plain HTTP error
-            return _event_response(first)
-        reply.created(first)
-        if req.stream:
-            handed_off = True
-            return _EventStream(_sse(reply, stream), on_close=stream.cancel)
-        text, done = await collect(stream, rid, request)
-        if done is None:
-            return Response(status_code=CLIENT_GONE)
-        if done["type"] == "error":
-            return _event_response(done)
-        return JSONBody(reply.final(text, done))
-    finally:
-        if not handed_off:
-            stream.cancel()
+    return await respond(router.stream(with_traceparent(req.generate_request(rid), request.headers)), rid, request,
+                         req.stream, created=reply.created, sse=lambda stream: _sse(reply, stream), body=reply.final,
+                         error=_event_response)
 
 
 class _Response:
