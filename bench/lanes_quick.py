@@ -56,7 +56,7 @@ def direct(tokens: int, runs: int, concurrency: int = 0) -> dict:
     import asyncio
 
     from models import FULL
-    from serve.config import StandardLaneConfig
+    from serve.config import AppConfig, StandardLaneConfig
 
     out = {}
 
@@ -90,9 +90,9 @@ def direct(tokens: int, runs: int, concurrency: int = 0) -> dict:
             engine.shutdown()
         return rates
 
-    # Placed as the application places its engines (cluster/cpus.py, the default cpus: auto): this
-    # process and vLLM's scheduler on the serving CPUs, vLLM's worker and the chips on the others.
-    with _env(cpus.ENV, os.environ.get(cpus.ENV, "auto")), cpus.placed("serving"):
+    # Placed as the application places its engines by default (cluster/cpus.py; FASTMODE_CPUS=auto:
+    # this process and vLLM's scheduler on the serving CPUs, vLLM's worker and the chips on the others).
+    with _env(cpus.ENV, os.environ.get(cpus.ENV, AppConfig().cpus)), cpus.placed("serving"):
         out |= _engines(tokens, runs, vllm_runs)
     print(f"direct    vLLM AsyncLLM, full model {out['vllm_full']:6.0f} tok/s   fastmode executor, fast model "
           f"{out['layout']} {out['sharded_fast']:6.0f} tok/s", flush=True)

@@ -10,6 +10,8 @@
   nor any key (right or wrong) appear in the app's spans (``FASTMODE_TRACE_FILE``), its console
   output, or any file under its Ray session directory (every process's logs).
 
+- (Not security, but on this app to spare CI a start: ``cpus: auto`` places every process.)
+
 The first app serves every check but Serve's proxy (one start, about two minutes here); its last
 test stops it, so that every span and log line is flushed before they are read.
 """
@@ -43,7 +45,8 @@ def tls_yaml(cert: Path, key: Path, *, server: str = "gateway", grpc_on: bool = 
 
 @pytest.fixture(scope="module")
 def tls(tmp_path_factory):
-    """The TLS app (gateway's own server, gRPC), its CA file, span file and Ray temp dir."""
+    """The TLS app (gateway's own server, gRPC; and ``cpus: auto``), its CA file, span file and Ray
+    temp dir."""
     d = tmp_path_factory.mktemp("tls")
     cert, key = self_signed(d)
     spans = d / "spans.jsonl"
@@ -51,7 +54,7 @@ def tls(tmp_path_factory):
     ray_tmp = Path(tempfile.mkdtemp(prefix="fmsec", dir="/tmp"))
     env = {"FASTMODE_TRACE_FILE": str(spans), "OTEL_BSP_SCHEDULE_DELAY": "200", "RAY_TMPDIR": str(ray_tmp)}
     try:
-        with app_with_config(tls_yaml(cert, key), d, env=env, ca_file=cert) as app:
+        with app_with_config(tls_yaml(cert, key) + "cpus: auto\n", d, env=env, ca_file=cert) as app:
             app.seen = []  # every output text, to look for afterwards
             yield app, cert, spans, ray_tmp
     finally:
@@ -67,6 +70,42 @@ def test_fastmode_up_prints_https_and_wss_urls(tls):
     assert f"127.0.0.1:{app.grpc_port}   (TLS, fastmode.v1.Inference" in out
     # Ray's own default for the local cluster fastmode up starts: token authentication on.
     assert "Token authentication is enabled for this Ray cluster" in out
+
+
+@pytest.mark.slow
+def test_cpus_auto_keeps_serving_processes_off_the_engines_cores(tls):
+    """``cpus: auto`` (cluster/cpus.py; this app sets it, to spare CI an app of its own): vLLM's
+    workers and the fast lane's chip compute on the compute cores; the gateway, gRPC, lane replicas,
+    vLLM's schedulers and Ray's daemons run on the serving core, every thread of them."""
+    import os
+
+    import psutil
+
+    from cluster import cpus
+
+    plan = cpus.plan("auto")
+    if plan is None:
+        pytest.skip("a node with fewer than 2 CPUs, or with a GPU: nothing is placed")
+    a, *_ = tls
+    seen: dict[str, list[str]] = {"serving": [], "compute": []}
+    for p in [psutil.Process(a.proc.pid), *psutil.Process(a.proc.pid).children(recursive=True)]:
+        name = "fastmode up" if p.pid == a.proc.pid else p.cmdline()[0]
+        if "VLLM::Worker" in name or "ray::ChipWorker" in name:
+            role = "compute"
+        elif any(k in name for k in ("ray::ServeReplica", "VLLM::EngineCore", "raylet", "gcs_server",
+                                     "ray::ServeController", "fastmode up")):
+            role = "serving"
+        else:
+            continue
+        want = set(plan.serving if role == "serving" else plan.compute)
+        masks = {tid: os.sched_getaffinity(int(tid)) for tid in os.listdir(f"/proc/{p.pid}/task")}
+        wrong = {tid: m for tid, m in masks.items() if m != want}
+        assert not wrong, f"{name} (pid {p.pid}): threads off {sorted(want)}: {wrong}"
+        seen[role].append(name)
+    assert sum("VLLM::Worker" in n for n in seen["compute"]) == 3, seen  # priority, standard, exact
+    assert any("ChipWorker" in n for n in seen["compute"]), seen
+    for name in ("gateway", "standard-lane", "fast-lane", "grpc", "VLLM::EngineCore", "raylet"):
+        assert any(name in n for n in seen["serving"]), (name, seen)
 
 
 @pytest.mark.slow

@@ -62,42 +62,6 @@ def test_the_default_fast_lane_deploys_the_planners_layout(app):
 
 
 @pytest.mark.slow
-def test_serving_processes_stay_off_the_engines_cores(app):
-    """``cpus: auto`` (cluster/cpus.py): vLLM's workers and the fast lane's chip compute on the compute
-    cores; the gateway, gRPC, lane replicas, vLLM's schedulers and Ray's daemons run on the serving
-    core, every thread of them."""
-    import os
-
-    import psutil
-
-    from cluster import cpus
-
-    plan = cpus.plan("auto")
-    if plan is None:
-        pytest.skip("a node with fewer than 2 CPUs, or with a GPU: nothing is placed")
-    a = app()
-    seen: dict[str, list[str]] = {"serving": [], "compute": []}
-    for p in [psutil.Process(a.proc.pid), *psutil.Process(a.proc.pid).children(recursive=True)]:
-        name = "fastmode up" if p.pid == a.proc.pid else p.cmdline()[0]
-        if "VLLM::Worker" in name or "ray::ChipWorker" in name:
-            role = "compute"
-        elif any(k in name for k in ("ray::ServeReplica", "VLLM::EngineCore", "raylet", "gcs_server",
-                                     "ray::ServeController", "fastmode up")):
-            role = "serving"
-        else:
-            continue
-        want = set(plan.serving if role == "serving" else plan.compute)
-        masks = {tid: os.sched_getaffinity(int(tid)) for tid in os.listdir(f"/proc/{p.pid}/task")}
-        wrong = {tid: m for tid, m in masks.items() if m != want}
-        assert not wrong, f"{name} (pid {p.pid}): threads off {sorted(want)}: {wrong}"
-        seen[role].append(name)
-    assert sum("VLLM::Worker" in n for n in seen["compute"]) == 3, seen  # priority, standard, exact
-    assert any("ChipWorker" in n for n in seen["compute"]), seen
-    for name in ("gateway", "standard-lane", "fast-lane", "grpc", "VLLM::EngineCore", "raylet"):
-        assert any(name in n for n in seen["serving"]), (name, seen)
-
-
-@pytest.mark.slow
 def test_ctrl_c_stops_everything_it_started(app):
     import psutil
 
