@@ -13,7 +13,7 @@ import json
 import os
 import statistics
 import time
-from contextlib import contextmanager
+from unittest.mock import patch
 
 import httpx
 
@@ -92,24 +92,11 @@ def direct(tokens: int, runs: int, concurrency: int = 0) -> dict:
 
     # Placed as the application places its engines by default (cluster/cpus.py; FASTMODE_CPUS=auto:
     # this process and vLLM's scheduler on the serving CPUs, vLLM's worker and the chips on the others).
-    with _env(cpus.ENV, os.environ.get(cpus.ENV, AppConfig().cpus)), cpus.placed("serving"):
+    with patch.dict(os.environ, {cpus.ENV: os.environ.get(cpus.ENV, AppConfig().cpus)}), cpus.placed("serving"):
         out |= _engines(tokens, runs, vllm_runs)
     print(f"direct    vLLM AsyncLLM, full model {out['vllm_full']:6.0f} tok/s   fastmode executor, fast model "
           f"{out['layout']} {out['sharded_fast']:6.0f} tok/s", flush=True)
     return out
-
-
-@contextmanager
-def _env(name: str, value: str):
-    old = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = old
 
 
 def _engines(tokens: int, runs: int, vllm_runs) -> dict:

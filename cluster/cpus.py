@@ -130,10 +130,11 @@ def place(role: Literal["serving", "compute"], setting: str | None = None, *, ma
     return cpus
 
 
-def _set_all_threads(cpus) -> None:
+def _set_all_threads(cpus, per_thread: dict[str, set[int]] | None = None) -> None:
+    """Every thread of this process on ``cpus`` (or on its own entry of ``per_thread``)."""
     for tid in os.listdir("/proc/self/task"):
         try:
-            os.sched_setaffinity(int(tid), cpus)
+            os.sched_setaffinity(int(tid), (per_thread or {}).get(tid, cpus))
         except OSError:  # a thread that ended meanwhile
             pass
 
@@ -146,11 +147,7 @@ def placed(role: Literal["serving", "compute"], setting: str | None = None):
     try:
         yield place(role, setting)
     finally:
-        for tid in os.listdir("/proc/self/task"):
-            try:
-                os.sched_setaffinity(int(tid), before.get(tid, node_cpus()))
-            except OSError:
-                pass
+        _set_all_threads(node_cpus(), before)
 
 
 def vllm_omp_bind(setting: str | None = None) -> str | None:
@@ -159,7 +156,3 @@ def vllm_omp_bind(setting: str | None = None) -> str | None:
     p = plan(setting)
     return format_cpu_list(p.compute) if p else None
 
-
-def affinity(pid: int) -> list[int]:
-    """The CPUs process ``pid``'s main thread may run on."""
-    return sorted(os.sched_getaffinity(pid))
