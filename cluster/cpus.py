@@ -10,10 +10,11 @@ step. On this 2-core VM (docs/serving.md, "CPU placement") the standard lane gav
 So fastmode places its processes itself (``AppConfig.cpus``, carried to every replica in the
 ``FASTMODE_CPUS`` environment variable):
 
-- **compute** cores: vLLM's workers (``VLLM_CPU_OMP_THREADS_BIND``, set by the vLLM lanes) and the
-  fast lane's chips (when the layout has no more chips than compute cores; else every CPU);
-- **serving** cores: the gateway, the gRPC server, the lane replicas and vLLM's scheduler
-  (EngineCore, spawned by a lane replica, inherits it), and Ray's daemons when ``fastmode up`` starts
+- **compute** cores: vLLM's model (its engine-core process, spawned on them by the lane replica, with
+  the lanes' default ``executor: uni``; with ``mp``, its workers, ``VLLM_CPU_OMP_THREADS_BIND``) and
+  the fast lane's chips (when the layout has no more chips than compute cores; else every CPU);
+- **serving** cores: the gateway, the gRPC server, the lane replicas (and, with ``executor: mp``,
+  vLLM's scheduler, EngineCore, which inherits them), and Ray's daemons when ``fastmode up`` starts
   Ray itself.
 
 ``auto`` keeps vLLM's own rule, the node's last CPU for serving and the rest for compute; a CPU list

@@ -38,6 +38,15 @@ def speculative_summary(m: dict) -> dict:
             "acceptance_rate": m["draft_acceptance_rate"], "tokens_per_step": m["mean_acceptance_length"]}
 
 
+def executor_backend(config: VLLMLaneConfig) -> str | None:
+    """vLLM's ``distributed_executor_backend`` for the lane's ``executor`` (``None``: vLLM's default)."""
+    if config.executor != "auto":
+        return config.executor
+    parallel = max(int(config.engine_args.get(k, 1) or 1) for k in
+                   ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"))
+    return "uni" if parallel == 1 else None
+
+
 class VLLMLaneEngine:
     """The full model on vLLM (``AsyncLLM``), one engine per Serve replica."""
 
@@ -51,10 +60,24 @@ class VLLMLaneEngine:
                                gpu_memory_utilization=config.gpu_memory_utilization,
                                enforce_eager=config.enforce_eager, seed=0,
                                **speculative_args(config, draft_path),
-                               **({"block_size": config.block_size} if config.block_size else {}) | config.engine_args)
+                               **({"block_size": config.block_size} if config.block_size else {})
+                               | ({"distributed_executor_backend": backend} if (backend := executor_backend(config))
+                                  else {})
+                               | config.engine_args)
+        if backend:
+            # vLLM's CPU platform turns "uni" into "mp" unless this is "0"; AsyncLLM reads it nowhere else
+            # (its engine core is a process of its own either way).
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if backend == "uni" else "1"
         if (bind := cpus.vllm_omp_bind()) and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = bind  # the workers on the compute cores (cluster/cpus.py)
-        self.engine = AsyncLLM.from_engine_args(args)
+        if backend == "uni" and cpus.plan() is not None:
+            # The model runs in the engine-core process, which inherits this replica's CPUs when spawned:
+            # spawn it on the compute cores, then put this replica back on the serving ones.
+            with cpus.placed("compute"):
+                self.engine = AsyncLLM.from_engine_args(args)
+            cpus.place("serving")
+        else:
+            self.engine = AsyncLLM.from_engine_args(args)
         self.max_len = self.engine.model_config.max_model_len
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:

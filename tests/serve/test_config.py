@@ -52,6 +52,7 @@ def test_relative_model_paths_resolve_against_the_file(tmp_path):
     ({"lanes": {"fast": {"pp": 0}}}, "lanes.fast.pp: Value error, must be a positive integer or 'auto' (got 0)"),
     ({"lanes": {"fast": {"tp": "max"}}}, "lanes.fast.tp: Value error, must be a positive integer or 'auto'"),
     ({"lanes": {"turbo": {}}}, "lanes.turbo"),
+    ({"lanes": {"standard": {"executor": "ray"}}}, "lanes.standard.executor"),
     ({"router": {"auto_threshold": -1}}, "router.auto_threshold"),
     ({"http": {"port": 70000}}, "http.port"),
     ({"models": {"fast": {"id": "fastmode-full", "path": str(FAST)}}}, "different ids"),
@@ -190,3 +191,15 @@ def test_serve_deploy_config_gives_serves_proxy_the_certificate(tmp_path):
     schema = ServeDeploySchema.model_validate(out)
     assert (schema.http_options.ssl_certfile, schema.http_options.ssl_keyfile) == (str(cert), str(key))
     assert "ssl_certfile" not in serve_config(load_config(None))["http_options"]
+
+
+def test_vllm_lanes_run_the_model_in_the_engine_core_on_one_chip_else_as_vllm_chooses():
+    """``executor: auto`` is vLLM's ``uni`` where the engine has one chip (docs/serving.md measured it
+    faster on CPU, where vLLM would force ``mp``), vLLM's default when engine_args shard it."""
+    from serve.lanes.vllm_engine import executor_backend
+
+    lanes = load_config(None).lanes
+    assert {executor_backend(lanes.priority), executor_backend(lanes.standard), executor_backend(lanes.exact)} == {"uni"}
+    sharded = load_config({"lanes": {"standard": {"engine_args": {"tensor_parallel_size": 2}}}}).lanes.standard
+    assert executor_backend(sharded) is None
+    assert executor_backend(load_config({"lanes": {"standard": {"executor": "mp"}}}).lanes.standard) == "mp"

@@ -75,8 +75,9 @@ def test_fastmode_up_prints_https_and_wss_urls(tls):
 @pytest.mark.slow
 def test_cpus_auto_keeps_serving_processes_off_the_engines_cores(tls):
     """``cpus: auto`` (cluster/cpus.py; this app sets it, to spare CI an app of its own): vLLM's
-    workers and the fast lane's chip compute on the compute cores; the gateway, gRPC, lane replicas,
-    vLLM's schedulers and Ray's daemons run on the serving core, every thread of them."""
+    engines (the engine-core processes that run the model, the lanes' default ``executor: uni``) and
+    the fast lane's chip compute on the compute cores; the gateway, gRPC, lane replicas and Ray's
+    daemons run on the serving core, every thread of them."""
     import os
 
     import psutil
@@ -90,9 +91,9 @@ def test_cpus_auto_keeps_serving_processes_off_the_engines_cores(tls):
     seen: dict[str, list[str]] = {"serving": [], "compute": []}
     for p in [psutil.Process(a.proc.pid), *psutil.Process(a.proc.pid).children(recursive=True)]:
         name = "fastmode up" if p.pid == a.proc.pid else p.cmdline()[0]
-        if "VLLM::Worker" in name or "ray::ChipWorker" in name:
+        if any(k in name for k in ("VLLM::Worker", "VLLM::EngineCore", "ray::ChipWorker")):
             role = "compute"
-        elif any(k in name for k in ("ray::ServeReplica", "VLLM::EngineCore", "raylet", "gcs_server",
+        elif any(k in name for k in ("ray::ServeReplica", "raylet", "gcs_server",
                                      "ray::ServeController", "fastmode up")):
             role = "serving"
         else:
@@ -102,9 +103,10 @@ def test_cpus_auto_keeps_serving_processes_off_the_engines_cores(tls):
         wrong = {tid: m for tid, m in masks.items() if m != want}
         assert not wrong, f"{name} (pid {p.pid}): threads off {sorted(want)}: {wrong}"
         seen[role].append(name)
-    assert sum("VLLM::Worker" in n for n in seen["compute"]) == 3, seen  # priority, standard, exact
+    assert sum("VLLM::EngineCore" in n for n in seen["compute"]) == 3, seen  # priority, standard, exact
+    assert not any("VLLM::Worker" in n for n in seen["compute"]), seen  # uni: no worker process
     assert any("ChipWorker" in n for n in seen["compute"]), seen
-    for name in ("gateway", "standard-lane", "fast-lane", "grpc", "VLLM::EngineCore", "raylet"):
+    for name in ("gateway", "standard-lane", "fast-lane", "grpc", "raylet"):
         assert any(name in n for n in seen["serving"]), (name, seen)
 
 
