@@ -112,7 +112,8 @@ class Gateway:
             g = self.config.gateway
             self.server, self.serving = await listen(
                 api, http.host, http.port, ws_max_size=2 * g.max_frame_bytes, header_timeout_s=g.header_timeout_s,
-                max_header_bytes=g.max_header_bytes, tls_certfile=http.tls_certfile, tls_keyfile=http.tls_keyfile)
+                max_header_bytes=g.max_header_bytes, body_timeout_s=g.body_timeout_s, max_body_bytes=g.max_body_bytes,
+                tls_certfile=http.tls_certfile, tls_keyfile=http.tls_keyfile)
 
     async def wait_ready(self, timeout_s: float = 600.0) -> bool:
         """Wait until this gateway's router has warmed every lane (``fastmode up`` calls it before

@@ -154,3 +154,23 @@ def test_fifty_slowloris_connections_do_not_hold_the_gateway(app):
     for got, after in results:
         assert got.startswith(b"HTTP/1.1 408") or got == b"reset", got
         assert LIMITS.header_timeout_s - 1 < after < LIMITS.header_timeout_s + 10, after
+
+
+@pytest.mark.slow
+def test_the_gateway_refuses_a_body_over_its_cap_and_keeps_serving(app):
+    """``max_body_bytes`` on the running gateway: an OpenAI request declaring a body over the cap is
+    answered 413 before any of it is sent; the next request is served."""
+    a = app()
+
+    async def main():
+        reader, writer = await asyncio.open_connection("127.0.0.1", a.port)
+        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n" % (LIMITS.max_body_bytes + 1))
+        got = await asyncio.wait_for(reader.read(), 30)  # the answer, then the server's close
+        writer.close()
+        return got
+
+    got = run(main())
+    assert got.startswith(b"HTTP/1.1 413"), got
+    status, events = a.generate(model="fastmode-fast", input="x = 1\n", max_output_tokens=2)
+    assert status == 200 and events[-1]["type"] == "done"
