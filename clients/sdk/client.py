@@ -24,7 +24,8 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
 from .errors import (AuthenticationError, ConnectionDraining, ConnectionFailed, ConnectionLost, FastmodeError,
-                     from_code, from_event)
+                     PreviousResponseNotFound, from_code, from_event)
+from .history import History
 
 DEFAULT_BASE_URL = "ws://127.0.0.1:8000"
 RESPONSES_PATH = "/v1/responses"
@@ -208,7 +209,11 @@ class ResponseStream:
         self.id = rid
         self.resubmits = 0
         """How many times the request was sent again on a new connection (see ``AsyncClient``)."""
+        self.replayed = False
+        """Whether the client sent the whole conversation in place of ``previous_response_id`` (the
+        server no longer had that response for the connection; see ``clients/sdk/history.py``)."""
         self._client, self._body = client, body
+        self._conversation = client.history.conversation(body) if client is not None and body is not None else None
         self.lane: str | None = None
         self.model: str | None = None
         self.route: dict[str, Any] | None = None
@@ -246,10 +251,12 @@ class ResponseStream:
         while event.get("type") == _CLOSED and self._resubmittable():
             self.resubmits += 1
             try:
-                self._conn, self._queue = await self._client._resubmit(self._body)
+                self._conn, self._queue, body = await self._client._resubmit(self._body)
             except FastmodeError as e:
                 self.error = e
                 raise
+            if body is not self._body:
+                self._body, self.replayed = body, True
             event = await self._queue.get()
         kind = event.get("type")
         if kind == "response.created":
@@ -262,6 +269,9 @@ class ResponseStream:
             self.result = self._response(event.get("finish_reason"), usage=_usage(event.get("usage")),
                                          timing=_pick(Timing, event.get("timing")),
                                          cost_units=event.get("cost_units"), speculative=event.get("speculative"))
+            if self._conversation is not None:  # the next turn may continue it on another connection
+                self._client.history.put(self.id, self._conversation, self.text, self._conn,
+                                         bool(self._body.get("store")))
         elif kind == "response.cancelled":
             self.result = self._response("cancelled")
         elif kind == "error":
@@ -441,17 +451,27 @@ class AsyncClient:
     again on a new connection, up to ``resubmit_attempts`` times, and the caller sees it stream as
     if nothing happened (``stream.resubmits`` counts it). Reconnecting for a resubmit keeps trying
     for ``reconnect_timeout_s`` (a restarting gateway takes seconds to listen again).
+
+    ``previous_response_id`` across connections: the client keeps the conversations of the responses
+    it completed (``history_responses`` and ``history_bytes`` at most, oldest evicted first) and, where
+    the server no longer has the previous response for the connection (it completed on an earlier
+    connection without ``store``, or the server answers ``previous_response_not_found``), sends the
+    whole conversation as ``input`` instead, once (``stream.replayed``): the same prompt the server
+    would have joined. A response the client does not know still fails with ``PreviousResponseNotFound``.
     """
 
     def __init__(self, base_url: str = DEFAULT_BASE_URL, api_key: str | None = None, *, max_attempts: int = 5,
                  backoff_initial_s: float = 0.25, backoff_max_s: float = 8.0, open_timeout_s: float = 10.0,
                  ping_interval_s: float | None = 20.0, ca_file: str | None = None, resubmit_attempts: int = 2,
-                 reconnect_timeout_s: float = 60.0) -> None:
+                 reconnect_timeout_s: float = 60.0, history_responses: int = 64,
+                 history_bytes: int = 4 * 2**20) -> None:
         if max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
         if resubmit_attempts < 0:
             raise ValueError("resubmit_attempts must be at least 0")
         self.resubmit_attempts, self.reconnect_timeout_s = resubmit_attempts, reconnect_timeout_s
+        self.history = History(history_responses, history_bytes)
+        """The conversations of the responses this client completed (``clients/sdk/history.py``)."""
         self.url = responses_url(base_url)
         if ca_file is not None and not self.url.startswith("wss://"):
             raise ValueError(f"ca_file is for a wss:// (or https://) server, not {self.url}")
@@ -486,15 +506,17 @@ class AsyncClient:
                 self._conn = await self._open(deadline)
             return self._conn
 
-    async def _resubmit(self, body: dict[str, Any]) -> tuple[_Connection, asyncio.Queue]:
-        """Send ``body`` again on a working connection (opening one, for up to ``reconnect_timeout_s``)."""
+    async def _resubmit(self, body: dict[str, Any]) -> tuple[_Connection, asyncio.Queue, dict[str, Any]]:
+        """Send ``body`` again on a working connection (opening one, for up to ``reconnect_timeout_s``);
+        the body as sent (with the whole conversation if the new connection lacks the previous response)."""
         deadline = time.monotonic() + self.reconnect_timeout_s
         while True:
             conn = await self._connection(deadline)
             queue = conn.register(body["id"])
+            sent = self.history.replay(body, conn) or body
             try:
-                await conn.send({"type": "response.create", **body})
-                return conn, queue
+                await conn.send({"type": "response.create", **sent})
+                return conn, queue, sent
             except ConnectionLost:
                 conn.queues.pop(body["id"], None)
                 if time.monotonic() > deadline:
@@ -541,15 +563,22 @@ class AsyncClient:
 
     async def _start(self, body: dict[str, Any]) -> ResponseStream:
         deadline = None  # set once a connection drops under a create: then reconnect for a while
-        dropped = 0
-        for _ in range(3 + self.resubmit_attempts):  # a draining or dropped connection: retry on a new one
+        dropped, replayed = 0, False
+        for _ in range(4 + self.resubmit_attempts):  # a draining or dropped connection: retry on a new one
             conn = await self._connection(deadline)
             queue = conn.register(body["id"])
-            stream = ResponseStream(conn, body["id"], queue, self, body)
-            stream.resubmits = dropped
+            sent = self.history.replay(body, conn) or body
+            stream = ResponseStream(conn, body["id"], queue, self, sent)
+            stream.resubmits, stream.replayed = dropped, replayed or sent is not body
             try:
-                await conn.send({"type": "response.create", **body})
+                await conn.send({"type": "response.create", **sent})
                 await stream._wait_created()
+            except PreviousResponseNotFound:
+                conn.queues.pop(body["id"], None)
+                if sent is body and (again := self.history.replay(body, conn, force=True)) is not None:
+                    body, replayed = again, True  # evicted on the server: send the conversation whole
+                    continue
+                raise
             except ConnectionDraining:
                 conn.draining = True
                 continue

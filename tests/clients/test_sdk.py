@@ -12,7 +12,7 @@ from websockets.asyncio.server import serve
 
 from clients.sdk import (AsyncClient, AuthenticationError, Client, ConnectionFailed, ConnectionLost,
                          FastmodeError, InternalError, InvalidRequest, LaneUnavailable, Overloaded,
-                         SlowConsumer, UnknownModel, from_code, responses_url)
+                         PreviousResponseNotFound, SlowConsumer, UnknownModel, from_code, responses_url)
 from tests.serve.conftest import free_port, text_of
 
 LANES = {"fast": ("fastmode-fast", None), "priority": ("fastmode-full", "priority"),
@@ -30,8 +30,12 @@ class Dummy:
     ``drop_first``, the first connection is dropped (no close handshake) after the first delta;
     with ``close_code``, every connection is closed with that code at once."""
 
-    def __init__(self, drop_first: bool = False, close_code: int | None = None, drop_before_text: int = 0) -> None:
+    def __init__(self, drop_first: bool = False, close_code: int | None = None, drop_before_text: int = 0,
+                 keeps: bool = True) -> None:
         self.drop_first, self.close_code = drop_first, close_code
+        self.keeps = keeps
+        """Keep completed responses for ``previous_response_id`` on their connection (as the server
+        does); ``False``: keep none, as if each was evicted at once."""
         self.drop_before_text = drop_before_text
         """Drop this many connections (no close handshake) right after a create, before any text."""
         self.connections = 0
@@ -45,6 +49,7 @@ class Dummy:
         if self.close_code is not None:
             await ws.close(self.close_code, "bad key")
             return
+        kept: set[str] = set()  # this connection's completed responses
         async for raw in ws:
             event = json.loads(raw)
             if event["type"] == "response.cancel":
@@ -52,6 +57,12 @@ class Dummy:
                 continue
             self.creates.append(event)
             rid = event["id"]
+            if event.get("previous_response_id") is not None and event["previous_response_id"] not in kept:
+                await ws.send(json.dumps({"type": "error", "id": rid, "code": "previous_response_not_found",
+                                          "message": "no such response on this connection"}))
+                continue
+            if self.keeps:
+                kept.add(rid)
             await ws.send(json.dumps({"type": "response.created", "id": rid, "lane": "fast",
                                       "model": event["model"], "input_tokens": 3, "route": {"by": "model"},
                                       "protocol": "fastmode.responses.v1"}))
@@ -184,6 +195,57 @@ def test_resubmits_are_bounded_and_never_repeat_text():
 
     bounded, after_text = run(main())
     assert bounded == 2 and after_text == 0
+
+
+def test_previous_response_id_on_a_new_connection_sends_the_conversation_whole():
+    """A turn continuing a response that completed on an earlier connection: the new connection's
+    server does not have it, so the client sends the whole conversation as input instead."""
+    dummy = Dummy()
+
+    async def main():
+        async with dummy as url, AsyncClient(url, backoff_initial_s=0.01) as client:
+            first = await client.responses.create(model="m", input="x")
+            same = await client.responses.stream(model="m", input="y", previous_response_id=first.id)
+            await same.final()
+            await client._conn.close()  # e.g. the gateway closed an idle connection
+            other = await client.responses.stream(model="m", input=[{"role": "user", "content": "z"}],
+                                                  previous_response_id=same.id)
+            await other.final()
+            return first, same, other, client.connects
+
+    first, same, other, connects = run(main())
+    assert connects == 2 and not same.replayed and other.replayed
+    assert dummy.creates[1]["previous_response_id"] == first.id and dummy.creates[1]["input"] == "y"
+    assert "previous_response_id" not in dummy.creates[2]
+    assert dummy.creates[2]["input"] == [{"role": "user", "content": "x"}, {"role": "assistant", "content": "hello world"},
+                                         {"role": "user", "content": "y"}, {"role": "assistant", "content": "hello world"},
+                                         {"role": "user", "content": "z"}]
+    assert other.result.text == "hello world"
+
+
+def test_a_previous_response_the_server_evicted_is_replayed_once_and_an_unknown_one_fails_typed():
+    dummy = Dummy(keeps=False)
+
+    async def main():
+        async with dummy as url, AsyncClient(url, backoff_initial_s=0.01) as client:
+            first = await client.responses.create(model="m", input="x")
+            again = await client.responses.stream(model="m", input="y", previous_response_id=first.id)
+            await again.final()
+            with pytest.raises(PreviousResponseNotFound):
+                await client.responses.create(model="m", input="y", previous_response_id="resp_unknown")
+            small = AsyncClient(url, history_responses=0)  # keeps nothing: the server's answer stands
+            async with small:
+                kept_none = await small.responses.create(model="m", input="x")
+                with pytest.raises(PreviousResponseNotFound):
+                    await small.responses.create(model="m", input="y", previous_response_id=kept_none.id)
+            return again
+
+    again = run(main())
+    assert again.replayed and again.result.text == "hello world"
+    sent = [c for c in dummy.creates if c["id"] == again.id]
+    assert [c.get("previous_response_id") for c in sent] == [sent[0]["previous_response_id"], None]
+    assert sent[1]["input"] == [{"role": "user", "content": "x"}, {"role": "assistant", "content": "hello world"},
+                                {"role": "user", "content": "y"}]
 
 
 def test_a_closed_port_is_retried_with_backoff_then_fails_typed():
@@ -398,3 +460,32 @@ def test_leaving_the_loop_early_cancels_on_the_server(app):
     final, stats = run(main())
     assert stats["cancelled"] == before + 1, stats
     assert final.finish_reason == "cancelled" and final.usage is None
+
+
+@pytest.mark.slow
+def test_a_turn_continued_on_a_new_connection_equals_the_history_sent_whole(app):
+    """On the running application: a conversation's second turn after the connection changed (the
+    client replays its history) answers what the same conversation sent whole on a fresh client
+    answers, greedy, on the fast and the standard lane."""
+    a = app()
+
+    async def main():
+        out = {}
+        for lane in ("fast", "standard"):
+            model, tier = LANES[lane]
+            params = {"model": model, "service_tier": tier, "max_output_tokens": 12, "temperature": 0}
+            async with AsyncClient(a.base, api_key=a.key) as client:
+                first = await client.responses.create(input=PROMPT, **params)
+                await client._conn.close()  # the connection the first turn completed on is gone
+                second = await client.responses.stream(input="    return 1\n", previous_response_id=first.id, **params)
+                await second.final()
+            async with AsyncClient(a.base, api_key=a.key) as fresh:
+                whole = await fresh.responses.create(input=[
+                    {"role": "user", "content": PROMPT}, {"role": "assistant", "content": first.text},
+                    {"role": "user", "content": "    return 1\n"}], **params)
+            out[lane] = second, whole
+        return out
+
+    for lane, (second, whole) in run(main()).items():
+        assert second.replayed and second.result.text == whole.text and whole.text, (lane, second.result, whole)
+        assert second.result.input_tokens == whole.input_tokens == second.input_tokens
