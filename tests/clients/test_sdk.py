@@ -217,8 +217,8 @@ def test_previous_response_id_on_a_new_connection_sends_the_conversation_whole()
     assert connects == 2 and not same.replayed and other.replayed
     assert dummy.creates[1]["previous_response_id"] == first.id and dummy.creates[1]["input"] == "y"
     assert "previous_response_id" not in dummy.creates[2]
-    assert dummy.creates[2]["input"] == [{"role": "user", "content": "x"}, {"role": "assistant", "content": "hello world"},
-                                         {"role": "user", "content": "y"}, {"role": "assistant", "content": "hello world"},
+    said = {"role": "assistant", "content": "hello world"}
+    assert dummy.creates[2]["input"] == [{"role": "user", "content": "x"}, said, {"role": "user", "content": "y"}, said,
                                          {"role": "user", "content": "z"}]
     assert other.result.text == "hello world"
 

@@ -199,7 +199,7 @@ def test_vllm_lanes_run_the_model_in_the_engine_core_on_one_chip_else_as_vllm_ch
     from serve.lanes.vllm_engine import executor_backend
 
     lanes = load_config(None).lanes
-    assert {executor_backend(lanes.priority), executor_backend(lanes.standard), executor_backend(lanes.exact)} == {"uni"}
+    assert {executor_backend(lane) for lane in (lanes.priority, lanes.standard, lanes.exact)} == {"uni"}
     sharded = load_config({"lanes": {"standard": {"engine_args": {"tensor_parallel_size": 2}}}}).lanes.standard
     assert executor_backend(sharded) is None
     assert executor_backend(load_config({"lanes": {"standard": {"executor": "mp"}}}).lanes.standard) == "mp"
