@@ -299,6 +299,17 @@ def soak_section(doc: dict | None) -> list[str]:
                                          else d.get("error", "never")) for d in gone}
         out += _table(["front door", *[f"{lane} (ms)" for lane in lanes]],
                       [[door, *[cell.get((door, lane), "-") for lane in lanes]] for door in doors]) + [""]
+    faults = doc.get("faults") or []
+    if faults:
+        out += [f"Faults (`--kill`, {s.get('kill_after_s', 5)} s apart into the WebSocket soak, SIGKILL): the requests "
+                "the lane had in flight, how they ended, and when a new request to the lane completed (goals: a "
+                "retryable error within 5 s, served again within 30 s).", ""]
+        out += _table(["killed", "lane", "in flight", "their ends", "last error after (s)", "served again after (s)"],
+                      [[f["kill"], f["lane"], f.get("in_flight_at_kill", "-"),
+                        f.get("error") or ", ".join(f"{k} {v}" for k, v in sorted(f["their_ends"].items())),
+                        f.get("latest_error_s", "-"),
+                        f"{f['served_again_s']:.1f}" if f.get("served_again_s") is not None else "never"]
+                       for f in faults]) + [""]
     return out
 
 

@@ -19,6 +19,12 @@ Against a running application on loopback (bounded in count and time):
 4. **Disconnect frees work**: per lane and front door, a long request whose client vanishes after its
    first token (a TCP reset on the WebSocket and SSE; a killed client process on gRPC), and the
    time until the lane's engine no longer holds it.
+5. **Faults** (``--kill chip`` / ``--kill engine``, this machine only): ``--kill-after-s`` into the
+   WebSocket soak, a fast-lane chip process (or the standard lane's vLLM engine process) is killed
+   with SIGKILL. The requests the lane had in flight must end with a retryable error within 5 s (or
+   have completed), every request still ends exactly once, and a new request to the lane completes
+   within 30 s, without restarting the application. The memory check is skipped (the rebuilt
+   engine's memory is new).
 
 Writes ``--json``; exits 1 if any check fails.
 """
@@ -57,6 +63,47 @@ PROMPTS = ("def main():\n", "import os\nimport sys\n\n\ndef read_config(path):\n
 LENGTHS = (4, 16, 48)
 PROCESS_MARKS = ("ServeReplica:", "VLLM::EngineCore", "ray::ChipWorker")
 """The application's processes on this machine whose memory the soak follows."""
+KILLS = {"chip": ("fast", "ray::ChipWorker", None),
+         "engine": ("standard", "VLLM::EngineCore", "ServeReplica:fastmode:standard-lane")}
+"""``--kill``: the lane, and the process killed (its command line's mark, below a process whose
+command line has the second mark, if any)."""
+ERROR_WITHIN_S, SERVED_AGAIN_WITHIN_S = 5.0, 30.0
+"""Issue 18's contract for a killed chip or engine."""
+
+
+def app_processes(port: int) -> list | None:
+    """The processes under the Ray node (raylet) of the process listening on ``port`` on this machine
+    (``None`` if no process here listens there)."""
+    import psutil
+
+    listening = [c.pid for c in psutil.net_connections("tcp")
+                 if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid]
+    if not listening:
+        return None
+    try:
+        node = psutil.Process(listening[0]).parent()
+        return node.children(recursive=True) if node is not None else []
+    except psutil.Error:
+        return None
+
+
+def _cmdline(p) -> str:
+    import psutil
+
+    try:
+        return " ".join(p.cmdline())
+    except psutil.Error:
+        return ""
+
+
+def victim(port: int, kill: str):
+    """The process ``--kill`` names, in the application listening on ``port`` (``None``: none here)."""
+    _, mark, under = KILLS[kill]
+    procs = app_processes(port) or []
+    if under is not None:
+        procs = [c for p in procs if under in _cmdline(p) for c in p.children(recursive=True)]
+    found = [p for p in procs if mark in _cmdline(p)]
+    return found[-1] if found else None
 
 
 def app_rss(port: int) -> int | None:
@@ -65,16 +112,10 @@ def app_rss(port: int) -> int | None:
     listens there (``None`` if no process here does)."""
     import psutil
 
-    listening = [c.pid for c in psutil.net_connections("tcp")
-                 if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid]
-    if not listening:
+    procs = app_processes(port)
+    if procs is None:
         return None
     total = 0
-    try:
-        node = psutil.Process(listening[0]).parent()
-        procs = node.children(recursive=True) if node is not None else []
-    except psutil.Error:
-        return None
     for p in procs:
         try:
             if any(mark in " ".join(p.cmdline()) for mark in PROCESS_MARKS):
@@ -115,7 +156,9 @@ class Ledger:
                 self.problem(rid, f"{ev['type']} {ev.get('code', '')} after its end ({r['end']})")
             return False
         kind = ev["type"]
-        if kind == "response.output_text.delta":
+        if kind == "response.created":
+            r["lane"] = ev.get("lane")
+        elif kind == "response.output_text.delta":
             if ev["seq"] != r["seq"]:
                 self.problem(rid, f"delta seq {ev['seq']}, expected {r['seq']}")
             r["seq"] = ev["seq"] + 1
@@ -124,6 +167,9 @@ class Ledger:
         elif kind in ("response.completed", "response.cancelled", "error"):
             r["end"] = "completed" if kind == "response.completed" else "cancelled" if kind == "response.cancelled" \
                 else f"error:{ev['code']}"
+            r["end_at"] = time.monotonic()
+            if kind == "error":
+                r["retry_after"] = ev.get("retry_after")
             if kind == "response.completed":
                 self.completed(rid, ev["usage"]["output_tokens"])
             return True
@@ -246,6 +292,67 @@ async def ws_soak(url: str, key: str | None, args: argparse.Namespace, ledger: L
     return {"connections": args.connections, "streams": per * args.connections, "requests_per_stream": args.requests,
             "slow_connections": len(slow), "reset_connections": len(resets), "seconds": time.perf_counter() - t0,
             "client_failures": failures}
+
+
+# -- faults ------------------------------------------------------------------------------------
+async def kill_during(base: str, key: str | None, port: int, kill: str, after_s: float, ledger: Ledger
+                      ) -> dict[str, Any]:
+    """``after_s`` into the soak, SIGKILL ``kill``'s process; then a 4-token request to its lane every
+    0.5 s until one completes. Returns what happened (``judge_kill`` reads the ledger for the rest)."""
+    lane = KILLS[kill][0]
+    await asyncio.sleep(after_s)
+    proc = await asyncio.to_thread(victim, port, kill)
+    if proc is None:
+        return {"kill": kill, "lane": lane, "error": "no such process of the application on this machine"}
+    in_flight = [rid for rid, r in ledger.requests.items()
+                 if r.get("lane") == lane and r["end"] is None and not r["abandoned"]]
+    killed_at = time.monotonic()
+    proc.kill()
+    body = {"input": "x = 1\n", "max_output_tokens": 4, "temperature": 0,
+            **{"fast": TIERS["fast"], "standard": TIERS["standard"]}[lane]}
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    refusals: Counter = Counter()
+    served_s = None
+    async with httpx.AsyncClient(base_url=base, headers=headers, timeout=60) as client:
+        while time.monotonic() - killed_at < 120:
+            last: dict[str, Any] = {}
+            try:
+                async with client.stream("POST", "/v1/generate", json=body) as resp:
+                    async for line in resp.aiter_lines():
+                        if line.strip():
+                            last = json.loads(line)
+            except httpx.HTTPError as e:
+                last = {"code": type(e).__name__}
+            if last.get("type") == "done":
+                served_s = time.monotonic() - killed_at
+                break
+            refusals[str(last.get("code") or (last.get("error") or {}).get("code"))] += 1
+            await asyncio.sleep(0.5)
+    return {"kill": kill, "lane": lane, "pid": proc.pid, "killed_at": killed_at, "in_flight": in_flight,
+            "served_again_s": served_s, "refusals_meanwhile": dict(refusals)}
+
+
+def judge_kill(fault: dict[str, Any], ledger: Ledger) -> dict[str, Any]:
+    """How the requests the lane had in flight at the kill ended, and whether issue 18's contract held."""
+    if "error" in fault:
+        return {**fault, "ok": False}
+    ends = Counter()
+    latest_error_s = 0.0
+    for rid in fault["in_flight"]:
+        r = ledger.requests[rid]
+        ends[r["end"] or ("abandoned" if r["abandoned"] else "none")] += 1
+        if r["end"] and r["end"].startswith("error:"):
+            latest_error_s = max(latest_error_s, r["end_at"] - fault["killed_at"])
+            if not r.get("retry_after"):
+                ends["error without retry_after"] += 1
+    errors_ok = not ends["error without retry_after"] and \
+        all(e in ("completed", "cancelled", "abandoned", "error:lane_unavailable")  # the client's own ends
+            for e in ends if e != "error without retry_after")
+    ok = errors_ok and latest_error_s < ERROR_WITHIN_S and fault["served_again_s"] is not None \
+        and fault["served_again_s"] < SERVED_AGAIN_WITHIN_S
+    return {**{k: v for k, v in fault.items() if k not in ("in_flight", "killed_at")},
+            "in_flight_at_kill": len(fault["in_flight"]), "their_ends": dict(ends),
+            "latest_error_s": round(latest_error_s, 3), "ok": ok}
 
 
 # -- OpenAI SSE and gRPC ------------------------------------------------------------------------
@@ -499,6 +606,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--resets", type=int, default=2, help="connections reset (TCP RST) mid-stream")
     ap.add_argument("--memory-slack", type=float, default=0.10)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--kill", choices=sorted(KILLS), action="append", default=[],
+                    help="kill a fast-lane chip process or the standard lane's vLLM engine during the WebSocket soak "
+                    "(repeatable; the application must run on this machine)")
+    ap.add_argument("--kill-after-s", type=float, default=5.0, help="seconds into the WebSocket soak")
     ap.add_argument("--quick", action="store_true", help="20 streams x 3 requests, 4 SSE and gRPC streams")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
@@ -522,7 +633,10 @@ def main(argv: list[str] | None = None) -> int:
         port = int(base.rsplit(":", 1)[1])
         rss_before = app_rss(port)
         ledger = Ledger()
+        faults = [asyncio.ensure_future(kill_during(base, args.api_key, port, k, args.kill_after_s * (i + 1), ledger))
+                  for i, k in enumerate(args.kill)]
         ws = await ws_soak(ws_url, args.api_key, args, ledger)
+        killed = [judge_kill(f, ledger) for f in await asyncio.gather(*faults)]
         sse = await sse_soak(base, args.api_key, args, ledger)
         grpc_ = await grpc_soak(grpc_target, args.api_key, args, ledger) if grpc_target else None
         idle = engines_idle(base, args.api_key)
@@ -533,7 +647,7 @@ def main(argv: list[str] | None = None) -> int:
         return {"ws": ws, "sse": sse, "grpc": grpc_, "ledger": ledger.summary(), "engines_after": idle,
                 "memory": {"before_bytes": rss_before, "after_bytes": rss_after,
                            "ratio": rss_after / rss_before if rss_before and rss_after else None},
-                "disconnects": gone}
+                "disconnects": gone, "faults": killed}
 
     result = asyncio.run(run())
     led, mem = result["ledger"], result["memory"]
@@ -542,9 +656,13 @@ def main(argv: list[str] | None = None) -> int:
     checks = {"every request ended exactly once, deltas in order": not led["problems"] and not led["without_terminal"],
               "no client failed": not failures,
               "engines hold nothing afterwards": result["engines_after"]["idle"],
-              f"memory within {args.memory_slack:.0%}": mem["ratio"] is None or mem["ratio"] <= 1 + args.memory_slack,
+              f"memory within {args.memory_slack:.0%}": bool(args.kill) or mem["ratio"] is None
+              or mem["ratio"] <= 1 + args.memory_slack,
               "every vanished client's sequence freed": all(d.get("freed_s") is not None and d["cancelled_by_disconnect"]
                                                            for d in result["disconnects"])}
+    for f in result["faults"]:
+        checks[f"killed {f['kill']}: in-flight requests ended retryably within {ERROR_WITHIN_S:.0f} s, "
+               f"served again within {SERVED_AGAIN_WITHIN_S:.0f} s"] = f["ok"]
     out = {"date": started, "command": "fastmode bench soak " + shlex.join(argv),
            "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform()},
            "settings": {k: v for k, v in vars(args).items() if k not in ("api_key", "json")},
@@ -559,6 +677,11 @@ def main(argv: list[str] | None = None) -> int:
     for d in result["disconnects"]:
         print(f"  vanished {d['door']:>4} client, {d['lane']:>8} lane: freed in "
               f"{'%.0f ms' % (d['freed_s'] * 1e3) if d.get('freed_s') is not None else d.get('error', 'never')}")
+    for f in result["faults"]:
+        print(f"  killed {f['kill']} ({f['lane']} lane): " + (f["error"] if "error" in f else
+              f"{f['in_flight_at_kill']} in flight, ended {f['their_ends']}, last error {f['latest_error_s']} s after "
+              f"the kill; served again after {f['served_again_s'] and round(f['served_again_s'], 1)} s "
+              f"(refusals meanwhile {f['refusals_meanwhile']})"))
     for name, ok in checks.items():
         print(f"  {'ok  ' if ok else 'FAIL'} {name}")
     for p in led["problems"][:20]:
