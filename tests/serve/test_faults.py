@@ -159,6 +159,50 @@ def test_a_killed_gateway_comes_back_and_the_sdk_reconnects(app):
 
 
 @pytest.mark.slow
+def test_a_killed_grpc_server_fails_its_calls_unavailable_and_comes_back(app):
+    """The gRPC server's replica killed mid-stream: the call in flight ends with UNAVAILABLE (a status
+    gRPC clients retry on, never a hang), Serve restarts the replica, and a new call on the same
+    channel is served within 30 s; the lane holds nothing of the cut call."""
+    import grpc
+
+    from clients.grpc_client import GrpcClient
+
+    a = app()
+    with GrpcClient(a.grpc_target, api_key=a.key) as client:
+        assert client.generate("fastmode-fast", "x = 1\n", max_output_tokens=2)["finish_reason"] == "length"
+        call = client.stream("fastmode-fast", "def main():\n", max_output_tokens=500, ignore_eos=True, timeout=60)
+        next(iter(call))  # streaming
+        [server] = descendants(a, "ServeReplica:fastmode:grpc")
+        server.send_signal(signal.SIGKILL)
+        t0 = time.perf_counter()
+        with pytest.raises(grpc.RpcError) as cut:
+            for _ in call:
+                pass
+        took = time.perf_counter() - t0
+        assert cut.value.code() == grpc.StatusCode.UNAVAILABLE, cut.value
+        assert took < ERROR_WITHIN_S, f"the call ended {took:.1f} s after the kill"
+        codes = []
+        while time.perf_counter() - t0 < 120:
+            try:
+                after = client.generate("fastmode-fast", "x = 1\n", max_output_tokens=2, timeout=10)
+                break
+            except grpc.RpcError as e:
+                codes.append(e.code())
+                time.sleep(0.5)
+        else:
+            raise AssertionError(f"no gRPC call served within 120 s of the kill: {codes[-3:]}")
+        again = time.perf_counter() - t0
+    assert after["finish_reason"] == "length" and after["usage"]["output_tokens"] == 2
+    assert again < SERVED_AGAIN_WITHIN_S, f"served again only after {again:.1f} s"
+    assert set(codes) <= {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}, codes
+    deadline = time.monotonic() + 10
+    while (stats := a.lane_stats("fast"))["running"] or stats["in_flight"]:  # the cut call's sequence freed
+        assert time.monotonic() < deadline, stats
+        time.sleep(0.1)
+    print(f"gRPC: the call ended {took:.2f} s after the kill, served again after {again:.1f} s")
+
+
+@pytest.mark.slow
 def test_a_client_that_vanishes_mid_stream_frees_its_sequence_on_every_lane_and_front_door(app):
     """A TCP reset (WebSocket, SSE) or a killed client process (gRPC) after the first token: the
     lane's engine holds the sequence no longer soon after (the bench reports the milliseconds)."""
