@@ -192,6 +192,11 @@ def test_a_killed_grpc_server_fails_its_calls_unavailable_and_comes_back(app):
         else:
             raise AssertionError(f"no gRPC call served within 120 s of the kill: {codes[-3:]}")
         again = time.perf_counter() - t0
+        for lane in ("standard", "priority", "exact"):  # the new replica links to every lane, as before
+            model, tier = ("fastmode-full", None if lane == "standard" else lane)
+            done = client.generate(model, "x = 1\n", max_output_tokens=2, timeout=60,
+                                   **({"service_tier": tier} if tier else {}))
+            assert done["lane"] == lane and done["finish_reason"] == "length", done
     assert after["finish_reason"] == "length" and after["usage"]["output_tokens"] == 2
     assert again < SERVED_AGAIN_WITHIN_S, f"served again only after {again:.1f} s"
     assert set(codes) <= {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}, codes

@@ -179,6 +179,9 @@ def wait_idle(a, lane: str, before: int) -> dict:
 @pytest.mark.slow
 def test_the_deadline_is_honored_and_frees_the_sequence(app, client):
     a = app()
+    # The path to the lane warm first (a gRPC replica Serve restarted, say after test_faults, links
+    # to a lane on its first request): the 1 s deadline must cut the stream in the lane, not before it.
+    assert client.generate("fastmode-full", "x = 1\n", max_output_tokens=2)["lane"] == "standard"
     before = a.lane_stats("standard")["cancelled"]
     start = time.monotonic()
     with pytest.raises(grpc.RpcError) as e:
