@@ -342,22 +342,20 @@ def judge_kill(fault: dict[str, Any], ledger: Ledger) -> dict[str, Any]:
     if "error" in fault:
         return {**fault, "ok": False}
     ends = Counter()
-    latest_error_s = 0.0
+    latest_error_s, without_hint = 0.0, 0
     for rid in fault["in_flight"]:
         r = ledger.requests[rid]
         ends[r["end"] or ("abandoned" if r["abandoned"] else "none")] += 1
         if r["end"] and r["end"].startswith("error:"):
             latest_error_s = max(latest_error_s, r["end_at"] - fault["killed_at"])
-            if not r.get("retry_after"):
-                ends["error without retry_after"] += 1
-    errors_ok = not ends["error without retry_after"] and \
-        all(e in ("completed", "cancelled", "abandoned", "error:lane_unavailable")  # the client's own ends
-            for e in ends if e != "error without retry_after")
+            without_hint += not r.get("retry_after")
+    # a retryable error, or an end of the request's own (the client cancelled or vanished, or it completed)
+    errors_ok = not without_hint and set(ends) <= {"completed", "cancelled", "abandoned", "error:lane_unavailable"}
     ok = errors_ok and latest_error_s < ERROR_WITHIN_S and fault["served_again_s"] is not None \
         and fault["served_again_s"] < SERVED_AGAIN_WITHIN_S
     return {**{k: v for k, v in fault.items() if k not in ("in_flight", "killed_at")},
             "in_flight_at_kill": len(fault["in_flight"]), "their_ends": dict(ends),
-            "latest_error_s": round(latest_error_s, 3), "ok": ok}
+            "errors_without_retry_after": without_hint, "latest_error_s": round(latest_error_s, 3), "ok": ok}
 
 
 # -- OpenAI SSE and gRPC ------------------------------------------------------------------------
