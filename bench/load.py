@@ -455,6 +455,7 @@ OTHERS = {"all": ("bench.suite", "every benchmark in one run, then docs/benchmar
           "gateway": ("bench.gateway", "front-door cost and time to first token, loopback and emulated network"),
           "turns": ("bench.turns", "multi-turn: previous_response_id on one WebSocket against re-sending over HTTP"),
           "soak": ("bench.soak", "sustained mixed load and vanishing clients: every delta accounted for, nothing leaked"),
+          "fuzz": ("bench.fuzz", "hostile input at every front door, run long (starts its own application)"),
           "sharding": ("bench.sharding", "the fast lane's executor: tp x pp layouts, hop costs, the planner")}
 
 

@@ -313,6 +313,29 @@ def soak_section(doc: dict | None) -> list[str]:
     return out
 
 
+def fuzz_section(doc: dict | None) -> list[str]:
+    out = ["## 8. Hostile input at every front door", ""]
+    if doc is None:
+        return out + ["Not run.", ""]
+    out += [f"`{doc['command']}` ({doc['date']}, {doc['machine']['cpu_count']} cores, {doc['seconds'] / 60:.1f} min "
+            "with the application's start): `tests/serve/test_fuzz.py` with "
+            f"{doc['examples_per_front_door']} Hypothesis examples per front door (40 in `make test`), against its "
+            "own `fastmode up`. Every input must get a typed error, a documented close code or a valid response "
+            "(never a 5xx, a crash or a hang); afterwards every lane is idle (no engine slot leaked) and a normal "
+            "request is served. An input is one WebSocket connection's frames (up to six, each answer counted once "
+            "per connection), one HTTP body or one gRPC message; Hypothesis may send more inputs than its example "
+            "count (shrinking a failure, retrying a near-duplicate).", ""]
+    rows = []
+    for door, row in doc["front_doors"].items():
+        answers = ", ".join(f"{k} {v}" for k, v in row.get("answers", {}).items())
+        rows.append([door, "ok" if row["result"] == "passed" else f"**{row['result'].upper()}**",
+                     str(row.get("inputs", "-")), _f(row.get("seconds"), "{:.0f}"), answers or "-"])
+    out += _table(["front door", "result", "inputs", "seconds", "answers (WebSocket: per connection)"], rows) + [""]
+    failed = [(d, r["failure"]) for d, r in doc["front_doors"].items() if r.get("failure")]
+    out += [f"{door} failed: `{msg.splitlines()[0][:300]}`" for door, msg in failed]
+    return out + ([""] if failed else [])
+
+
 def sharding_section(doc: dict | None) -> list[str]:
     out = ["## 4. Sharding", ""]
     if doc is None:
@@ -406,6 +429,7 @@ def write_report(results: Path, docs: Path) -> str:
     lines += baseline_section(_load(results, "vllm_serve.json"), _load(results, "lanes_load_openai.json"))
     lines += turns_section(_load(results, "turns.json"))
     lines += soak_section(_load(results, "soak.json"))
+    lines += fuzz_section(_load(results, "fuzz.json"))
     text = "\n".join(lines).rstrip() + "\n"
     docs.parent.mkdir(parents=True, exist_ok=True)
     docs.write_text(text)

@@ -15,7 +15,9 @@ and nothing else runs beside a stage; only ``--quick`` starts the app while stag
    against re-sending the history over a fresh HTTP request each turn.
    ``soak``: sustained mixed load on every front door (every delta accounted for, nothing leaked)
    and clients that vanish mid-stream (how soon their sequences are freed).
-7. The report: ``bench/report.py`` writes ``docs/benchmarks.md`` (with ``--quick``:
+7. ``fuzz``: hostile input at every front door, run long, once the app above has stopped (the fuzz
+   tests start their own).
+8. The report: ``bench/report.py`` writes ``docs/benchmarks.md`` (with ``--quick``:
    ``bench/results/quick/benchmarks.md``; quick results never replace the published ones).
 
 ``suite.json`` records the command, date, machine, commit and each stage's time and exit code.
@@ -49,7 +51,9 @@ same niceness, so the load generator on this same machine does not take the CPU 
 it measures; vLLM's own server, started by its stage, inherits it. Sharding keeps Ray's default
 relation (driver 0, workers 15)."""
 WITH_APP = ("lanes", "lanes-openai", "quality", "gateway", "turns", "soak")
-STAGES = NO_APP + WITH_APP
+AFTER_APP = ("fuzz",)
+"""Stages that start their own application: they run once the suite's has stopped (never beside it)."""
+STAGES = NO_APP + WITH_APP + AFTER_APP
 
 
 def stage_command(name: str, url: str | None, out: Path, quick: bool) -> list[str]:
@@ -64,6 +68,7 @@ def stage_command(name: str, url: str | None, out: Path, quick: bool) -> list[st
         "gateway": ["bench.gateway", "--url", str(url), "--json", str(out / "gateway.json"), *q],
         "turns": ["bench.turns", "--url", str(url), "--json", str(out / "turns.json"), *q],
         "soak": ["bench.soak", "--url", str(url), "--json", str(out / "soak.json"), *q],
+        "fuzz": ["bench.fuzz", "--json", str(out / "fuzz.json"), *q],
     }
     return [sys.executable, "-m", *commands[name]]
 
@@ -162,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
                                  "config": "embedded default (serve/fastmode.yaml)"}
                 for name in app_stages:
                     run(name, app.url)
+    for name in [s for s in stages if s in AFTER_APP]:
+        run(name, None)
     record["elapsed_s"] = time.perf_counter() - t0
     (out / "suite.json").write_text(json.dumps(record, indent=2) + "\n")
     from bench.report import write_report

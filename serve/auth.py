@@ -105,6 +105,13 @@ def key_of(keys: frozenset[str], header: str | None) -> str | None:
     return match
 
 
+def owner_of(key: str) -> str:
+    """Who owns what a caller with ``key`` (from ``key_of``) stores: a digest of the key, never the key
+    itself (``""`` when there are no keys: every caller is one). A stored response is found only by its
+    owner's key (``serve.conversation``)."""
+    return hashlib.sha256(b"fastmode.owner:" + key.encode("utf-8", "surrogatepass")).hexdigest()[:32] if key else ""
+
+
 def subprotocol_bearer(offered: list[str]) -> str | None:
     """The ``Authorization`` value carried by an offered ``KEY_SUBPROTOCOL`` (``None`` if none is
     offered, or it is not base64url of UTF-8 text)."""

@@ -12,10 +12,16 @@ application's ``responses`` deployment (``StoredResponses``: ``gateway.stored_re
 ``gateway.stored_response_bytes``), where every front door finds it: any WebSocket connection of any
 gateway replica, ``POST /v1/generate`` and gRPC. Both are bounded and evict oldest first; an id that
 is unknown, evicted or still streaming gets ``previous_response_not_found``.
+
+Whose: a stored response is found only with the API key that created it (its ``owner``, a digest of
+the key, ``serve.auth.owner_of``). Another key gets ``previous_response_not_found``, as for an id that
+was never there, so an id learned from a log or a trace reads nothing. Without keys (loopback only)
+every caller is the same owner.
 """
 
 from __future__ import annotations
 
+import hmac
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +54,8 @@ class Turn:
     """The lane that served it (the next turn prefers the same lane's replica that holds its prefix)."""
     replica: str | None
     """That lane replica's id, when known (``serve.lanes.link``)."""
+    owner: str = ""
+    """Who may continue it: ``serve.auth.owner_of`` of the creator's API key."""
 
     @property
     def nbytes(self) -> int:
@@ -101,8 +109,10 @@ class ResponseStore:
         while len(self._turns) > self.max_responses or self.nbytes > self.max_bytes:
             self._pop(next(iter(self._turns)))
 
-    def get(self, rid: str) -> Turn | None:
-        return self._turns.get(rid)
+    def get(self, rid: str, owner: str = "") -> Turn | None:
+        """The turn ``rid`` if ``owner`` owns it."""
+        turn = self._turns.get(rid)
+        return turn if turn is not None and hmac.compare_digest(turn.owner, owner) else None
 
     def _pop(self, rid: str) -> None:
         turn = self._turns.pop(rid, None)
@@ -122,8 +132,8 @@ class StoredResponses:
     def put(self, turn: Turn) -> None:
         self.store.put(turn)
 
-    def get(self, rid: str) -> Turn | None:
-        return self.store.get(rid)
+    def get(self, rid: str, owner: str = "") -> Turn | None:
+        return self.store.get(rid, owner)
 
     def stats(self) -> dict[str, int]:
         return {"responses": len(self.store), "bytes": self.store.nbytes}
@@ -136,9 +146,9 @@ def not_found(rid: str) -> PreviousResponseNotFound:
         "as input (its messages and each response's output as an 'assistant' message)")
 
 
-def find(rid: str, *stores: ResponseStore | None) -> Turn:
-    """The turn ``rid`` from the first store that keeps it; ``PreviousResponseNotFound`` otherwise."""
+def find(rid: str, *stores: ResponseStore | None, owner: str = "") -> Turn:
+    """The turn ``rid`` from the first store that keeps it for ``owner``; ``PreviousResponseNotFound`` otherwise."""
     for store in stores:
-        if store is not None and (turn := store.get(rid)) is not None:
+        if store is not None and (turn := store.get(rid, owner)) is not None:
             return turn
     raise not_found(rid)

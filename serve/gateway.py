@@ -45,7 +45,7 @@ from ray import serve
 from cluster import cpus
 
 from . import openai_api, openai_responses, telemetry
-from .auth import authorized, insecure_warning, key_of, load_keys, subprotocol_bearer
+from .auth import insecure_warning, key_of, load_keys, owner_of, subprotocol_bearer
 from .config import load_config
 from .errors import InvalidRequest, NotReady, first_event, parse_json, to_event
 from .listen import listen
@@ -74,10 +74,14 @@ def _error(event: dict[str, Any]) -> JSONBody:
 @api.middleware("http")
 async def _require_key(request: Request, call_next):
     gateway = request.app.state.gateway
-    if not _public(request.url.path) and not authorized(gateway.keys, request.headers.get("authorization")):
+    if _public(request.url.path):
+        return await call_next(request)
+    key = key_of(gateway.keys, request.headers.get("authorization"))
+    if key is None:
         return JSONResponse({"error": {"message": "missing or wrong API key (Authorization: Bearer KEY)",
                                        "type": "authentication_error", "code": "unauthorized"}},
                             status_code=401, headers={"WWW-Authenticate": "Bearer"})
+    request.state.owner = owner_of(key)  # whose stored responses this request may continue
     return await call_next(request)
 
 
@@ -165,7 +169,7 @@ class Gateway:
             return
         self.connections[key] += 1
         try:
-            await Session(ws, self.router, self.config.gateway).run()
+            await Session(ws, self.router, self.config.gateway, owner_of(key)).run()
         finally:
             self.connections[key] -= 1
             if not self.connections[key]:
@@ -196,7 +200,7 @@ class Gateway:
         except InvalidRequest as e:
             return _error(to_event(e))
         body = telemetry.with_traceparent(body, request.headers)
-        stream = self.router.stream(body)
+        stream = self.router.stream(body, owner=request.state.owner)
         first = await first_event(stream)
         if first["type"] == "error":  # refused before anything streamed: a plain HTTP error
             return _error(first)

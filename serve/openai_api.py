@@ -118,7 +118,8 @@ async def _complete(router, request: Request, api: _Chat | _Text):
     except OpenAIRequestError as e:
         return _error_response(400, e.message, "invalid_request", e.param)
     reply = _Reply(api, rid, int(time.time()), req.include_usage)
-    return await respond(router.stream(body), rid, request, req.stream, created=reply.created_event,
+    stream = router.stream(body, owner=getattr(request.state, "owner", ""))
+    return await respond(stream, rid, request, req.stream, created=reply.created_event,
                          sse=lambda stream: _sse(reply, stream), body=reply.response,
                          error=lambda event: _event_response(event, api))
 

@@ -106,7 +106,8 @@ async def create(router, request: Request):
                                str(e.errors()[0]["loc"][0]) if e.errors()[0]["loc"] else None)
     rid = f"resp_{uuid.uuid4().hex}"
     reply = _Response(rid, req)
-    return await respond(router.stream(with_traceparent(req.generate_request(rid), request.headers)), rid, request,
+    return await respond(router.stream(with_traceparent(req.generate_request(rid), request.headers),
+                                       owner=getattr(request.state, "owner", "")), rid, request,
                          req.stream, created=reply.created, sse=lambda stream: _sse(reply, stream), body=reply.final,
                          error=_event_response)
 

@@ -116,15 +116,16 @@ class Router:
         raise UnknownModel(f"model {req.model!r} is not served here; choose one of "
                            f"{[models.full.id, models.fast.id, AUTO]}")
 
-    def stream(self, request: dict[str, Any], history: ResponseStore | None = None) -> RouterStream:
+    def stream(self, request: dict[str, Any], history: ResponseStore | None = None, owner: str = "") -> RouterStream:
         """The events of one request: ``created``, ``delta``s, then ``done``, or one ``error``.
 
         ``history``: the caller's own completed responses (a WebSocket connection's), where
         ``previous_response_id`` is looked up first (then ``self.store``) and where this response
-        is kept once it completes."""
-        return RouterStream(self.generate(request, history))
+        is kept once it completes. ``owner``: ``serve.auth.owner_of`` the caller's API key; a stored
+        response is found only by its owner."""
+        return RouterStream(self.generate(request, history, owner))
 
-    async def generate(self, request: dict[str, Any], history: ResponseStore | None = None
+    async def generate(self, request: dict[str, Any], history: ResponseStore | None = None, owner: str = ""
                        ) -> AsyncIterator[dict[str, Any]]:
         """Stream ``created``, ``delta``s and ``done`` for one request, or an ``error`` event.
 
@@ -142,7 +143,7 @@ class Router:
             attributes={"gen_ai.operation.name": op, "gen_ai.provider.name": "fastmode",
                         "gen_ai.request.model": str(model)})
         content = self.config.telemetry.record_content and span.is_recording()
-        events = self._generate(request, span, history)
+        events = self._generate(request, span, history, owner)
         lane, outcome, output = None, "cancelled", []
         try:
             async for event in events:
@@ -169,7 +170,7 @@ class Router:
             await events.aclose()
             span.end()
 
-    async def _generate(self, request: dict[str, Any], span, history: ResponseStore | None
+    async def _generate(self, request: dict[str, Any], span, history: ResponseStore | None, owner: str = ""
                         ) -> AsyncIterator[dict[str, Any]]:
         arrived = time.perf_counter()
         rid = request.get("id") if isinstance(request, dict) and isinstance(request.get("id"), str) else None
@@ -179,7 +180,7 @@ class Router:
             prev = None
             conversation = as_messages(req.input)
             if req.previous_response_id is not None:
-                prev = await self._previous(req.previous_response_id, history)
+                prev = await self._previous(req.previous_response_id, history, owner)
                 conversation = prev.messages + conversation
                 req = req.model_copy(update={"input": [Message(role=r, content=c) for r, c in conversation]})
                 if span.is_recording():
@@ -217,7 +218,7 @@ class Router:
                     event["route"] = route
                     finished = True
                     if keep:  # before the client hears of it, so its next turn finds it
-                        turn = Turn(rid, conversation + (("assistant", "".join(output)),), lane, replica)
+                        turn = Turn(rid, conversation + (("assistant", "".join(output)),), lane, replica, owner)
                         if history is not None:
                             history.put(turn)
                         if req.store:
@@ -231,11 +232,11 @@ class Router:
             if not finished:  # the caller went away: stop the lane's stream (and its engine sequence)
                 stream.cancel()
 
-    async def _previous(self, rid: str, history: ResponseStore | None) -> Turn:
-        """The kept turn ``rid``: the caller's own first, then the stored ones."""
-        turn = history.get(rid) if history is not None else None
+    async def _previous(self, rid: str, history: ResponseStore | None, owner: str) -> Turn:
+        """The kept turn ``rid``: the caller's own first, then the stored ones ``owner`` owns."""
+        turn = history.get(rid, owner) if history is not None else None
         if turn is None:
-            turn = self.store.get(rid) if self.stored is None else await self.stored.get.remote(rid)
+            turn = self.store.get(rid, owner) if self.stored is None else await self.stored.get.remote(rid, owner)
         if turn is None:
             raise not_found(rid)
         return turn

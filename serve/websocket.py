@@ -82,7 +82,7 @@ class FrameBudget:
 class Session:
     """One accepted WebSocket connection."""
 
-    def __init__(self, ws: WebSocket, router, config: GatewayConfig) -> None:
+    def __init__(self, ws: WebSocket, router, config: GatewayConfig, owner: str = "") -> None:
         self.ws, self.router, self.config = ws, router, config
         self.out: asyncio.Queue = asyncio.Queue(maxsize=config.send_queue_events)
         self.tasks: dict[str, asyncio.Task] = {}
@@ -92,6 +92,8 @@ class Session:
         self.gone = False
         """Set once a send failed: the client is gone, whatever frames of its are still to be read."""
         self.budget = FrameBudget(config.frames_per_s, config.frame_burst)
+        self.owner = owner
+        """``serve.auth.owner_of`` this connection's API key (stored responses are found by it)."""
         self.history = ResponseStore(config.responses_per_connection, config.response_bytes_per_connection)
         """This connection's completed responses, for ``previous_response_id`` (``serve.conversation``)."""
 
@@ -220,7 +222,7 @@ class Session:
 
     # -- one response ------------------------------------------------------------------------
     async def _respond(self, rid: str, body: dict[str, Any]) -> None:
-        stream = self.router.stream(body, self.history)
+        stream = self.router.stream(body, self.history, self.owner)
         seq, pending, finished = 0, None, False
         try:
             async for ev in stream:

@@ -33,7 +33,7 @@ from grpc_reflection.v1alpha import reflection
 from cluster import cpus
 
 from .. import telemetry
-from ..auth import authorized, insecure_warning, load_keys
+from ..auth import insecure_warning, key_of, load_keys, owner_of
 from ..config import GrpcConfig, load_config
 from ..lanes.lane import LANES
 from ..router import Router
@@ -113,21 +113,23 @@ class InferenceServicer(pb_grpc.InferenceServicer):
     def __init__(self, router, keys: frozenset[str]) -> None:
         self.router, self.keys = router, keys
 
-    async def _check(self, request, context: grpc.aio.ServicerContext) -> dict[str, str]:
-        """The call's metadata, once its key is checked and its request parsed (else the call is aborted)."""
+    async def _check(self, request, context: grpc.aio.ServicerContext) -> tuple[dict[str, str], str]:
+        """The call's metadata and its key's owner (``serve.auth.owner_of``), once its key is checked and
+        its request parsed (else the call is aborted)."""
         metadata = {k: v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
-        if not authorized(self.keys, metadata.get("authorization")):
+        key = key_of(self.keys, metadata.get("authorization"))
+        if key is None:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong API key "
                                 "(metadata authorization: Bearer KEY)")
         if isinstance(request, DecodeError):
             context.set_trailing_metadata((("fastmode-error-code", "invalid_request"),))
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid_request: the request message does "
                                 f"not parse: {request}")
-        return metadata
+        return metadata, owner_of(key)
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
-        metadata = await self._check(request, context)
-        stream = self.router.stream(to_request(request, metadata))
+        metadata, owner = await self._check(request, context)
+        stream = self.router.stream(to_request(request, metadata), owner=owner)
         seq, lane, model, finished = 0, "", "", False
         try:
             async for ev in stream:

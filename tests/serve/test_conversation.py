@@ -72,9 +72,9 @@ def recording_router(config: dict | None = None):
     return Router(load_config(config or {}), **lanes), lanes
 
 
-async def run(router, history=None, **body) -> list[dict]:
+async def run(router, history=None, owner="", **body) -> list[dict]:
     body = {"model": "fastmode-fast", "input": "x = 1", **body}
-    return [e async for e in router.stream(body, history)]
+    return [e async for e in router.stream(body, history, owner)]
 
 
 def test_a_turn_continues_the_kept_conversation_as_a_full_resend_would():
@@ -116,6 +116,32 @@ def test_only_completed_responses_of_this_connection_or_stored_ones_continue(kep
     else:
         assert [e["type"] for e in events] == ["error"] and events[0]["code"] == error
         assert "re-send the whole conversation" in events[0]["message"]
+
+
+def test_a_stored_response_continues_only_with_the_key_that_created_it():
+    from serve.auth import key_of, owner_of
+
+    keys = frozenset({"key-a", "key-b"})
+    a, b = owner_of(key_of(keys, "Bearer key-a")), owner_of(key_of(keys, "Bearer key-b"))
+    assert a and b and a != b and "key-a" not in a and owner_of(key_of(frozenset(), None)) == ""
+    router, lanes = recording_router()
+
+    async def main():
+        await run(router, None, a, id="s", input="secret = 1", store=True)
+        theirs = await run(router, None, b, id="t", input="x", previous_response_id="s")
+        no_key = await run(router, None, "", id="u", input="x", previous_response_id="s")
+        mine = await run(router, None, a, id="m", input="y", previous_response_id="s")
+        return theirs, no_key, mine
+
+    theirs, no_key, mine = asyncio.run(main())
+    # Another key is told what an unknown id is told: nothing says the response exists.
+    for events in (theirs, no_key):
+        assert [e["type"] for e in events] == ["error"] and events[0]["code"] == "previous_response_not_found"
+    assert mine[-1]["type"] == "done" and lanes["fast"].prompts[-1].startswith("secret = 1")
+    assert not any(p.startswith("secret") for p in lanes["fast"].prompts[1:-1])
+    store = ResponseStore(4, 1000)
+    store.put(Turn("r", (("user", "u"),), "fast", None, a))
+    assert store.get("r", a) and store.get("r", b) is None and store.get("r") is None
 
 
 def test_a_response_still_streaming_or_failed_is_not_kept():
@@ -266,3 +292,14 @@ def test_errors_and_a_stored_response_over_the_websocket_and_http(app):
         with pytest.raises(grpc.RpcError) as e:
             g.generate("fastmode-fast", "z", previous_response_id="a1")
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and error_code(e.value) == "previous_response_not_found"
+    # Another key reads nothing of s1 on any front door: told what an unknown id is told.
+    other = {"Authorization": "Bearer sk-other"}
+    with connect(a.ws_url, additional_headers=other) as ws:
+        ws.send(json.dumps({**base, "id": "o1", "input": "z", "previous_response_id": "s1"}))
+        assert until_end(ws, "o1")["code"] == "previous_response_not_found"
+    r = a.client.post("/v1/responses", headers=other, json={"model": "fastmode-fast", "input": "z",
+                                                            "max_output_tokens": 2, "previous_response_id": "s1"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "previous_response_not_found"
+    with GrpcClient(a.grpc_target, api_key="sk-other") as g, pytest.raises(grpc.RpcError) as e:
+        g.generate("fastmode-fast", "z", max_output_tokens=2, previous_response_id="s1")
+    assert error_code(e.value) == "previous_response_not_found"

@@ -11,7 +11,8 @@ Requests are valid ones with up to two fields replaced by any JSON value (or rem
 arbitrary JSON, broken or deep text and raw bytes. A valid request's token budget is 1-3 and is never
 removed or raised, so the engines' time goes to hostile input, not to long generations.
 ``FASTMODE_FUZZ_EXAMPLES`` sets the examples per front door (default 40, about a minute in all; e.g.
-1000 for a long run).
+1000 for a long run). With ``FASTMODE_FUZZ_TALLY`` set to a file, each front door appends a JSON line to
+it: how many inputs it sent and how each was answered (``fastmode bench fuzz`` reports them).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import json
 import os
 import re
 import time
+from collections import Counter
 from collections.abc import Iterator
 
 import grpc
@@ -39,6 +41,7 @@ from tests.serve.test_protocol import validate
 from tests.serve.test_websocket import ws
 
 EXAMPLES = int(os.environ.get("FASTMODE_FUZZ_EXAMPLES", "40"))
+TALLY = os.environ.get("FASTMODE_FUZZ_TALLY")
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
 MAX_FRAME = GatewayConfig().max_frame_bytes
 TIMEOUT_S = 60.0
@@ -248,17 +251,33 @@ async def probe(a) -> None:
 @pytest.mark.slow
 def test_websocket_frames(app):
     a = app()
+    answers: Counter[str] = Counter()
+    connections: list[int | None] = []
 
     @FUZZ
     @given(st.lists(FRAME, min_size=1, max_size=6))
     def one(frames):
         events, code = asyncio.run(exchange(a, frames))
         check_events(events, code)
+        answers.update(ws_answers(events, code))
+        connections.append(code)
         if code is not None:
             asyncio.run(probe(a))
 
+    t = time.monotonic()
     one()
     assert_idle_and_serving(a)
+    tally("websocket", answers, time.monotonic() - t, len(connections))
+
+
+def ws_answers(events: list[dict], code: int | None) -> list[str]:
+    """How one connection's frames were answered, once each: its error codes, responses completed, its close."""
+    seen = {f"error {e['code']}" for e in events if e["type"] == "error" and not str(e.get("id")).startswith("probe-")}
+    if any(e["type"] == "response.completed" for e in events):
+        seen.add("response.completed")
+    if code is not None:
+        seen.add(f"close {code}")
+    return sorted(seen) or ["nothing but the probe's answer"]
 
 
 # --- HTTP ---------------------------------------------------------------------------------------
@@ -334,16 +353,29 @@ def test_http_bodies(app):
     client = httpx.Client(base_url=a.base, timeout=TIMEOUT_S, headers={"Authorization": f"Bearer {a.key}",
                                                                         "Content-Type": "application/json"})
 
+    answers: Counter[str] = Counter()
+
     @FUZZ
     @given(BODY)
     def one(route_body):
         route, body = route_body
         r = client.post(route, content=body)
         check_http(route, r, body)
+        answers[f"{r.status_code} {http_code(r)}".rstrip()] += 1
 
+    t = time.monotonic()
     with client:
         one()
     assert_idle_and_serving(a)
+    tally("http", answers, time.monotonic() - t)
+
+
+def http_code(r: httpx.Response) -> str:
+    """fastmode's error code in a 4xx body (OpenAI's error object, or ``/v1/generate``'s error event)."""
+    if r.status_code < 400:
+        return ""
+    body = r.json()
+    return (body.get("error") or body).get("code", "")
 
 
 # --- gRPC ---------------------------------------------------------------------------------------
@@ -387,20 +419,36 @@ def test_grpc_messages(app):
         call = channel.unary_stream("/fastmode.v1.Inference/Generate", request_serializer=lambda b: b,
                                     response_deserializer=pb.GenerateChunk.FromString)
 
+        answers: Counter[str] = Counter()
+
         @FUZZ
         @given(GRPC_MESSAGE)
         def one(message):
             chunks: Iterator = call(message, timeout=TIMEOUT_S, metadata=(("authorization", f"Bearer {a.key}"),))
             try:
                 assert list(chunks)[-1].last
+                answers["OK"] += 1
             except grpc.RpcError as e:  # a typed status, with fastmode's code in its trailers
                 assert e.code() in GRPC_OK and error_code(e) in CODES, (e.code(), e.details(), message[:200])
+                answers[f"{e.code().name} {error_code(e)}"] += 1
 
+        t = time.monotonic()
         one()
     assert_idle_and_serving(a)
+    tally("grpc", answers, time.monotonic() - t)
 
 
 # --- afterwards ---------------------------------------------------------------------------------
+
+
+def tally(door: str, answers: Counter[str], seconds: float, inputs: int | None = None) -> None:
+    """Append this front door's answers to ``FASTMODE_FUZZ_TALLY`` (when set): one JSON line. ``inputs``:
+    how many were sent (default: one answer each)."""
+    if TALLY:
+        with open(TALLY, "a") as f:
+            f.write(json.dumps({"front_door": door, "examples": EXAMPLES,
+                                "inputs": sum(answers.values()) if inputs is None else inputs,
+                                "seconds": round(seconds, 1), "answers": dict(answers.most_common())}) + "\n")
 
 
 def assert_idle_and_serving(a) -> None:
