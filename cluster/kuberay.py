@@ -9,12 +9,18 @@ prints), so the manifest and a local run deploy the same application. Security d
   (``auth.api_keys_env``, ``FASTMODE_API_KEYS``), never in the manifest; the HTTP and gRPC ports
   bind to all interfaces inside the pod (Services reach them), so the gateway refuses to start
   without keys;
-- non-root containers without privilege escalation.
+- non-root containers without privilege escalation;
+- TLS, with ``--tls-secret NAME`` (a ``kubernetes.io/tls`` Secret) and ``--host``: an ``Ingress`` for
+  the serve Service terminates https and wss with the Secret (KubeRay's operator checks each Serve
+  proxy over plain HTTP, ``GET /-/healthz`` on the serve port, so the proxies themselves stay plain
+  inside the cluster), and the gRPC port speaks TLS itself with the same Secret, mounted read-only
+  at ``TLS_DIR`` in every pod.
 
 Every worker pod declares ``chip`` resources (the fast lane's executor puts one stage actor on each
 chip) through ``rayStartParams``; on GPU workers one chip is one GPU (``nvidia.com/gpu`` limit).
 
-    python -m cluster.kuberay [--config FILE] [--image IMG] [--workers N --chips N [--gpu]] > rayservice.yaml
+    python -m cluster.kuberay [--config FILE] [--image IMG] [--workers N --chips N [--gpu]]
+                              [--tls-secret NAME --host HOST [--ingress-class nginx]] > rayservice.yaml
 
 ``infra/kuberay/rayservice.yaml`` is this module's output for the defaults, kept current by a test.
 """
@@ -39,6 +45,8 @@ DEFAULT_SECRET = "fastmode-api-keys"
 SECRET_KEY = "api-keys"
 """The key in the API-key Secret whose value is the comma-separated keys."""
 RAY_PORTS = {"gcs-server": 6379, "dashboard": 8265, "client": 10001}
+TLS_DIR = "/etc/fastmode/tls"
+"""Where ``--tls-secret`` is mounted: ``tls.crt`` and ``tls.key``, a ``kubernetes.io/tls`` Secret's keys."""
 
 
 @dataclass(frozen=True)
@@ -61,10 +69,13 @@ class WorkerGroup:
             raise ValueError(f"worker group {self.name}: replicas >= 0 and chips >= 1 needed")
 
 
-def serve_config(config) -> dict:
+def serve_config(config, grpc_tls: bool = False) -> dict:
     """``serve.up.serve_config`` of ``config`` as it runs in the pods: HTTP and gRPC on all of the
-    pod's interfaces (Services reach them), HTTP through Ray Serve's proxy, the shipped models at their path in the image (other
-    model paths are kept: they must exist on every pod, e.g. a mounted volume)."""
+    pod's interfaces (Services reach them), HTTP through Ray Serve's proxy, the shipped models at their
+    path in the image (other model paths are kept: they must exist on every pod, e.g. a mounted
+    volume). ``grpc_tls``: the gRPC port serves TLS with the certificate mounted at ``TLS_DIR``. HTTP
+    stays plain in the pods whatever ``config`` says (KubeRay's operator checks the proxies over plain
+    HTTP; TLS ends at the Ingress)."""
     from models import MODELS_DIR
     from serve.config import AppConfig
     from serve.up import serve_config as up_serve_config
@@ -73,6 +84,9 @@ def serve_config(config) -> dict:
     data["http"]["host"] = "0.0.0.0"
     data["grpc"]["host"] = "0.0.0.0"
     data["http"]["server"] = "serve"  # KubeRay's serve Service sends traffic to Ray Serve's proxies
+    data["http"]["tls_certfile"] = data["http"]["tls_keyfile"] = None
+    if grpc_tls:
+        data["grpc"]["tls_certfile"], data["grpc"]["tls_keyfile"] = f"{TLS_DIR}/tls.crt", f"{TLS_DIR}/tls.key"
     out = up_serve_config(AppConfig.model_validate(data))
     for app in out["applications"]:
         for spec in app["args"]["config"]["models"].values():
@@ -82,9 +96,9 @@ def serve_config(config) -> dict:
     return out
 
 
-def serve_config_v2(config) -> str:
-    """The ``serveConfigV2`` string: YAML of ``serve_config(config)``."""
-    return yaml.safe_dump(serve_config(config), sort_keys=False)
+def serve_config_v2(config, grpc_tls: bool = False) -> str:
+    """The ``serveConfigV2`` string: YAML of ``serve_config(config, grpc_tls)``."""
+    return yaml.safe_dump(serve_config(config, grpc_tls), sort_keys=False)
 
 
 def _ray_version() -> str:
@@ -110,7 +124,8 @@ def _env(config, secret: str, otel_endpoint: str | None) -> list[dict]:
     return env
 
 
-def _pod(container: dict, shm: str, node_selector: dict[str, str] | None = None) -> dict:
+def _pod(container: dict, shm: str, node_selector: dict[str, str] | None = None, tls_secret: str | None = None
+         ) -> dict:
     container["volumeMounts"] = [{"name": "dshm", "mountPath": "/dev/shm"}]
     container["securityContext"] = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
     spec: dict[str, Any] = {
@@ -120,6 +135,9 @@ def _pod(container: dict, shm: str, node_selector: dict[str, str] | None = None)
         # Ray's object store lives in /dev/shm; the container default (64 MiB) is far too small.
         "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm}}],
     }
+    if tls_secret:  # every pod: the gRPC server's replica may land on any of them
+        container["volumeMounts"].append({"name": "tls", "mountPath": TLS_DIR, "readOnly": True})
+        spec["volumes"].append({"name": "tls", "secret": {"secretName": tls_secret, "defaultMode": 0o440}})
     if node_selector:
         spec["nodeSelector"] = dict(node_selector)
     return {"spec": spec}
@@ -128,10 +146,12 @@ def _pod(container: dict, shm: str, node_selector: dict[str, str] | None = None)
 def rayservice(config=None, *, name: str = "fastmode", image: str = DEFAULT_IMAGE,
                head_resources: dict[str, str] | None = None,
                worker_groups: list[WorkerGroup] | tuple[WorkerGroup, ...] = (WorkerGroup(),),
-               secret: str = DEFAULT_SECRET, otel_endpoint: str | None = None) -> dict:
+               secret: str = DEFAULT_SECRET, otel_endpoint: str | None = None, tls_secret: str | None = None) -> dict:
     """The ``ray.io/v1`` RayService for ``config``: a YAML path, a dict or ``None`` (the defaults),
     validated by ``load_config`` (model paths must exist here), or an ``AppConfig`` taken as is
-    (e.g. ``AppConfig.model_validate`` of models that exist only on the pods' volumes)."""
+    (e.g. ``AppConfig.model_validate`` of models that exist only on the pods' volumes).
+    ``tls_secret``: a ``kubernetes.io/tls`` Secret mounted at ``TLS_DIR`` in every pod, the gRPC
+    port's certificate (``ingress`` terminates https and wss with it)."""
     from serve.config import load_config
 
     config = load_config(config)
@@ -162,7 +182,7 @@ def rayservice(config=None, *, name: str = "fastmode", image: str = DEFAULT_IMAG
                 "resources": json.dumps(json.dumps({"chip": group.chips})),
                 "metrics-export-port": str(metrics_port),
             },
-            "template": _pod(container, "4Gi", group.node_selector),
+            "template": _pod(container, "4Gi", group.node_selector, tls_secret),
         })
     return {
         "apiVersion": "ray.io/v1",
@@ -170,7 +190,7 @@ def rayservice(config=None, *, name: str = "fastmode", image: str = DEFAULT_IMAG
         "metadata": {"name": name, "labels": {"app.kubernetes.io/name": name,
                                               "app.kubernetes.io/part-of": "fastmode"}},
         "spec": {
-            "serveConfigV2": serve_config_v2(config),
+            "serveConfigV2": serve_config_v2(config, grpc_tls=tls_secret is not None),
             "rayClusterConfig": {
                 "rayVersion": _ray_version(),
                 "authOptions": {"mode": "token"},       # Ray token authentication stays on
@@ -181,10 +201,42 @@ def rayservice(config=None, *, name: str = "fastmode", image: str = DEFAULT_IMAG
                         "dashboard-host": "0.0.0.0",
                         "metrics-export-port": str(metrics_port),
                     },
-                    "template": _pod(head_container, "2Gi"),
+                    "template": _pod(head_container, "2Gi", tls_secret=tls_secret),
                 },
                 "workerGroupSpecs": workers,
             },
+        },
+    }
+
+
+def ingress(config=None, *, name: str = "fastmode", host: str, tls_secret: str,
+            ingress_class: str = "nginx") -> dict:
+    """A ``networking.k8s.io/v1`` Ingress for the RayService ``name``'s serve Service (KubeRay names it
+    ``NAME-serve-svc``): https and wss for ``host`` with the ``kubernetes.io/tls`` Secret
+    ``tls_secret``. With ingress-nginx (``ingress_class``), its annotations keep a persistent WebSocket
+    up for the gateway's ``max_connection_age_s``, stream tokens unbuffered, and cap a body at
+    ``max_body_bytes`` (the gateway's own limit behind it)."""
+    from serve.config import load_config
+
+    config = load_config(config)
+    g = config.gateway
+    annotations = {}
+    if ingress_class == "nginx":
+        seconds = str(int(g.max_connection_age_s))
+        annotations = {"nginx.ingress.kubernetes.io/proxy-read-timeout": seconds,
+                       "nginx.ingress.kubernetes.io/proxy-send-timeout": seconds,
+                       "nginx.ingress.kubernetes.io/proxy-buffering": "off",
+                       "nginx.ingress.kubernetes.io/proxy-body-size": f"{-(-g.max_body_bytes // 2**20)}m"}
+    backend = {"service": {"name": f"{name}-serve-svc", "port": {"number": config.http.port}}}
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "Ingress",
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/name": name, "app.kubernetes.io/part-of": "fastmode"},
+                     **({"annotations": annotations} if annotations else {})},
+        "spec": {
+            "ingressClassName": ingress_class,
+            "tls": [{"hosts": [host], "secretName": tls_secret}],
+            "rules": [{"host": host, "http": {"paths": [{"path": "/", "pathType": "Prefix", "backend": backend}]}}],
         },
     }
 
@@ -224,12 +276,20 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--worker-memory", default="16Gi")
     ap.add_argument("--otel-endpoint", help="OTLP/gRPC collector for traces, e.g. "
                     "http://otel-collector.fastmode-observability:4317 (infra/otel)")
+    ap.add_argument("--tls-secret", metavar="NAME", help="a kubernetes.io/tls Secret: an Ingress for --host "
+                    f"serves https and wss with it, and the gRPC port serves TLS with it (mounted at {TLS_DIR})")
+    ap.add_argument("--host", help="the Ingress's host name (with --tls-secret)")
+    ap.add_argument("--ingress-class", default="nginx", help="the Ingress's class (default: %(default)s; its "
+                    "annotations are ingress-nginx's)")
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = _parser().parse_args(argv)
+    ap = _parser()
+    args = ap.parse_args(argv)
+    if bool(args.tls_secret) != bool(args.host):
+        ap.error("--tls-secret and --host go together (the Ingress serves https for that host with that Secret)")
     from serve.errors import ConfigError
 
     group = WorkerGroup(name="gpu-workers" if args.gpu else "workers", replicas=args.workers, chips=args.chips,
@@ -237,14 +297,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         manifest = rayservice(args.config, name=args.name, image=args.image,
                               head_resources={"cpu": args.head_cpu, "memory": args.head_memory},
-                              worker_groups=[group], secret=args.secret, otel_endpoint=args.otel_endpoint)
+                              worker_groups=[group], secret=args.secret, otel_endpoint=args.otel_endpoint,
+                              tls_secret=args.tls_secret)
+        extra = [ingress(args.config, name=args.name, host=args.host, tls_secret=args.tls_secret,
+                         ingress_class=args.ingress_class)] if args.tls_secret else []
     except (ConfigError, ValueError) as e:
         print(f"cluster.kuberay: {e}", file=sys.stderr)
         return 2
     command = shlex.join(["python", "-m", "cluster.kuberay", *argv])
     sys.stdout.write(f"# Rendered by `{command}`; do not edit by hand.\n"
                      f"# API keys: the Secret {args.secret!r} (see infra/kuberay/secret.example.yaml).\n"
-                     + dump(manifest))
+                     + "---\n".join(dump(doc) for doc in [manifest, *extra]))
     return 0
 
 

@@ -280,11 +280,11 @@ class GatewayConfig(_Strict):
     max_header_bytes: int = Field(default=65536, ge=1024, description="...and within this many bytes, else "
                                   "431 and close.")
     body_timeout_s: float = Field(default=30.0, gt=0, description="Each HTTP request's body must then arrive "
-                                  "within this (from the end of its head), else 408 and close. With http.server: "
-                                  "gateway.")
+                                  "within this (from the end of its head; behind Ray Serve's proxy, from the "
+                                  "request's start in the app), else 408 and close.")
     max_body_bytes: int = Field(default=8 * 2**20, ge=1024, description="...and be at most this many bytes, "
                                 "else 413 and close (a larger content-length is refused before any body is "
-                                "read); the app never sees a refused body.")
+                                "read); no route sees a refused body. Both hold with either http.server.")
     send_queue_events: int = Field(default=256, ge=8, description="Events queued for a connection's "
                                    "reader; while full, a response's deltas merge.")
     max_pending_chars: int = Field(default=65536, ge=1, description="Merged delta text a response may hold "

@@ -46,6 +46,7 @@ from cluster import cpus
 
 from . import openai_api, openai_responses, telemetry
 from .auth import insecure_warning, key_of, load_keys, owner_of, subprotocol_bearer
+from .body_limits import BodyLimits
 from .config import load_config
 from .errors import InvalidRequest, NotReady, first_event, parse_json, to_event
 from .listen import listen
@@ -83,6 +84,16 @@ async def _require_key(request: Request, call_next):
                             status_code=401, headers={"WWW-Authenticate": "Bearer"})
     request.state.owner = owner_of(key)  # whose stored responses this request may continue
     return await call_next(request)
+
+
+def _body_limits(scope: dict[str, Any]) -> tuple[float, int] | None:
+    """``gateway.body_timeout_s`` and ``max_body_bytes`` behind Ray Serve's proxy; none with the gateway's
+    own server, which applies them before the app (``serve.listen``)."""
+    config = scope["app"].state.gateway.config
+    return None if config.http.server == "gateway" else (config.gateway.body_timeout_s, config.gateway.max_body_bytes)
+
+
+api.add_middleware(BodyLimits, limits=_body_limits)  # outermost: a refused body never reaches the key check
 
 
 @serve.ingress(api)

@@ -284,6 +284,66 @@ def test_cli_bad_config(tmp_path, capsys):
     assert "lanes.fast.tp" in capsys.readouterr().err
 
 
+# --- TLS ---------------------------------------------------------------------------------------
+
+
+def pods(manifest: dict) -> list[dict]:
+    cluster = manifest["spec"]["rayClusterConfig"]
+    return [cluster["headGroupSpec"]["template"]["spec"]] + [g["template"]["spec"] for g in cluster["workerGroupSpecs"]]
+
+
+def test_a_tls_secret_gives_grpc_tls_from_a_mount_on_every_pod(tmp_path):
+    from tests.serve.conftest import self_signed
+
+    manifest = rayservice(None, tls_secret="fastmode-tls")
+    for pod in pods(manifest):
+        [volume] = [v for v in pod["volumes"] if v["name"] == "tls"]
+        assert volume["secret"]["secretName"] == "fastmode-tls"
+        [mount] = [m for c in pod["containers"] for m in c["volumeMounts"] if m["name"] == "tls"]
+        assert mount == {"name": "tls", "mountPath": kuberay.TLS_DIR, "readOnly": True}
+        # the key is readable by the image's user (runAsUser 1000) through fsGroup 1000, and by no one else
+        assert volume["secret"]["defaultMode"] == 0o440 and pod["securityContext"]["fsGroup"] == 1000
+    [app] = yaml.safe_load(manifest["spec"]["serveConfigV2"])["applications"]
+    config = app["args"]["config"]
+    assert config["http"]["tls_certfile"] is None  # KubeRay's operator checks the proxies over plain HTTP
+    # The file names are a kubernetes.io/tls Secret's keys: a certificate and key mounted under those
+    # names load as the gRPC server's pair (the pod's load_config, with the mount moved here).
+    cert, key = self_signed(tmp_path)
+    (tmp_path / "tls.crt").write_bytes(cert.read_bytes())
+    (tmp_path / "tls.key").write_bytes(key.read_bytes())
+    grpc = config["grpc"]
+    assert (grpc["tls_certfile"], grpc["tls_keyfile"]) == (f"{kuberay.TLS_DIR}/tls.crt", f"{kuberay.TLS_DIR}/tls.key")
+    here = json.loads(json.dumps(config).replace(kuberay.TLS_DIR, str(tmp_path)).replace("/app/models", str(REPO / "models")))
+    loaded = load_config(here)
+    assert loaded.grpc.tls and not loaded.http.tls
+    assert not any(v["name"] == "tls" for pod in pods(rayservice(None)) for v in pod["volumes"])  # none without
+
+
+def test_the_ingress_serves_https_and_wss_for_the_serve_service(capsys):
+    assert kuberay.main(["--tls-secret", "fastmode-tls", "--host", "llm.example.com", "--name", "fm"]) == 0
+    docs = list(yaml.safe_load_all(capsys.readouterr().out))
+    assert [d["kind"] for d in docs] == ["RayService", "Ingress"]
+    ing = docs[1]
+    assert ing["apiVersion"] == "networking.k8s.io/v1" and ing["spec"]["ingressClassName"] == "nginx"
+    assert ing["spec"]["tls"] == [{"hosts": ["llm.example.com"], "secretName": "fastmode-tls"}]
+    [rule] = ing["spec"]["rules"]
+    [path] = rule["http"]["paths"]
+    assert rule["host"] == "llm.example.com" and path["path"] == "/" and path["pathType"] == "Prefix"
+    # KubeRay's serve Service for the RayService "fm", on the port its proxies listen on
+    assert path["backend"]["service"] == {"name": "fm-serve-svc", "port": {"number": load_config(None).http.port}}
+    notes = ing["metadata"]["annotations"]
+    g = load_config(None).gateway
+    assert notes["nginx.ingress.kubernetes.io/proxy-read-timeout"] == str(int(g.max_connection_age_s))
+    assert notes["nginx.ingress.kubernetes.io/proxy-body-size"] == f"{g.max_body_bytes // 2**20}m"
+    assert notes["nginx.ingress.kubernetes.io/proxy-buffering"] == "off"  # tokens stream as they come
+
+
+def test_tls_secret_and_host_go_together(capsys):
+    with pytest.raises(SystemExit) as e:
+        kuberay.main(["--tls-secret", "fastmode-tls"])
+    assert e.value.code == 2 and "--tls-secret and --host go together" in capsys.readouterr().err
+
+
 # --- tools, where installed -------------------------------------------------------------------
 
 
@@ -311,6 +371,9 @@ def test_pod_templates_validate_as_pods(tmp_path):
             for name, t in templates.items()]
     docs.append(yaml.safe_load(SECRET.read_text()))
     docs.append(yaml.safe_load((KUBERAY / "namespace.yaml").read_text()))
+    tls = rayservice(None, tls_secret="fastmode-tls")["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]
+    docs.append({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "head-tls"}, "spec": tls["spec"]})
+    docs.append(kuberay.ingress(None, host="llm.example.com", tls_secret="fastmode-tls"))
     path = tmp_path / "pods.yaml"
     path.write_text(yaml.safe_dump_all(docs))
     out = subprocess.run([validate, "--strict", str(path)], check=False, capture_output=True, text=True, timeout=120)

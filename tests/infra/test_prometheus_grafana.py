@@ -430,3 +430,29 @@ def test_serves_proxy_serves_https_and_wss(piped_app):
 
     assert asyncio.run(main()).finish_reason in ("length", "stop")
     assert isinstance(ssl.get_server_certificate(("127.0.0.1", a.port)), str)  # it is TLS that answers
+
+
+
+@pytest.mark.slow
+def test_serves_proxy_keeps_the_gateways_body_limits(piped_app):
+    """Behind Ray Serve's proxy the gateway's body limits hold in the app (``serve.body_limits``): a body
+    over ``gateway.max_body_bytes`` is 413, declared or streamed, and the app serves on."""
+    import httpx
+
+    from serve.config import GatewayConfig
+
+    a, cap = piped_app, GatewayConfig().max_body_bytes
+    r = a.client.post("/v1/responses", content=b"x" * (cap + 1), headers={"content-type": "application/json"})
+    assert r.status_code == 413 and r.json()["error"]["code"] == "invalid_request", r.text[:300]
+
+    def streamed():
+        for _ in range(cap // 2**20 + 1):
+            yield b" " * 2**20
+
+    try:
+        r = a.client.post("/v1/chat/completions", content=streamed(), headers={"content-type": "application/json"})
+        assert r.status_code == 413, r.text[:300]
+    except httpx.TransportError:  # the proxy may close while the client still sends: refused all the same
+        pass
+    status, events = a.generate(model="fastmode-fast", input="def main():\n", max_output_tokens=2)
+    assert status == 200 and events[-1]["type"] == "done", events
