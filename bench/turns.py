@@ -8,14 +8,17 @@
 
 Several conversations run at once per lane (at most the lane's batch cap, so a capped lane never
 refuses one); each has ``--turns`` turns of one held-out source line in and ``--tokens`` greedy
-tokens out. Per lane and way: time to first token per turn (client clock, send to first text;
-median over conversations), the wall time of all conversations, the input tokens the server
-reused (``cached_tokens``), and the two goals: turn ``N``'s time to first token within 1.2x of turn
+tokens out. The whole loop runs ``--repeats`` times per way, ways alternating, each repeat on other
+held-out files (so no repeat finds an earlier one's prefix cached). Per lane and way: time to first
+token per turn (client clock, send to first text; median over every conversation of every repeat),
+the wall time of all conversations (median over repeats), the input tokens the server reused
+(``cached_tokens``), and the two goals: turn ``N``'s time to first token within 1.2x of turn
 1's (the history is not re-prefilled) and the WebSocket's wall time at least 30% under the
 re-send's. On loopback, then across an emulated round trip (``bench.netem``; root only).
 
 Usage: fastmode bench turns [--url http://HOST:PORT] [--api-key K] [--lanes fast,standard,...]
-                            [--conversations 4] [--turns 20] [--tokens 8] [--rtt-ms 20] [--json F] [--quick]
+                            [--conversations 4] [--turns 20] [--tokens 8] [--repeats 3] [--rtt-ms 20]
+                            [--json F] [--quick]
 """
 
 from __future__ import annotations
@@ -122,8 +125,8 @@ async def http_conversation(url: str, key: str | None, lane: str, inputs: list[s
 
 
 async def measure(url: str, key: str | None, lanes: list[str], conversations: int, turns: int,
-                  tokens: int) -> dict:
-    """Every lane, both ways, one after another (never two at once)."""
+                  tokens: int, repeats: int = 1) -> dict:
+    """Every lane, both ways, one after another (never two at once), ``repeats`` times each."""
     caps = {}
     with httpx.Client(base_url=url, timeout=30) as c:
         health = c.get("/health").json()
@@ -131,18 +134,27 @@ async def measure(url: str, key: str | None, lanes: list[str], conversations: in
         cap = health.get("lanes", {}).get(lane, {}).get("cap")
         caps[lane] = min(conversations, cap) if cap else conversations
     out = {}
+    ways = {"websocket": ws_conversation, "http_resend": http_conversation}
     for lane in lanes:
-        inputs = conversation_inputs(caps[lane], turns)
-        out[lane] = {"conversations": caps[lane]}
-        for way, run in (("websocket", ws_conversation), ("http_resend", http_conversation)):
-            start = time.perf_counter()
-            convs = await asyncio.gather(*(run(url, key, lane, lines, tokens) for lines in inputs))
-            wall = time.perf_counter() - start
-            ttft = [statistics.median(c[k]["ttft_s"] for c in convs) for k in range(turns)]
-            out[lane][way] = {"wall_s": wall, "ttft_ms_per_turn": [1e3 * t for t in ttft],
-                              "input_tokens_last_turn": statistics.median(c[-1]["input_tokens"] or 0 for c in convs),
-                              "cached_tokens_per_turn": [statistics.median(c[k]["cached_tokens"] or 0 for c in convs)
-                                                         for k in range(turns)],
+        n = caps[lane]
+        inputs = conversation_inputs(n * repeats, turns)
+        out[lane] = {"conversations": n, "repeats": repeats}
+        convs: dict[str, list] = {way: [] for way in ways}
+        walls: dict[str, list[float]] = {way: [] for way in ways}
+        for r in range(repeats):
+            for way, run in ways.items():
+                start = time.perf_counter()
+                convs[way] += await asyncio.gather(*(run(url, key, lane, lines, tokens)
+                                                     for lines in inputs[r * n:(r + 1) * n]))
+                walls[way].append(time.perf_counter() - start)
+        for way in ways:
+            ttft = [statistics.median(c[k]["ttft_s"] for c in convs[way]) for k in range(turns)]
+            out[lane][way] = {"wall_s": statistics.median(walls[way]), "wall_s_per_repeat": walls[way],
+                              "ttft_ms_per_turn": [1e3 * t for t in ttft],
+                              "input_tokens_last_turn": statistics.median(c[-1]["input_tokens"] or 0
+                                                                          for c in convs[way]),
+                              "cached_tokens_per_turn": [statistics.median(c[k]["cached_tokens"] or 0
+                                                                           for c in convs[way]) for k in range(turns)],
                               "last_to_first_ttft": ttft[-1] / ttft[0]}
         ws, http = out[lane]["websocket"], out[lane]["http_resend"]
         out[lane]["wall_ratio"] = ws["wall_s"] / http["wall_s"]
@@ -154,7 +166,8 @@ async def measure(url: str, key: str | None, lanes: list[str], conversations: in
 def client_run(url: str, key: str | None, args: argparse.Namespace, prefix: list[str] = ()) -> dict:
     """This module's ``--client-only`` in a fresh process (behind ``prefix``: in the client's namespace)."""
     cmd = [*prefix, sys.executable, "-m", "bench.turns", "--client-only", "--url", url, "--lanes", ",".join(args.lanes),
-           "--conversations", str(args.conversations), "--turns", str(args.turns), "--tokens", str(args.tokens)]
+           "--conversations", str(args.conversations), "--turns", str(args.turns), "--tokens", str(args.tokens),
+           "--repeats", str(args.repeats)]
     env = dict(os.environ, FASTMODE_API_KEY=key or "")
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=1800)
     if r.returncode != 0:
@@ -184,8 +197,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--conversations", type=int, default=4, help="conversations at once per lane (at most its cap)")
     ap.add_argument("--turns", type=int, default=20)
     ap.add_argument("--tokens", type=int, default=8, help="output tokens per turn")
+    ap.add_argument("--repeats", type=int, default=3, help="runs of the whole loop per way (other files each)")
     ap.add_argument("--rtt-ms", default="20", help="emulated round trips, comma-separated (empty: skip)")
-    ap.add_argument("--quick", action="store_true", help="2 conversations of 4 turns, fast and standard, loopback")
+    ap.add_argument("--quick", action="store_true", help="2 conversations of 4 turns, fast and standard, loopback, "
+                    "once")
     ap.add_argument("--client-only", action="store_true", help="print the measurement as JSON (the client side "
                     "of the emulated network)")
     ap.add_argument("--json", help="write the results here")
@@ -197,10 +212,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown lanes {bad}; lanes: {', '.join(LANE_PARAMS)}")
     if args.client_only:
         print(json.dumps(asyncio.run(measure(args.url, args.api_key or None, args.lanes, args.conversations,
-                                             args.turns, args.tokens))))
+                                             args.turns, args.tokens, args.repeats))))
         return 0
     if args.quick:
-        args.conversations, args.turns, args.lanes, args.rtt_ms = 2, 4, ["fast", "standard"], ""
+        args.conversations, args.turns, args.lanes, args.rtt_ms, args.repeats = 2, 4, ["fast", "standard"], "", 1
     started = time.strftime("%Y-%m-%d %H:%M")
     loopback = client_run(args.url, args.api_key, args)
     print_table("loopback", loopback)
@@ -222,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"date": started, "command": "fastmode bench turns " + shlex.join(argv),
               "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform()},
               "settings": {"conversations": args.conversations, "turns": args.turns, "tokens": args.tokens,
+                           "repeats": args.repeats,
                            "lanes": args.lanes, "max_line_chars": MAX_LINE_CHARS},
               "goals": {"ttft_last_over_first_at_most": TTFT_GOAL, "wall_ratio_at_most": WALL_GOAL},
               "loopback": loopback, "emulated_network": networks, "emulated_network_skipped": skipped}

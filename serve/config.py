@@ -116,7 +116,8 @@ class VLLMLaneConfig(LaneCommon):
     block_size: int | None = Field(default=32, ge=1, description="vLLM's KV-cache block: its prefix cache "
         "reuses whole blocks, so a conversation's next turn re-prefills up to block_size - 1 history tokens. "
         "32 (vLLM's CPU default is 128): turn 20's first token 0.80x turn 1's against 1.25x, decode within "
-        "3% (fastmode bench turns / lanes, docs/serving.md); null: vLLM's default.")
+        "3% (fastmode bench turns / lanes, docs/serving.md); null: vLLM's default. vLLM's CPU attention takes "
+        "multiples of 32 only (16 is refused when the engine starts).")
     executor: Literal["auto", "uni", "mp"] = Field(default="auto", description="Where vLLM runs the model: "
         "'uni' in its engine-core process, beside the scheduler; 'mp' in a worker process of its own, which the "
         "scheduler polls over shared memory (vLLM's choice on CPU, where it forces 'mp'). 'auto': 'uni' on one "

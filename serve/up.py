@@ -10,7 +10,10 @@ for a cluster that already runs Ray. Beyond loopback it refuses to start without
 from __future__ import annotations
 
 import argparse
+import contextlib
+import glob
 import os
+import re
 import signal
 import socket
 import sys
@@ -148,7 +151,12 @@ def run(config: AppConfig, *, address: str | None, chips: int, verbose: bool = F
                     http_options=http_options(config) | {"root_url": base},
                     logging_config={"log_level": "INFO" if verbose else "WARNING", "enable_access_log": verbose})
         print("fastmode up: deploying (engines load: about a minute on a CPU)", flush=True)
-        serve.run(build(config), name=config.name, route_prefix="/")  # lanes are up once warmed up
+        try:
+            serve.run(build(config), name=config.name, route_prefix="/")  # lanes are up once warmed up
+        except RuntimeError as e:  # a deployment's replicas kept failing: say which, and why
+            print(f"fastmode up: the application did not deploy: {e}\n{deploy_failures(config.name)}"
+                  f"(full tracebacks: {_ray_logs()}/serve/)", file=sys.stderr, flush=True)
+            return 1
         if not serve.get_deployment_handle("gateway", config.name).wait_ready.remote().result():
             print("fastmode up: the gateway did not reach every lane within 10 minutes; see /health",
                   file=sys.stderr, flush=True)
@@ -191,3 +199,54 @@ def run(config: AppConfig, *, address: str | None, chips: int, verbose: bool = F
 
 def _interrupt(*_) -> None:
     raise KeyboardInterrupt
+
+
+ERROR_LINE = re.compile(r"^(?:\(\w+ pid=\d+\) )?(?:ERROR \S+ \S+ \[\S+\] +)?((?:[A-Za-z_][\w.]*)?(?:Error|Exception)\b.*)$")
+"""A traceback's exception line, without the log prefix vLLM's engine process puts on it."""
+
+
+def deploy_failures(app: str) -> str:
+    """A line per failed deployment of ``app``: its name and the last exception its replicas raised
+    (from Serve's status, whose message carries the replica's traceback)."""
+    from ray import serve
+
+    try:
+        status = serve.status().applications.get(app)
+    except Exception:  # noqa: BLE001 - a report of a failure must not fail itself
+        return ""
+    out = ""
+    for name, dep in (status.deployments if status else {}).items():
+        if dep.status in ("DEPLOY_FAILED", "UNHEALTHY") and dep.message:
+            lines = [line.strip() for line in dep.message.splitlines() if line.strip()]
+            # vLLM's engine runs in a process of its own and its error reaches the replica only as "see
+            # root cause above": the cause is in the replica process's log, where that process prints it.
+            pids = re.findall(r"\bpid=(\d+)", dep.message)
+            errors = _errors(lines) + [e for pid in pids[:1] for e in _errors(_log_lines(pid)) if e not in _VAGUE]
+            out += f"  {name}: {errors[-1] if errors else lines[-1]}\n"
+    return out
+
+
+_VAGUE = ("Engine core initialization failed",)
+
+
+def _errors(lines: list[str]) -> list[str]:
+    return [e for line in lines if (m := ERROR_LINE.match(line.strip())) and ":" in (e := m.group(1))
+            and not e.startswith(_VAGUE)]
+
+
+def _log_lines(pid: str) -> list[str]:
+    """The last lines Ray logged for worker process ``pid`` (its stdout and stderr files)."""
+    out: list[str] = []
+    for path in sorted(glob.glob(os.path.join(_ray_logs(), f"worker-*-{pid}.*"))):
+        with contextlib.suppress(OSError), open(path, errors="replace") as f:
+            out += f.readlines()[-400:]
+    return out
+
+
+def _ray_logs() -> str:
+    import ray
+
+    try:
+        return os.path.join(ray._private.worker._global_node.get_session_dir_path(), "logs")
+    except Exception:  # noqa: BLE001
+        return "/tmp/ray/session_latest/logs"

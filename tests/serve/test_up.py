@@ -1,12 +1,19 @@
-"""``fastmode up``: health only once every engine has loaded, and a clean exit on Ctrl-C.
+"""``fastmode up``: health only once every engine has loaded, a clean exit on Ctrl-C, and a lane
+that cannot start named with its cause.
 
 Runs last in ``tests/serve`` (``tests/conftest.py`` orders it; it stops the shared application)."""
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
+import sys
 
 import pytest
+
+from bench.app import free_port
+from tests.serve.conftest import REPO
 
 
 @pytest.mark.slow
@@ -73,3 +80,24 @@ def test_ctrl_c_stops_everything_it_started(app):
     assert "fastmode up: stopping" in out and "fastmode up: stopped" in out
     _, alive = psutil.wait_procs(started, timeout=30)  # only this app's: other apps may run on the machine
     assert not alive, f"processes left behind: {[(p.pid, p.name()) for p in alive]}"
+
+
+@pytest.mark.slow
+def test_a_lane_that_cannot_start_is_named_with_its_root_cause(tmp_path):
+    """vLLM's CPU attention takes blocks of a multiple of 32 only; its engine process says so, and the
+    replica only "engine core initialization failed". ``fastmode up`` exits 1 naming the lane and the cause."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("16-token blocks are valid on a GPU")
+    config = tmp_path / "bad.yaml"
+    config.write_text("lanes:\n  priority: {block_size: 16}\n")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"FASTMODE_API_KEYS": "sk-x"}
+    ports = [str(free_port()) for _ in range(3)]
+    r = subprocess.run([sys.executable, "-m", "clients.cli", "up", "--config", str(config), "--port", ports[0],
+                        "--grpc-port", ports[1], "--metrics-port", ports[2]], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]
+    report = r.stderr[r.stderr.index("fastmode up: the application did not deploy"):]
+    assert "  priority-lane: ValueError: No common block size for 16" in report, report
+    assert "full tracebacks: " in report and "Traceback" not in report
