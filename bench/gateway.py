@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -156,7 +157,8 @@ def client_trio(url: str, key: str | None, trials: int, prefix: list[str] = ()) 
 
 
 def emulated(url: str, key: str | None, trials: int, rtt_ms: float) -> dict:
-    """The TTFT trio across an emulated network (``bench.netem``), the client in its namespace."""
+    """The TTFT trio across an emulated network (``bench.netem``), the client in its namespace, and
+    the network's own round trip as that client sees it (``measured_rtt_ms``)."""
     from urllib.parse import urlparse
 
     from bench.netem import emulated_network
@@ -164,7 +166,50 @@ def emulated(url: str, key: str | None, trials: int, rtt_ms: float) -> dict:
     port = urlparse(url).port or 80
     with emulated_network(port, rtt_ms) as net:
         trio = client_trio(f"http://{net.host}:{net.port}", key, trials, net.client_prefix)
-        return {"rtt_ms": rtt_ms, "method": net.method, "ttft_ms": trio}
+    return {"rtt_ms": rtt_ms, "method": net.method, "ttft_ms": trio, "measured_rtt_ms": network_rtt_ms(rtt_ms, trials)}
+
+
+ECHO_CLIENT = """
+import socket, statistics, sys, time
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])))
+s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+s.sendall(b"w"); s.recv(1)
+xs = []
+for _ in range(int(sys.argv[3])):
+    t = time.perf_counter(); s.sendall(b"x"); s.recv(1); xs.append(time.perf_counter() - t)
+print(statistics.median(xs) * 1e3)
+"""
+
+
+def network_rtt_ms(rtt_ms: float, trials: int) -> float:
+    """The emulated network's round trip (ms, p50) as a Python client in its namespace sees it: one byte
+    to a TCP echo server on this side and back, through the same kind of path (veth, and the delay relay
+    where netem is missing, whose own processing is part of the network)."""
+    import socket
+    import threading
+
+    from bench.netem import emulated_network
+
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def echo() -> None:
+        with contextlib.suppress(OSError):
+            conn, _ = server.accept()
+            with conn:
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                while data := conn.recv(64):
+                    conn.sendall(data)
+
+    threading.Thread(target=echo, daemon=True).start()
+    try:
+        with emulated_network(server.getsockname()[1], rtt_ms) as net:
+            r = subprocess.run([*net.client_prefix, sys.executable, "-c", ECHO_CLIENT, net.host, str(net.port),
+                                str(trials)], capture_output=True, text=True, timeout=300)
+            if r.returncode != 0:
+                raise RuntimeError(f"the echo client failed: {r.stderr[-1000:]}")
+            return float(r.stdout)
+    finally:
+        server.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -214,8 +259,9 @@ def main(argv: list[str] | None = None) -> int:
     bar.close()
     ref = {"fast": engines["sharded_fast"], "standard": engines["vllm_full"]}
     engine_ttft_ms = 1e3 * engines["sharded_fast_ttft_s"]
-    for net in networks:  # one round trip plus the engine's own time to first token
-        net["physical_limit_ms"] = net["rtt_ms"] + engine_ttft_ms
+    for net in networks:  # one round trip (as measured through the emulated network) plus the engine's own TTFT
+        net["physical_limit_ms"] = net["measured_rtt_ms"] + engine_ttft_ms
+        net["physical_limit_nominal_rtt_ms"] = net["rtt_ms"] + engine_ttft_ms
     result = {"date": started, "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform()},
               "command": "fastmode bench gateway " + shlex.join(argv),
               "tokens": args.tokens, "trials": args.trials, "served": served, "in_process": engines,

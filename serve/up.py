@@ -201,7 +201,8 @@ def _interrupt(*_) -> None:
     raise KeyboardInterrupt
 
 
-ERROR_LINE = re.compile(r"^(?:\(\w+ pid=\d+\) )?(?:ERROR \S+ \S+ \[\S+\] +)?((?:[A-Za-z_][\w.]*)?(?:Error|Exception)\b.*)$")
+ERROR_LINE = re.compile(r"^(?:\(\w+ pid=\d+\) )?(?:ERROR \S+ \S+ \[\S+\] +)?"
+                        r"((?:[A-Za-z_][\w.]*)?(?:Error|Exception)\b.*)$")
 """A traceback's exception line, without the log prefix vLLM's engine process puts on it."""
 
 

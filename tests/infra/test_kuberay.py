@@ -313,7 +313,8 @@ def test_a_tls_secret_gives_grpc_tls_from_a_mount_on_every_pod(tmp_path):
     (tmp_path / "tls.key").write_bytes(key.read_bytes())
     grpc = config["grpc"]
     assert (grpc["tls_certfile"], grpc["tls_keyfile"]) == (f"{kuberay.TLS_DIR}/tls.crt", f"{kuberay.TLS_DIR}/tls.key")
-    here = json.loads(json.dumps(config).replace(kuberay.TLS_DIR, str(tmp_path)).replace("/app/models", str(REPO / "models")))
+    here = json.loads(json.dumps(config).replace(kuberay.TLS_DIR, str(tmp_path))
+                      .replace("/app/models", str(REPO / "models")))
     loaded = load_config(here)
     assert loaded.grpc.tls and not loaded.http.tls
     assert not any(v["name"] == "tls" for pod in pods(rayservice(None)) for v in pod["volumes"])  # none without
