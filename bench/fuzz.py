@@ -32,12 +32,12 @@ TESTS = "tests/serve/test_fuzz.py"
 DOORS = {"test_websocket_frames": "websocket", "test_http_bodies": "http", "test_grpc_messages": "grpc"}
 
 
-def run(examples: int, timeout_s: float) -> dict:
-    """Run the fuzz tests with ``examples`` per front door; their verdicts and tallies."""
+def run(examples: int, timeout_s: float, tests: str = TESTS) -> dict:
+    """Run the fuzz tests (``tests``) with ``examples`` per front door; their verdicts and tallies."""
     with tempfile.TemporaryDirectory(prefix="fastmode-fuzz-") as tmp:
         tally, junit = Path(tmp) / "tally.jsonl", Path(tmp) / "junit.xml"
         env = dict(os.environ, FASTMODE_FUZZ_EXAMPLES=str(examples), FASTMODE_FUZZ_TALLY=str(tally))
-        cmd = [sys.executable, "-m", "pytest", TESTS, "-p", "no:cacheprovider", "-q", f"--junitxml={junit}"]
+        cmd = [sys.executable, "-m", "pytest", tests, "-p", "no:cacheprovider", "-q", f"--junitxml={junit}"]
         t = time.perf_counter()
         try:
             proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s)

@@ -16,7 +16,8 @@ def quick_run(app, tmp_path_factory) -> tuple[Path, float]:
     a = app()
     out = tmp_path_factory.mktemp("bench_quick")
     t = time.perf_counter()
-    rc = main(["--quick", "--url", a.base, "--api-key", a.key, "--out", str(out)])
+    # fuzz starts an application of its own (tests/serve/test_fuzz.py runs beside this one anyway)
+    rc = main(["--quick", "--url", a.base, "--api-key", a.key, "--out", str(out), "--skip", "fuzz"])
     seconds = time.perf_counter() - t
     assert rc == 0, (out / "suite.json").read_text()
     return out, seconds

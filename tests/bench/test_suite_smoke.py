@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 def test_every_stage_ran(quick_run):
     out, seconds = quick_run
     suite = json.loads((out / "suite.json").read_text())
-    assert suite["quick"] and list(suite["stages"]) == list(STAGES)
+    assert suite["quick"] and list(suite["stages"]) == [s for s in STAGES if s != "fuzz"]
     assert all(s["exit_code"] == 0 for s in suite["stages"].values()), suite["stages"]
     assert suite["commit"]["sha"] and len(suite["commit"]["sha"]) == 40
     assert suite["machine"]["cpu_count"] == os.cpu_count()
@@ -33,7 +33,8 @@ def test_report(quick_run):
     for heading in ("## 1. Lanes under load", "## 2. Quality against speed", "## 3. Gateway", "## 4. Sharding",
                     "## 5. What users would pick instead", "## 6. Multi-turn", "## 7. Soak"):
         assert heading in text
-    assert "Not run" not in text and "**failed" not in text
+    assert text.count("Not run") == 1 and "## 8. Hostile input at every front door\n\nNot run." in text  # skipped
+    assert "**failed" not in text
     assert "**Quick run**" in text and "fastmode bench all --quick" in text
     # every table row in the report comes from the JSON: the lanes' aggregate tokens/s appear as written
     lanes = json.loads((out / "lanes_load.json").read_text())["lanes"]
