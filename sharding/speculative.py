@@ -113,7 +113,7 @@ class _Seq:
 # -- the acceptance rules ------------------------------------------------------------------------
 def accept_greedy(drafts: torch.Tensor, target_logits: torch.Tensor) -> tuple[int, int]:
     """``(accepted, next_token)`` for one row: ``drafts [k]``, ``target_logits [k + 1, V]``."""
-    g = target_logits.argmax(dim=-1)
+    g = target_logits.argmax(dim=-1).to(drafts.device)  # the drafts are kept on the CPU, the logits may not be
     k = int(drafts.shape[0])
     agree = (drafts == g[:k]).int()
     a = int(agree.cumprod(0).sum()) if k else 0
