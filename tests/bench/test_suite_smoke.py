@@ -67,7 +67,9 @@ def test_gateway(quick_run):
     assert doc["throughput_ceiling"]["concurrency"] == 4 and doc["throughput_ceiling"]["ratio"] > 0
     if can_emulate() is None:  # root: the namespace was built and the 20 ms round trip is visible
         (net,) = doc["emulated_network"]
-        assert net["rtt_ms"] == 20 and net["physical_limit_ms"] == pytest.approx(20 + doc["loopback_physical_limit_ms"])
+        assert net["rtt_ms"] == 20 and 20 <= net["measured_rtt_ms"] < 40  # the echo crosses the emulated delay
+        assert net["physical_limit_ms"] == pytest.approx(net["measured_rtt_ms"] + doc["loopback_physical_limit_ms"])
+        assert net["physical_limit_nominal_rtt_ms"] == pytest.approx(20 + doc["loopback_physical_limit_ms"])
         assert net["ttft_ms"]["health_round_trip"]["p50"] >= 20
         assert net["ttft_ms"]["warm_websocket"]["p50"] >= 20
         assert net["ttft_ms"]["fresh_websocket"]["p50"] >= 40  # connect + upgrade: at least two round trips

@@ -36,7 +36,7 @@ class OneEvent:
     def __init__(self, event: dict) -> None:
         self.event = event
 
-    def stream(self, body: dict):
+    def stream(self, body: dict, owner: str = ""):
         event = self.event
 
         class Stream:

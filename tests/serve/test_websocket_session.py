@@ -67,7 +67,7 @@ class FakeRouter:
         self.n, self.text, self.every_s = n, text, every_s
         self.logs: dict[str, list] = {}
 
-    def stream(self, body: dict, history=None) -> FakeStream:
+    def stream(self, body: dict, history=None, owner: str = "") -> FakeStream:
         assert history is not None  # the connection's own kept responses (serve.conversation)
         rid = body["id"]
         if body.get("model") == "nope":
