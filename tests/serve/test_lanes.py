@@ -109,9 +109,9 @@ def test_closing_a_stream_frees_its_engine_sequence(app, lane):
     with a.stream(**request(lane, "class Parser:\n", max_output_tokens=400)) as (status, events):
         assert status == 200
         assert next(events)["type"] == "created"
+        held = a.lane_stats(lane)  # before the first delta: the fast lane's 400 tokens take ~0.25 s here
+        assert held["in_flight"] == 1, held
         assert next(events)["type"] == "delta"
-        running = a.lane_stats(lane)
-        assert running["running"] == 1 and running["in_flight"] == 1, running
     deadline = time.monotonic() + 30
     while (stats := a.lane_stats(lane))["running"] or stats["in_flight"]:
         assert time.monotonic() < deadline, f"the {lane} lane still holds the sequence: {stats}"
