@@ -290,16 +290,18 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if bool(args.tls_secret) != bool(args.host):
         ap.error("--tls-secret and --host go together (the Ingress serves https for that host with that Secret)")
+    from serve.config import load_config
     from serve.errors import ConfigError
 
     group = WorkerGroup(name="gpu-workers" if args.gpu else "workers", replicas=args.workers, chips=args.chips,
                         gpu=args.gpu, cpu=args.worker_cpu, memory=args.worker_memory)
     try:
-        manifest = rayservice(args.config, name=args.name, image=args.image,
+        config = load_config(args.config)
+        manifest = rayservice(config, name=args.name, image=args.image,
                               head_resources={"cpu": args.head_cpu, "memory": args.head_memory},
                               worker_groups=[group], secret=args.secret, otel_endpoint=args.otel_endpoint,
                               tls_secret=args.tls_secret)
-        extra = [ingress(args.config, name=args.name, host=args.host, tls_secret=args.tls_secret,
+        extra = [ingress(config, name=args.name, host=args.host, tls_secret=args.tls_secret,
                          ingress_class=args.ingress_class)] if args.tls_secret else []
     except (ConfigError, ValueError) as e:
         print(f"cluster.kuberay: {e}", file=sys.stderr)

@@ -14,9 +14,10 @@ request's head (header size, slowloris before the head ends) stay the proxy's ow
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable
 from typing import Any
+
+from .openai_api import _error_response
 
 
 class BodyRefused(Exception):
@@ -43,7 +44,7 @@ class BodyLimits:
         declared = dict(scope.get("headers") or ()).get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > max_bytes):
             status = 413 if declared.isdigit() else 400
-            await _answer(send, status, f"content-length {declared.decode(errors='replace')!r} is "
+            await _answer(scope, receive, send, status, f"content-length {declared.decode(errors='replace')!r} is "
                           f"{'over the limit of' if status == 413 else 'not a size within'} {max_bytes} bytes")
             return
         loop = asyncio.get_running_loop()
@@ -76,7 +77,7 @@ class BodyLimits:
             refused = _refusal(e)
             if refused is None or started:  # not ours, or too late to answer: the server closes the connection
                 raise
-            await _answer(send, refused.status, refused.message)
+            await _answer(scope, receive, send, refused.status, refused.message)
 
 
 def _refusal(e: BaseException) -> BodyRefused | None:
@@ -92,10 +93,8 @@ def _refusal(e: BaseException) -> BodyRefused | None:
     return None
 
 
-async def _answer(send, status: int, message: str) -> None:
-    body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "code": "invalid_request",
-                                 "param": None}}).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            (b"connection", b"close")]})
-    await send({"type": "http.response.body", "body": body})
+async def _answer(scope, receive, send, status: int, message: str) -> None:
+    """OpenAI's error object with ``status``, and the connection closed after it."""
+    response = _error_response(status, message, "invalid_request")
+    response.headers["connection"] = "close"
+    await response(scope, receive, send)

@@ -146,9 +146,9 @@ def not_found(rid: str) -> PreviousResponseNotFound:
         "as input (its messages and each response's output as an 'assistant' message)")
 
 
-def find(rid: str, *stores: ResponseStore | None, owner: str = "") -> Turn:
-    """The turn ``rid`` from the first store that keeps it for ``owner``; ``PreviousResponseNotFound`` otherwise."""
+def find(rid: str, *stores: ResponseStore | None) -> Turn:
+    """The turn ``rid`` from the first store that keeps it; ``PreviousResponseNotFound`` otherwise."""
     for store in stores:
-        if store is not None and (turn := store.get(rid, owner)) is not None:
+        if store is not None and (turn := store.get(rid)) is not None:
             return turn
     raise not_found(rid)

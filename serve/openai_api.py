@@ -52,7 +52,7 @@ CLIENT_GONE = 499
 
 # HTTP status -> OpenAI's error ``type``.
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
-                429: "rate_limit_error"}
+                408: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error"}
 # The router's field names (which start its ``invalid_request`` messages) -> this API's.
 _PARAMS = {"max_output_tokens": "max_tokens"}
 _CODE_PARAMS = {"unknown_model": "model", "unknown_service_tier": "service_tier"}
