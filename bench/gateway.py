@@ -42,6 +42,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 PROMPT = "class Parser:\n"
 LANES = {"fast": ("fastmode-fast", None), "standard": ("fastmode-full", "default")}
+CEILING_ROUNDS = 3
+"""The throughput ceiling alternates the served lane and the engine in process this many times."""
 
 
 def _create(rid: str, model: str, tier: str | None, tokens: int) -> str:
@@ -117,9 +119,8 @@ async def ttft(url: str, key: str | None, trials: int) -> dict:
     return out
 
 
-async def decode(url: str, key: str | None, tokens: int, concurrency: int) -> dict:
-    """Single-stream decode tokens/s per lane over one WebSocket (median of 3), and the standard
-    lane's aggregate tokens/s with ``concurrency`` streams at once on the same connection."""
+async def decode(url: str, key: str | None, tokens: int) -> dict:
+    """Single-stream decode tokens/s per lane over one WebSocket (median of 3)."""
     ws_url = url.replace("http", "ws", 1) + "/v1/responses"
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     out: dict = {"decode_tokens_per_s": {}}
@@ -131,17 +132,23 @@ async def decode(url: str, key: str | None, tokens: int, concurrency: int) -> di
                 first, total, done = await ws_response(conn, f"{lane}-{i}", model, tier, tokens)
                 rates.append((done["usage"]["output_tokens"] - 1) / (total - first))
             out["decode_tokens_per_s"][lane] = statistics.median(rates)
-    if concurrency:  # one connection per stream: ws_response reads its own connection's events
-        model, tier = LANES["standard"]
-
-        async def one(i: int) -> int:
-            async with connect(ws_url, additional_headers=headers) as conn:
-                return (await ws_response(conn, f"agg-{i}", model, tier, tokens))[2]["usage"]["output_tokens"]
-
-        start = time.perf_counter()
-        total = sum(await asyncio.gather(*(one(i) for i in range(concurrency))))
-        out["standard_aggregate_tokens_per_s"] = total / (time.perf_counter() - start)
     return out
+
+
+async def ws_aggregate(url: str, key: str | None, tokens: int, concurrency: int) -> float:
+    """The standard lane's aggregate tokens/s with ``concurrency`` streams at once, one WebSocket each
+    (``ws_response`` reads its own connection's events)."""
+    ws_url = url.replace("http", "ws", 1) + "/v1/responses"
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    model, tier = LANES["standard"]
+
+    async def one(i: int) -> int:
+        async with connect(ws_url, additional_headers=headers) as conn:
+            return (await ws_response(conn, f"agg-{i}", model, tier, tokens))[2]["usage"]["output_tokens"]
+
+    start = time.perf_counter()
+    total = sum(await asyncio.gather(*(one(i) for i in range(concurrency))))
+    return total / (time.perf_counter() - start)
 
 
 def client_trio(url: str, key: str | None, trials: int, prefix: list[str] = ()) -> dict:
@@ -234,10 +241,10 @@ def main(argv: list[str] | None = None) -> int:
     rtts = [float(x) for x in args.rtt_ms.split(",") if x.strip()]
     started = time.strftime("%Y-%m-%d %H:%M")
     steps = ["decode over the WebSocket", "time to first token, loopback"] + \
-            [f"time to first token, {r:g} ms round trip" for r in rtts] + ["engines in process"]
+            [f"time to first token, {r:g} ms round trip" for r in rtts] + ["engines in process (and the ceiling)"]
     bar = tqdm(total=len(steps), desc="gateway", unit="step", file=sys.stderr)
     bar.set_description(steps[0])
-    served = asyncio.run(decode(args.url, args.api_key, args.tokens, args.concurrency))
+    served = asyncio.run(decode(args.url, args.api_key, args.tokens))
     bar.update()
     bar.set_description(steps[1])
     served["ttft_ms"] = client_trio(args.url, args.api_key, args.trials)
@@ -254,7 +261,8 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             bar.update()
     bar.set_description(steps[-1])
-    engines = direct(args.tokens, 3, args.concurrency)
+    engines = direct(args.tokens, 3, args.concurrency, rounds=CEILING_ROUNDS if not args.quick else 1,
+                     served_aggregate=lambda: ws_aggregate(args.url, args.api_key, args.tokens, args.concurrency))
     bar.update()
     bar.close()
     ref = {"fast": engines["sharded_fast"], "standard": engines["vllm_full"]}
@@ -270,11 +278,12 @@ def main(argv: list[str] | None = None) -> int:
               "loopback_physical_limit_ms": engine_ttft_ms, "emulated_network": networks,
               "emulated_network_skipped": skipped}
     if args.concurrency:
+        pairs = list(zip(engines["served_aggregates"], engines["vllm_full_aggregates"], strict=True))
         result["throughput_ceiling"] = {
-            "concurrency": args.concurrency,
-            "websocket_aggregate_tokens_per_s": served["standard_aggregate_tokens_per_s"],
-            "in_process_aggregate_tokens_per_s": engines["vllm_full_aggregate"],
-            "ratio": served["standard_aggregate_tokens_per_s"] / engines["vllm_full_aggregate"]}
+            "concurrency": args.concurrency, "rounds": len(pairs),
+            "websocket_aggregate_tokens_per_s": statistics.median(a for a, _ in pairs),
+            "in_process_aggregate_tokens_per_s": statistics.median(b for _, b in pairs),
+            "ratios": [a / b for a, b in pairs], "ratio": statistics.median(a / b for a, b in pairs)}
     for lane in LANES:
         print(f"{lane:<9} in process {ref[lane]:6.0f} tok/s   over the WebSocket "
               f"{served['decode_tokens_per_s'][lane]:6.0f} tok/s   overhead "

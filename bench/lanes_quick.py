@@ -13,6 +13,7 @@ import json
 import os
 import statistics
 import time
+from typing import Awaitable, Callable
 from unittest.mock import patch
 
 import httpx
@@ -45,14 +46,20 @@ def one(client: httpx.Client, model: str, tier: str | None, tokens: int) -> dict
             "engine_decode_tokens_per_s": done["timing"]["decode_tokens_per_s"], "chunks": deltas, "tokens": n}
 
 
-def direct(tokens: int, runs: int, concurrency: int = 0) -> dict:
+def direct(tokens: int, runs: int, concurrency: int = 0,
+           served_aggregate: Callable[[], Awaitable[float]] | None = None, rounds: int = 1) -> dict:
     """The lanes' engines without serving: vLLM AsyncLLM on the full model (the standard lane's
     config) and the fast model as the default pp=2 pipeline over chip actors (actor calls).
 
     Single-stream decode tokens/s of each (``vllm_full``, ``sharded_fast``), the fast pipeline's
     time to first token for a 3-token prompt (``sharded_fast_ttft_s``: prefill and one token,
     median of 5), and with ``concurrency`` the aggregate tokens/s of vLLM serving that many
-    ``tokens``-token requests at once (``vllm_full_aggregate``)."""
+    ``tokens``-token requests at once (``vllm_full_aggregate``, the median of ``rounds``).
+
+    ``served_aggregate``, awaited once per round, measures the same load on the served lane: the
+    rounds alternate it with the engine in process (A B, B A, ...), so that slow drift of the
+    machine's speed hits both alike; its figures come back as ``served_aggregates``, in order with
+    ``vllm_full_aggregates``."""
     import asyncio
 
     from models import FULL
@@ -76,16 +83,30 @@ def direct(tokens: int, runs: int, concurrency: int = 0) -> dict:
                 if i:
                     rates.append((n - 1) / (time.perf_counter() - first))
             if concurrency:
-                async def one(i: int) -> int:
+                async def one(rid: str) -> int:
                     n = 0
-                    async for o in engine.generate(EngineRequest(f"c{i}", [0, 100, 200], tokens,
+                    async for o in engine.generate(EngineRequest(rid, [0, 100, 200], tokens,
                                                                  temperature=0, ignore_eos=True)):
                         n += len(o.token_ids)
                     return n
-                start = time.perf_counter()
-                total = sum(await asyncio.gather(*(one(i) for i in range(concurrency))))
-                out["vllm_full_aggregate"] = total / (time.perf_counter() - start)
+
+                async def in_process(r: int) -> float:
+                    start = time.perf_counter()
+                    total = sum(await asyncio.gather(*(one(f"c{r}-{i}") for i in range(concurrency))))
+                    return total / (time.perf_counter() - start)
+
+                ours, served = [], []
+                for r in range(rounds):
+                    if served_aggregate is not None and r % 2 == 0:
+                        served.append(await served_aggregate())
+                    ours.append(await in_process(r))
+                    if served_aggregate is not None and r % 2 == 1:
+                        served.append(await served_aggregate())
+                out["vllm_full_aggregate"] = statistics.median(ours)
+                out["vllm_full_aggregates"] = ours
                 out["vllm_full_aggregate_concurrency"] = concurrency
+                if served_aggregate is not None:
+                    out["served_aggregates"] = served
         finally:
             engine.shutdown()
         return rates

@@ -452,6 +452,8 @@ def _lanes(s: str) -> list[str]:
 OTHERS = {"all": ("bench.suite", "every benchmark in one run, then docs/benchmarks.md (what make bench runs)"),
           "quality": ("bench.quality", "quality against speed per lane and auto, with the Pareto frontier"),
           "vllm": ("bench.vllm_serve", "vLLM's own OpenAI server on the full and fast checkpoints, same load"),
+          "paired": ("bench.paired", "the standard lane and vLLM's own server, measured in alternation "
+                     "(starts vLLM's server beside the application)"),
           "gateway": ("bench.gateway", "front-door cost and time to first token, loopback and emulated network"),
           "turns": ("bench.turns", "multi-turn: previous_response_id on one WebSocket against re-sending over HTTP"),
           "soak": ("bench.soak", "sustained mixed load and vanishing clients: every delta accounted for, nothing leaked"),

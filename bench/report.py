@@ -11,6 +11,7 @@ import argparse
 import json
 import math
 import os
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -209,9 +210,12 @@ def gateway_section(doc: dict | None) -> list[str]:
     out += _table(["lane", "engine in process tok/s", "over the WebSocket tok/s", "added ms per token"], rows) + [""]
     if doc.get("throughput_ceiling"):
         c = doc["throughput_ceiling"]
+        rounds = (f" (medians of {c['rounds']} rounds alternating the two, A B, B A, ...; the ratio per round: "
+                  + ", ".join(f"{x:.2f}x" for x in c["ratios"]) + ")") if len(c.get("ratios", [])) > 1 else ""
         out += [f"Throughput ceiling: the standard lane with {c['concurrency']} streams at once gives "
                 f"{c['websocket_aggregate_tokens_per_s']:.0f} tok/s over WebSockets against "
-                f"{c['in_process_aggregate_tokens_per_s']:.0f} tok/s from vLLM in process ({c['ratio']:.2f}x). On this "
+                f"{c['in_process_aggregate_tokens_per_s']:.0f} tok/s from vLLM in process{rounds}: "
+                f"**{c['ratio']:.2f}x**. On this "
                 "machine the serving processes (HTTP proxy, router, lane replicas, the other lanes' engines) share "
                 "the 2 cores with the engine, so this ratio is what the serving path costs where CPU is the "
                 "bottleneck; section 5 shows the same gap against vLLM's own server.", ""]
@@ -421,6 +425,36 @@ def baseline_section(vllm: dict | None, ours: dict | None) -> list[str]:
     return out
 
 
+def paired_section(paired: dict | None) -> list[str]:
+    """Section 5's standard-against-vLLM comparison again, the two servers measured in alternation."""
+    out = ["### The standard lane and vLLM's server, measured in alternation", ""]
+    if paired is None:
+        return out + ["Not run (`fastmode bench paired`).", ""]
+    st = paired["settings"]
+    out += [f"`{paired['command']}` ({paired['date']}; a run of its own when its date is not the suite's). "
+            "The table above takes vLLM's figures minutes before fastmode's, and this machine's speed drifts over "
+            "minutes. Here vLLM's server runs beside the (idle) application, each server idle while the other "
+            f"is measured, and each level is measured on both, in {st['rounds']} rounds whose order flips "
+            f"(A B, B A, ...); {st['tokens']} tokens per request, the same load generator and OpenAI API. "
+            "Each side pays for the other's idle processes. Ratios are fastmode's standard lane over vLLM's "
+            "server, per round and their median:", ""]
+    rows = []
+    for level, r in sorted(paired["ratios"].items(), key=lambda kv: int(kv[0])):
+        def med(name: str, key: str, lvl: int = int(level)) -> float:
+            vals = [next(x for x in rnd["results"][name] if x["concurrency"] == lvl) for rnd in paired["rounds"]]
+            return statistics.median(x[key]["p50"] if key.startswith("per_user") else x[key] for x in vals)
+        rows.append([str(level), _f(med("standard", "per_user_e2e_tokens_per_s")),
+                     _f(med("vllm-full", "per_user_e2e_tokens_per_s")),
+                     f"**{r['per_user_median']:.2f}x** ({', '.join(f'{x:.2f}' for x in r['per_user'])})",
+                     _f(med("standard", "aggregate_tokens_per_s"), "{:.0f}"),
+                     _f(med("vllm-full", "aggregate_tokens_per_s"), "{:.0f}"),
+                     f"**{r['aggregate_median']:.2f}x** ({', '.join(f'{x:.2f}' for x in r['aggregate'])})"])
+    out += _table(["streams", "standard per-user tok/s (median)", "vLLM per-user tok/s (median)",
+                   "per-user ratio (rounds)", "standard aggregate tok/s", "vLLM aggregate tok/s",
+                   "aggregate ratio (rounds)"], rows) + [""]
+    return out
+
+
 def write_report(results: Path, docs: Path) -> str:
     results, docs = Path(results), Path(docs)
     suite = _load(results, "suite.json")
@@ -434,6 +468,7 @@ def write_report(results: Path, docs: Path) -> str:
     lines += gateway_section(_load(results, "gateway.json"))
     lines += sharding_section(_load(results, "sharding.json"))
     lines += baseline_section(_load(results, "vllm_serve.json"), _load(results, "lanes_load_openai.json"))
+    lines += paired_section(_load(results, "paired.json"))
     lines += turns_section(_load(results, "turns.json"))
     lines += soak_section(_load(results, "soak.json"))
     lines += fuzz_section(_load(results, "fuzz.json"))

@@ -50,7 +50,7 @@ niceness (Ray's ``worker_niceness``, 15 by default). The stages that measure a s
 same niceness, so the load generator on this same machine does not take the CPU from the server
 it measures; vLLM's own server, started by its stage, inherits it. Sharding keeps Ray's default
 relation (driver 0, workers 15)."""
-WITH_APP = ("lanes", "lanes-openai", "quality", "gateway", "turns", "soak")
+WITH_APP = ("lanes", "lanes-openai", "paired", "quality", "gateway", "turns", "soak")
 AFTER_APP = ("fuzz",)
 """Stages that start their own application: they run once the suite's has stopped (never beside it)."""
 STAGES = NO_APP + WITH_APP + AFTER_APP
@@ -64,6 +64,7 @@ def stage_command(name: str, url: str | None, out: Path, quick: bool) -> list[st
         "vllm": ["bench.vllm_serve", "--out", str(out), *q],
         "lanes": ["bench.load", "lanes", "--url", str(ws), "--out", str(out), *q],
         "lanes-openai": ["bench.load", "lanes", "--api", "openai", "--url", str(url), "--out", str(out), *q],
+        "paired": ["bench.paired", "--url", str(url), "--json", str(out / "paired.json"), *q],
         "quality": ["bench.quality", "--url", str(ws), "--out", str(out), *q],
         "gateway": ["bench.gateway", "--url", str(url), "--json", str(out / "gateway.json"), *q],
         "turns": ["bench.turns", "--url", str(url), "--json", str(out / "turns.json"), *q],

@@ -55,7 +55,7 @@ class ServerFailed(RuntimeError):
     """vLLM's server exited or did not answer /health in time; the message has its log's tail."""
 
 
-def server_command(name: str, port: int) -> list[str]:
+def server_command(name: str, port: int | str) -> list[str]:
     model_id, path = CHECKPOINTS[name]
     if name == "ray-full":
         return [sys.executable, "-m", "bench.ray_serve_llm", "--model", str(path), "--served-model-name",
