@@ -119,10 +119,14 @@ async def ttft(url: str, key: str | None, trials: int) -> dict:
     return out
 
 
+def _responses_ws(url: str, key: str | None) -> tuple[str, dict]:
+    """The WebSocket address of ``/v1/responses`` on the gateway at ``url``, and its auth headers."""
+    return url.replace("http", "ws", 1) + "/v1/responses", {"Authorization": f"Bearer {key}"} if key else {}
+
+
 async def decode(url: str, key: str | None, tokens: int) -> dict:
     """Single-stream decode tokens/s per lane over one WebSocket (median of 3)."""
-    ws_url = url.replace("http", "ws", 1) + "/v1/responses"
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    ws_url, headers = _responses_ws(url, key)
     out: dict = {"decode_tokens_per_s": {}}
     async with connect(ws_url, additional_headers=headers, max_queue=None) as conn:
         for lane, (model, tier) in LANES.items():
@@ -138,8 +142,7 @@ async def decode(url: str, key: str | None, tokens: int) -> dict:
 async def ws_aggregate(url: str, key: str | None, tokens: int, concurrency: int) -> float:
     """The standard lane's aggregate tokens/s with ``concurrency`` streams at once, one WebSocket each
     (``ws_response`` reads its own connection's events)."""
-    ws_url = url.replace("http", "ws", 1) + "/v1/responses"
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    ws_url, headers = _responses_ws(url, key)
     model, tier = LANES["standard"]
 
     async def one(i: int) -> int:

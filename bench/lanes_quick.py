@@ -18,6 +18,7 @@ from unittest.mock import patch
 
 import httpx
 
+from bench.load import round_order
 from cluster import cpus
 
 LANES = {"fast": ("fastmode-fast", None), "priority": ("fastmode-full", "priority"),
@@ -97,11 +98,10 @@ def direct(tokens: int, runs: int, concurrency: int = 0,
 
                 ours, served = [], []
                 for r in range(rounds):
-                    if served_aggregate is not None and r % 2 == 0:
-                        served.append(await served_aggregate())
-                    ours.append(await in_process(r))
-                    if served_aggregate is not None and r % 2 == 1:
-                        served.append(await served_aggregate())
+                    sides = [(served, served_aggregate), (ours, lambda r=r: in_process(r))]
+                    for figures, measure in round_order(sides, r):
+                        if measure is not None:
+                            figures.append(await measure())
                 out["vllm_full_aggregate"] = statistics.median(ours)
                 out["vllm_full_aggregates"] = ours
                 out["vllm_full_aggregate_concurrency"] = concurrency

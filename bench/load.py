@@ -317,6 +317,12 @@ def per_stream_at(level: int, per_stream: int, min_per_level: int) -> int:
     return max(per_stream, -(-min_per_level // level))
 
 
+def round_order(items: list, r: int) -> list:
+    """``items`` in the order of round ``r`` (from 0) of an alternation: as given in even rounds,
+    reversed in odd ones (A B, B A, A B, ...), so that slow drift of the machine hits each alike."""
+    return list(items) if r % 2 == 0 else list(items)[::-1]
+
+
 async def sweep_targets(targets: dict[str, tuple[Callable[[int], Awaitable[dict]], int]], levels: list[int],
                         tokens: int, per_stream: int, desc: str = "lanes",
                         min_per_level: int = 0) -> dict[str, list[dict]]:

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
-from bench.load import _ints, sweep_targets
+from bench.load import _ints, round_order, sweep_targets
 from bench.targets import openai_request
 
 OURS, THEIRS = "standard", "vllm-full"
@@ -58,10 +58,9 @@ def ratios(rounds: list[dict[str, list[dict]]]) -> dict[int, dict[str, Any]]:
 async def alternate(targets: dict[str, Callable[[int], Awaitable[dict]]], levels: list[int], rounds: int,
                     tokens: int, per_stream: int, min_per_level: int) -> list[dict[str, Any]]:
     """``rounds`` sweeps over both targets, the order flipping each round."""
-    names = list(targets)
     out = []
     for r in range(rounds):
-        order = names if r % 2 == 0 else names[::-1]
+        order = round_order(list(targets), r)
         results = await sweep_targets({n: (targets[n], 1) for n in order}, levels, tokens, per_stream,
                                       f"paired {r + 1}/{rounds}", min_per_level)
         out.append({"round": r + 1, "order": order, "results": results})

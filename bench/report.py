@@ -13,7 +13,7 @@ import math
 import os
 import statistics
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from bench.app import REPO
 from models.eval.stats import diff_text, pct_ci
@@ -438,16 +438,19 @@ def paired_section(paired: dict | None) -> list[str]:
             f"(A B, B A, ...); {st['tokens']} tokens per request, the same load generator and OpenAI API. "
             "Each side pays for the other's idle processes. Ratios are fastmode's standard lane over vLLM's "
             "server, per round and their median:", ""]
+    from bench.paired import OURS, THEIRS
+
+    def median(name: str, level: int, figure: Callable[[dict], float]) -> float:
+        return statistics.median(figure(next(x for x in rnd["results"][name] if x["concurrency"] == level))
+                                 for rnd in paired["rounds"])
+
+    per_user, aggregate = (lambda x: x["per_user_e2e_tokens_per_s"]["p50"]), (lambda x: x["aggregate_tokens_per_s"])
     rows = []
     for level, r in sorted(paired["ratios"].items(), key=lambda kv: int(kv[0])):
-        def med(name: str, key: str, lvl: int = int(level)) -> float:
-            vals = [next(x for x in rnd["results"][name] if x["concurrency"] == lvl) for rnd in paired["rounds"]]
-            return statistics.median(x[key]["p50"] if key.startswith("per_user") else x[key] for x in vals)
-        rows.append([str(level), _f(med("standard", "per_user_e2e_tokens_per_s")),
-                     _f(med("vllm-full", "per_user_e2e_tokens_per_s")),
+        n = int(level)
+        rows.append([str(level), _f(median(OURS, n, per_user)), _f(median(THEIRS, n, per_user)),
                      f"**{r['per_user_median']:.2f}x** ({', '.join(f'{x:.2f}' for x in r['per_user'])})",
-                     _f(med("standard", "aggregate_tokens_per_s"), "{:.0f}"),
-                     _f(med("vllm-full", "aggregate_tokens_per_s"), "{:.0f}"),
+                     _f(median(OURS, n, aggregate), "{:.0f}"), _f(median(THEIRS, n, aggregate), "{:.0f}"),
                      f"**{r['aggregate_median']:.2f}x** ({', '.join(f'{x:.2f}' for x in r['aggregate'])})"])
     out += _table(["streams", "standard per-user tok/s (median)", "vLLM per-user tok/s (median)",
                    "per-user ratio (rounds)", "standard aggregate tok/s", "vLLM aggregate tok/s",
