@@ -1,0 +1,118 @@
+"""What a prompt token costs a vLLM lane's first token, on an idle engine in process.
+
+A turn continued with ``previous_response_id`` prefills what vLLM's prefix cache does not hold:
+the history's tail that fills no KV block, the previous turn's output (joined after a newline, so
+its keys and values from generation do not apply) and the new input. Whether that can keep turn
+20's first token within 1.2x of turn 1's depends on what each prefilled token costs against the
+fixed cost of a step. This starts the lane's own engine (``VLLMLaneEngine``, the lane's config)
+and times first tokens of fresh prompts of several lengths, interleaved, skipping the first
+rounds; prints the median per length and the least-squares slope (ms per prompt token).
+
+``--replay N`` then replays ``fastmode bench turns``' conversations (the same held-out lines, 20
+turns, 8 greedy tokens, the history joined one message per line as the router joins it) one at a
+time on the same engine: each turn's first token and the prompt tokens it prefilled (those the
+prefix cache did not hold). Without the serving path and with one conversation at a time, it shows
+what the history itself costs a later turn.
+
+Usage: python -m bench.prefill_cost [--lane standard] [--lengths 4,16,32,48,64] [--rounds 12]
+                                    [--replay 0] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from models import FULL
+from serve.config import LANE_CONFIGS
+
+WARM_ROUNDS = 2
+
+
+async def _first_token(engine, request_id: str, ids: list[int], tokens: int) -> tuple[float, int, str]:
+    """(ms to the first output, prompt tokens the prefix cache held, the output text)."""
+    from serve.lanes.engine import EngineRequest
+
+    t0, first, cached, text = time.perf_counter(), None, None, []
+    async for out in engine.generate(EngineRequest(request_id, ids, tokens, temperature=0.0, ignore_eos=True)):
+        if first is None:
+            first, cached = time.perf_counter(), out.cached_tokens or 0
+        text.append(out.text)
+    return 1e3 * (first - t0), cached, "".join(text)
+
+
+async def _run(lane: str, lengths: list[int], rounds: int, replay: int) -> dict:
+    from serve.lanes.vllm_engine import VLLMLaneEngine
+
+    engine = VLLMLaneEngine(FULL, LANE_CONFIGS[lane].model_validate({}))
+    rng = random.Random(0)
+    ttft: dict[int, list[float]] = {n: [] for n in lengths}
+    try:
+        for r in range(rounds + WARM_ROUNDS):
+            for n in lengths:
+                ids = [rng.randrange(300, 3000) for _ in range(n)]  # fresh ids: nothing in the prefix cache
+                ms, _, _ = await _first_token(engine, f"p{r}-{n}", ids, 2)
+                if r >= WARM_ROUNDS:
+                    ttft[n].append(ms)
+        turns = await _replay(engine, replay) if replay else None
+    finally:
+        engine.shutdown()
+    med = {n: statistics.median(v) for n, v in ttft.items()}
+    slope = statistics.linear_regression(list(med), list(med.values())).slope if len(med) > 1 else None
+    return {"lane": lane, "rounds": rounds, "ttft_ms_median": med, "ms_per_prompt_token": slope, "replay": turns}
+
+
+async def _replay(engine, conversations: int, turns: int = 20, tokens: int = 8) -> dict:
+    from tokenizers import Tokenizer
+
+    from bench.turns import conversation_inputs
+
+    tokenizer = Tokenizer.from_file(str(Path(FULL) / "tokenizer.json"))
+    ms: list[list[float]] = [[] for _ in range(turns)]
+    prefilled: list[list[int]] = [[] for _ in range(turns)]
+    for c, lines in enumerate(conversation_inputs(conversations, turns)):
+        messages: list[str] = []
+        for k, line in enumerate(lines):
+            messages.append(line)
+            ids = tokenizer.encode("\n".join(messages)).ids  # as serve.request.GenerateRequest.prompt joins
+            t, cached, text = await _first_token(engine, f"c{c}-{k}", ids, tokens)
+            messages.append(text)
+            ms[k].append(t)
+            prefilled[k].append(len(ids) - cached)
+    per_turn = [statistics.median(v) for v in ms]
+    return {"conversations": conversations, "ttft_ms_per_turn": per_turn,
+            "prefilled_tokens_per_turn": [statistics.median(v) for v in prefilled],
+            "last_to_first_ttft": per_turn[-1] / per_turn[0]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--lane", default="standard", choices=["priority", "standard"])
+    ap.add_argument("--lengths", default="4,16,32,48,64")
+    ap.add_argument("--rounds", type=int, default=12)
+    ap.add_argument("--replay", type=int, default=0, help="then replay this many bench.turns conversations")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    result = asyncio.run(_run(args.lane, [int(x) for x in args.lengths.split(",")], args.rounds, args.replay))
+    for n, t in result["ttft_ms_median"].items():
+        print(f"{n:4d} prompt tokens: first token {t:.2f} ms")
+    print(f"slope: {result['ms_per_prompt_token']:.3f} ms per prompt token")
+    if (r := result["replay"]) is not None:
+        for k, (t, n) in enumerate(zip(r["ttft_ms_per_turn"], r["prefilled_tokens_per_turn"])):
+            print(f"turn {k + 1:2d}: first token {t:.2f} ms, {n:.0f} tokens prefilled")
+        print(f"turn {len(r['ttft_ms_per_turn'])} / turn 1: {r['last_to_first_ttft']:.2f}x")
+    if args.json:
+        args.json.write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+                                         "command": " ".join(["python -m bench.prefill_cost", *(argv or sys.argv[1:])]),
+                                         **result}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
