@@ -29,6 +29,7 @@ from .errors import DuplicateRequest, InvalidLayout, ShardingError
 from .placement import CHIP, ChipPlacement, ensure_ray, release, require_chips, reserve_stages, stage_layers
 from .ring import StepInfo, ring_links, step_infos
 from .sampling import SamplingParams, params_per_prompt
+from .stage import warm_up
 from .scheduler import StepOutput, validate_request
 from .transport import SPIN_S, Link
 from .worker import ChipWorker
@@ -239,19 +240,9 @@ class ShardedModel:
         return [out[rid] for rid in ids]
 
     def warmup(self) -> None:
-        """Run the shapes a served lane meets so that compiling happens now, not on a user's request.
-
-        Dynamo first specialises on the shapes it sees, then makes a dimension dynamic once it
-        changes (``sharding.stage.compile_forward``); size 1 stays special. So: one-row decodes
-        to the end of the context (every attention-span bucket), one-row prefills of two lengths,
-        then two- and three-row prefills and decodes.
-        """
-        greedy = lambda n: SamplingParams(temperature=0, max_tokens=max(1, min(n, self.max_len - 16)), ignore_eos=True)  # noqa: E731
-        self.generate([[1, 2, 3]], greedy(self.max_len))
-        self.generate([[1, 2, 3, 4, 5]], greedy(4))
-        self.generate([[1, 2, 3, 4, 5, 6, 7], [1, 2, 3, 4, 5]], greedy(8))
-        self.generate([[1, 2, 3, 4, 5, 6], [1, 2, 3, 4], [1, 2, 3, 4, 5, 6, 7, 8, 9]],
-                      SamplingParams(max_tokens=8, ignore_eos=True, temperature=1.0, seed=0))
+        """Run the shapes a served lane meets so that compiling happens now, not on a user's
+        request (``sharding.stage.warm_up``)."""
+        warm_up(self)
 
     def prompt_logits(self, prompt_ids: list[int]) -> torch.Tensor:
         """Debug: the logits ``[S, V]`` of every prompt position, from the last stage, on an idle

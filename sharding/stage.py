@@ -57,8 +57,8 @@ class StageRunner:
         """Hidden states ``[B, S, D]`` per part; ``inputs`` are the previous stage's, else the tokens."""
         xs = inputs if inputs is not None else [r.tokens for r in parts]
         dev, max_len = self.device, self.cache.max_len
-        return [self._forward(x.to(dev), r.positions.to(dev), r.slots.to(dev), self.cache,
-                              span_for(r.context, max_len))
+        return [self._forward(_own_storage(x.to(dev)), _own_storage(r.positions.to(dev)),
+                              _own_storage(r.slots.to(dev)), self.cache, span_for(r.context, max_len))
                 for r, x in zip(parts, xs, strict=True)]
 
     def logits(self, parts: list[Rows], hidden: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -111,6 +111,39 @@ class StageRunner:
         h = self.model(hidden if prompt is None else rows.tokens.to(self.device), rows.positions.to(self.device),
                        rows.slots.to(self.device), self.cache, span_for(S, self.cache.max_len))
         return self.model.compute_logits(h)[0] if self.model.has_head else h
+
+
+def warm_up(model) -> None:
+    """Run the shapes a served engine meets (``model``: anything with ``generate`` and ``max_len``,
+    e.g. ``ShardedModel``, ``Engine``) so that compiling happens now, not on a user's request.
+
+    Dynamo first specialises on the shapes it sees, then makes a dimension dynamic once it
+    changes (``compile_forward``); size 1 stays special. So: one-row decodes to the end of the
+    context (every attention-span bucket), one-row prefills of two lengths, then two- and
+    three-row prefills and decodes. Every input reaches the model with its own storage
+    (``_own_storage``), so no later batch size or message layout meets a guard these did not.
+    """
+    greedy = lambda n: SamplingParams(temperature=0, max_tokens=max(1, min(n, model.max_len - 16)), ignore_eos=True)  # noqa: E731
+    model.generate([[1, 2, 3]], greedy(model.max_len))
+    model.generate([[1, 2, 3, 4, 5]], greedy(4))
+    model.generate([[1, 2, 3, 4, 5, 6, 7], [1, 2, 3, 4, 5]], greedy(8))
+    model.generate([[1, 2, 3, 4, 5, 6], [1, 2, 3, 4], [1, 2, 3, 4, 5, 6, 7, 8, 9]],
+                   SamplingParams(max_tokens=8, ignore_eos=True, temperature=1.0, seed=0))
+
+
+def _own_storage(t: torch.Tensor) -> torch.Tensor:
+    """A copy of ``t`` in storage of its own, made the same way every step.
+
+    The step's inputs arrive as views: rows of one ``[4, B]`` tensor (``scheduler.decode_rows``),
+    slices of a received message (``sharding.transport``). Dynamo guards on a view's storage offset,
+    which then follows the batch size or the message layout: once it has seen two offsets it makes
+    the offset symbolic with a guard (``2 <= positions.storage_offset()``), and a later step whose
+    offset is 0 or 1 compiled a new graph on a user's request (a 780 ms first token at 4 streams
+    on a fresh app, after a warm-up that had run 4 rows). It also guards on the dispatch keys, which
+    differ between a tensor made inside ``inference_mode`` and one made outside: so every input is
+    copied, views or not (a few hundred bytes a step; a pipeline stage's hidden states, ``B x S x D``).
+    """
+    return t.clone()
 
 
 def compile_forward(model: Llama):

@@ -150,6 +150,29 @@ def test_engine_needs_whole_model(tiny_dir):
         Engine(load_model(tiny_dir / "full", layer_range=(0, 1)))
 
 
+def test_after_the_warm_up_no_batch_compiles_again(tiny_dir):
+    # A fresh fast lane once stalled 0.7 s at its first 4 streams: the decode rows are views whose
+    # storage offset follows the batch size, and dynamo guarded on it (sharding.stage._own_storage).
+    import torch
+    from torch._dynamo.utils import counters
+
+    from sharding.stage import warm_up
+
+    torch._dynamo.reset()  # graphs and counters of earlier tests (the recompile limit is per process)
+    path = tiny_dir / "full"
+    engine = Engine.from_pretrained(path, num_slots=8, compile=True, prefix_cache=True)
+    warm_up(engine)
+    warmed = counters["stats"]["unique_graphs"]
+    assert warmed > 0  # the warm-up compiled: what follows is measured against real graphs
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    for rows in (4, 4, 1, 5, 8, 2, 8, 6, 3, 7):
+        engine.generate([prompt_ids(path, 5 + r, seed=r) for r in range(rows)], params)
+    long = [prompt_ids(path, 40, seed=9)]  # then prompts that continue it: prefix-cache prefills
+    engine.generate(long, params)
+    engine.generate([long[0] + prompt_ids(path, 3 + r, seed=r) for r in range(4)], params)
+    assert counters["stats"]["unique_graphs"] == warmed
+
+
 def test_compiled_engine_matches_eager(tiny_dir):
     # Crosses an attention-span bucket (64) and runs batches whose size and prompt widths vary, so
     # the compiled graphs see every shape change an engine makes.
