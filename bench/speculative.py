@@ -97,7 +97,9 @@ def run_ours(k: int, adaptive: bool, tokens: int, prompts: list[list[int]], repe
     return {"engine": "fastmode executor", "k": k, "adaptive": adaptive, "outputs": outs, "tokens_per_s": rates,
             "acceptance": stats.acceptance if stats else None,
             "tokens_per_verify": stats.tokens_per_round if stats else None,
-            "final_k": engine.k if k else None}
+            "final_k": engine.k if k else None,
+            # the last requests' smoothed seconds per forward: one verify of k + 1 tokens, one draft step
+            "verify_ms": 1e3 * engine._t_verify if k else None, "draft_step_ms": 1e3 * engine._t_draft if k else None}
 
 
 def _subprocess(args: argparse.Namespace, worker: str) -> dict:
@@ -148,6 +150,12 @@ def main(argv: list[str] | None = None) -> int:
         tpv = "-" if r["tokens_per_verify"] is None else f"{r['tokens_per_verify']:.2f}"
         print(f"{r['engine']:<20} {k:>9} {r['tokens_per_s_p50']:>9.0f} {r['speedup_over_plain']:>7.2f}x "
               f"{acc:>7} {tpv:>10} {r['identical_to_plain']}")
+        if r.get("verify_ms") and not r.get("adaptive"):
+            # Every draft accepted: k + 1 tokens per round of one verify and k draft steps.
+            k_, plain_ms = r["k"], 1e3 / base[r["engine"]]
+            r["speedup_if_all_accepted"] = (k_ + 1) * plain_ms / (r["verify_ms"] + k_ * r["draft_step_ms"])
+            print(f"{'':<20} {'':>9} verify {r['verify_ms']:.2f} ms, draft step {r['draft_step_ms']:.2f} ms, plain "
+                  f"{plain_ms:.2f} ms/token: {r['speedup_if_all_accepted']:.2f}x if every draft were accepted")
         del r["outputs"]
     if args.json:
         doc = {"benchmark": "speculative decoding, vLLM against fastmode's executor (issue 17)",
