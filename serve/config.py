@@ -149,8 +149,9 @@ class ExactLaneConfig(VLLMLaneConfig):
     """The exact lane: the full model's exact output, decoded faster by speculative decoding in vLLM
     (``method: draft_model``): the fast model drafts ``num_speculative_tokens`` tokens, the full model
     verifies them all in one forward pass and keeps the longest prefix it agrees with (greedy: token
-    for token the full model's greedy output; sampled: vLLM's rejection sampling keeps the full model's
-    distribution). Where it runs was measured (``fastmode bench speculative``, docs/serving.md): vLLM's
+    for token the full model's greedy output). Sampled requests for the exact tier run on the priority
+    lane: vLLM's speculative sampling did not keep the full model's distribution on this CPU build
+    (docs/serving.md, "Sampling on the exact lane"). Where it runs was measured (``fastmode bench speculative``, docs/serving.md): vLLM's
     speculative decoding beat fastmode's own executor (``sharding/speculative.py``) on this CPU."""
 
     max_num_seqs: int = Field(default=2, ge=1, description="vLLM's batch cap per replica (low, as "

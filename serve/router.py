@@ -31,6 +31,8 @@ from typing import Any
 
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from sharding.sampling import GREEDY_BELOW
+
 from . import metrics, telemetry
 from .config import AppConfig, load_config
 from .conversation import ResponseStore, Turn, as_messages, not_found
@@ -95,7 +97,19 @@ class Router:
         """Responses created with ``store: true``, when no shared deployment keeps them."""
 
     async def pick(self, req: GenerateRequest) -> tuple[str, dict[str, Any]]:
-        """The lane for ``req`` and why (``{"by": "model"|"auto", "difficulty": ...}``)."""
+        """The lane for ``req`` and why (``{"by": "model"|"auto", "difficulty": ...}``).
+
+        A sampled request (temperature at or above ``GREEDY_BELOW``) for the exact tier runs on the
+        priority lane (``route["sampled_on"]``): the same full model, price and batch cap, without
+        drafts. vLLM's speculative decoding (``draft_model``) on this CPU build does not keep the full
+        model's distribution when it samples (docs/serving.md, "Sampling on the exact lane"), and the
+        exact tier promises the full model's own output."""
+        lane, route = await self._pick(req)
+        if lane == EXACT and req.temperature >= GREEDY_BELOW:
+            lane, route = PRIORITY, {**route, "sampled_on": PRIORITY}
+        return lane, route
+
+    async def _pick(self, req: GenerateRequest) -> tuple[str, dict[str, Any]]:
         if req.service_tier not in TIERS:
             raise UnknownServiceTier(f"service_tier must be one of 'auto', 'default', 'priority', 'exact', got "
                                      f"{req.service_tier!r}")

@@ -194,7 +194,7 @@ def test_a_killed_grpc_server_fails_its_calls_unavailable_and_comes_back(app):
         again = time.perf_counter() - t0
         for lane in ("standard", "priority", "exact"):  # the new replica links to every lane, as before
             model, tier = ("fastmode-full", None if lane == "standard" else lane)
-            done = client.generate(model, "x = 1\n", max_output_tokens=2, timeout=60,
+            done = client.generate(model, "x = 1\n", max_output_tokens=2, timeout=60, temperature=0.0,
                                    **({"service_tier": tier} if tier else {}))
             assert done["lane"] == lane and done["finish_reason"] == "length", done
     assert after["finish_reason"] == "length" and after["usage"]["output_tokens"] == 2

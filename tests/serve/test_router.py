@@ -21,10 +21,24 @@ HARD = "qZ7#kP!x 9@Lr&vW2^ mB4*tY8 (Jd0%eN6)"
     ("fastmode-full", "exact", "exact"),
 ])
 def test_explicit_choices_are_honored(app, model, tier, lane):
-    status, events = app().generate(model=model, service_tier=tier, input="x = 1\n", max_output_tokens=4)
+    status, events = app().generate(model=model, service_tier=tier, input="x = 1\n", max_output_tokens=4,
+                                    temperature=0)
     assert status == 200, events
     assert (events[0]["lane"], events[-1]["lane"], events[-1]["model"]) == (lane, lane, model)
     assert events[0]["route"] == {"by": "model"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_a_sampled_exact_request_runs_on_priority(app, temperature):
+    # vLLM's draft-model speculative decoding does not keep the full model's distribution when it
+    # samples here (docs/serving.md): the exact tier's sampled requests decode without drafts.
+    status, events = app().generate(model="fastmode-full", service_tier="exact", input="x = 1\n",
+                                    max_output_tokens=4, temperature=temperature)
+    assert status == 200, events
+    assert events[0]["lane"] == events[-1]["lane"] == "priority"
+    assert events[0]["route"] == {"by": "model", "sampled_on": "priority"}
+    assert "speculative" not in events[-1]
 
 
 @pytest.mark.slow

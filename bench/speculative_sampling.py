@@ -1,0 +1,98 @@
+"""Does vLLM's speculative decoding keep the full model's distribution when it samples?
+
+The exact tier promises the full model's own output: greedy, token for token; sampled, the same
+distribution (the rejection rule of speculative sampling). This samples ``--samples`` continuations
+of one code prompt at temperature 1 (a seed each) from vLLM's ``LLM`` on ``models/full``, plain and
+with the exact lane's ``draft_model`` speculative decoding (``models/fast`` drafting k = 3), in
+subprocesses, then scores every sample under the full model in transformers: the mean log-probability
+per sampled token, with its 95% interval. Two samplers of one distribution agree on it within the
+intervals (it estimates the negative entropy of the model's continuations).
+
+Usage: python -m bench.speculative_sampling [--samples 200] [--tokens 24] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from models import FAST, FULL
+
+REPO = Path(__file__).resolve().parents[1]
+PROMPT = "import os\n\ndef read_lines(path):\n"
+
+
+def _sample(kind: str, samples: int, tokens: int) -> list[list[int]]:
+    from vllm import LLM, SamplingParams
+
+    from serve.config import ExactLaneConfig
+
+    lane = ExactLaneConfig()
+    kw = dict(model=str(FULL), dtype=lane.dtype, kv_cache_memory_bytes=lane.kv_cache_memory_bytes,
+              gpu_memory_utilization=lane.gpu_memory_utilization, enforce_eager=True, seed=0,
+              max_num_seqs=lane.max_num_seqs, block_size=lane.block_size)
+    if kind == "speculative":
+        kw["speculative_config"] = {"method": "draft_model", "model": str(FAST),
+                                    "num_speculative_tokens": lane.num_speculative_tokens}
+    llm = LLM(**kw)
+    params = [SamplingParams(temperature=1.0, max_tokens=tokens, ignore_eos=True, seed=i) for i in range(samples)]
+    return [list(o.outputs[0].token_ids) for o in llm.generate([PROMPT] * samples, params)]
+
+
+def _score(outputs: list[list[int]]) -> dict:
+    import torch
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    prompt = AutoTokenizer.from_pretrained(FULL)(PROMPT).input_ids
+    model = LlamaForCausalLM.from_pretrained(FULL, dtype=torch.float32).eval()
+    per_sample = []
+    with torch.no_grad():
+        for out in outputs:
+            ids = prompt + out
+            logp = model(torch.tensor([ids])).logits[0, :-1].log_softmax(-1)
+            picked = logp[torch.arange(len(ids) - 1), torch.tensor(ids[1:])][len(prompt) - 1:]
+            per_sample.append(picked.mean().item())
+    mean = statistics.mean(per_sample)
+    half = 1.96 * statistics.stdev(per_sample) / math.sqrt(len(per_sample))
+    return {"mean_logprob_per_token": mean, "ci95": [mean - half, mean + half], "samples": len(per_sample)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.speculative_sampling", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--samples", type=int, default=200)
+    ap.add_argument("--tokens", type=int, default=24)
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        print("RESULT " + json.dumps(_sample(args.worker, args.samples, args.tokens)))
+        return 0
+    started, results = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), {}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    for kind in ("plain", "speculative"):
+        proc = subprocess.run([sys.executable, "-m", "bench.speculative_sampling", "--worker", kind, "--samples",
+                               str(args.samples), "--tokens", str(args.tokens)],
+                              capture_output=True, text=True, cwd=REPO, env=env, timeout=1200)
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+        if proc.returncode or not lines:
+            raise SystemExit(f"{kind}: {proc.stderr[-2000:]}")
+        results[kind] = _score(json.loads(lines[-1][7:]))
+        r = results[kind]
+        print(f"{kind:<12} mean log-prob per sampled token under the full model {r['mean_logprob_per_token']:.3f} "
+              f"[{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}] ({r['samples']} samples)")
+    if args.json:
+        args.json.write_text(json.dumps({"command": "python -m bench.speculative_sampling " + " ".join(
+            argv if argv is not None else sys.argv[1:]), "date": started, "prompt": PROMPT, "temperature": 1.0,
+            "tokens": args.tokens, "results": results}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
