@@ -200,15 +200,15 @@ def test_a_lane_refusal_is_overloaded_or_spills_to_standard():
     assert events[0]["code"] == "overloaded" and "priority and standard lanes are full" in events[0]["message"]
 
 
-def test_a_refused_exact_request_spills_to_standard_when_allowed():
+def test_a_refused_exact_request_spills_to_standard_when_allowed():  # greedy: sampled ones run on priority
     router, lanes = router_over(exact=0)
-    events = asyncio.run(events_of(router, service_tier="exact"))
+    events = asyncio.run(events_of(router, service_tier="exact", temperature=0))
     assert events[0]["code"] == "overloaded" and "allow_spill" in events[0]["message"]
-    events = asyncio.run(events_of(router, service_tier="exact", allow_spill=True))
+    events = asyncio.run(events_of(router, service_tier="exact", allow_spill=True, temperature=0))
     assert events[0]["lane"] == events[-1]["lane"] == "standard" and events[-1]["type"] == "done"
     assert events[0]["route"] == {"by": "model", "spilled_from": "exact"}
     router, lanes = router_over(exact=0, standard=0)
-    events = asyncio.run(events_of(router, service_tier="exact", allow_spill=True))
+    events = asyncio.run(events_of(router, service_tier="exact", allow_spill=True, temperature=0))
     assert "exact and standard lanes are full" in events[0]["message"]
 
 
@@ -219,9 +219,20 @@ def test_a_refused_exact_request_spills_to_standard_when_allowed():
 def test_auto_sends_hard_prompts_to_its_full_tier_unless_the_request_names_one(full_tier, named, lane):
     router, lanes = router_over({"router": {"auto_full_tier": full_tier, "auto_threshold": 0.001,
                                             "auto_fast_when": "easy"}})
-    events = asyncio.run(events_of(router, model="auto", service_tier=named))
+    events = asyncio.run(events_of(router, model="auto", service_tier=named, temperature=0))
     assert events[0]["lane"] == lane and events[0]["route"]["by"] == "auto", events[0]
     assert lanes[lane].calls == 1 and sum(h.calls for h in lanes.values()) == 1
+
+
+@pytest.mark.parametrize("request_fields", [{"service_tier": "exact"}, {"model": "auto"}])
+def test_sampled_exact_requests_go_to_priority_and_greedy_ones_stay(request_fields):
+    router, lanes = router_over({"router": {"auto_full_tier": "exact", "auto_threshold": 0.001,
+                                            "auto_fast_when": "easy"}})
+    sampled = asyncio.run(events_of(router, **request_fields, temperature=0.5))
+    assert sampled[0]["lane"] == sampled[-1]["lane"] == "priority" and sampled[0]["route"]["sampled_on"] == "priority"
+    greedy = asyncio.run(events_of(router, **request_fields, temperature=0))
+    assert greedy[0]["lane"] == "exact" and "sampled_on" not in greedy[0]["route"]
+    assert lanes["priority"].calls == lanes["exact"].calls == 1
 
 
 def test_a_refused_stream_is_offered_once_per_replica():
