@@ -151,8 +151,9 @@ class ExactLaneConfig(VLLMLaneConfig):
     verifies them all in one forward pass and keeps the longest prefix it agrees with (greedy: token
     for token the full model's greedy output). Sampled requests for the exact tier run on the priority
     lane: vLLM's speculative sampling did not keep the full model's distribution on this CPU build
-    (docs/serving.md, "Sampling on the exact lane"). Where it runs was measured (``fastmode bench speculative``, docs/serving.md): vLLM's
-    speculative decoding beat fastmode's own executor (``sharding/speculative.py``) on this CPU."""
+    (docs/serving.md, "Sampling on the exact lane"). Where it runs was measured (``fastmode bench
+    speculative``, docs/serving.md): vLLM's speculative decoding beat fastmode's own executor
+    (``sharding/speculative.py``) on this CPU."""
 
     max_num_seqs: int = Field(default=2, ge=1, description="vLLM's batch cap per replica (low, as "
                               "priority's: speculative decoding pays where a step is not already full).")

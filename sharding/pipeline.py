@@ -29,8 +29,8 @@ from .errors import DuplicateRequest, InvalidLayout, ShardingError
 from .placement import CHIP, ChipPlacement, ensure_ray, release, require_chips, reserve_stages, stage_layers
 from .ring import StepInfo, ring_links, step_infos
 from .sampling import SamplingParams, params_per_prompt
-from .stage import warm_up
 from .scheduler import StepOutput, validate_request
+from .stage import warm_up
 from .transport import SPIN_S, Link
 from .worker import ChipWorker
 

@@ -57,8 +57,8 @@ class StageRunner:
         """Hidden states ``[B, S, D]`` per part; ``inputs`` are the previous stage's, else the tokens."""
         xs = inputs if inputs is not None else [r.tokens for r in parts]
         dev, max_len = self.device, self.cache.max_len
-        return [self._forward(_own_storage(x.to(dev)), _own_storage(r.positions.to(dev)),
-                              _own_storage(r.slots.to(dev)), self.cache, span_for(r.context, max_len))
+        return [self._forward(_own_storage(x, dev), _own_storage(r.positions, dev),
+                              _own_storage(r.slots, dev), self.cache, span_for(r.context, max_len))
                 for r, x in zip(parts, xs, strict=True)]
 
     def logits(self, parts: list[Rows], hidden: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -131,8 +131,9 @@ def warm_up(model) -> None:
                    SamplingParams(max_tokens=8, ignore_eos=True, temperature=1.0, seed=0))
 
 
-def _own_storage(t: torch.Tensor) -> torch.Tensor:
-    """A copy of ``t`` in storage of its own, made the same way every step.
+def _own_storage(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``t`` on ``device``, in storage of its own, made the same way every step (one copy: the move
+    to another device is the copy).
 
     The step's inputs arrive as views: rows of one ``[4, B]`` tensor (``scheduler.decode_rows``),
     slices of a received message (``sharding.transport``). Dynamo guards on a view's storage offset,
@@ -143,7 +144,8 @@ def _own_storage(t: torch.Tensor) -> torch.Tensor:
     differ between a tensor made inside ``inference_mode`` and one made outside: so every input is
     copied, views or not (a few hundred bytes a step; a pipeline stage's hidden states, ``B x S x D``).
     """
-    return t.clone()
+    moved = t.to(device)
+    return moved if moved is not t else t.clone()
 
 
 def compile_forward(model: Llama):
