@@ -146,26 +146,56 @@ class StandardLaneConfig(VLLMLaneConfig):
 
 
 class ExactLaneConfig(VLLMLaneConfig):
-    """The exact lane: the full model's exact output, decoded faster by speculative decoding in vLLM
-    (``method: draft_model``): the fast model drafts ``num_speculative_tokens`` tokens, the full model
-    verifies them all in one forward pass and keeps the longest prefix it agrees with (greedy: token
-    for token the full model's greedy output). Sampled requests for the exact tier run on the priority
-    lane: vLLM's speculative sampling did not keep the full model's distribution on this CPU build
-    (docs/serving.md, "Sampling on the exact lane"). Where it runs was measured (``fastmode bench
-    speculative``, docs/serving.md): vLLM's speculative decoding beat fastmode's own executor
-    (``sharding/speculative.py``) on this CPU."""
+    """The exact lane: the full model's exact output, decoded faster by speculative decoding: the
+    fast model drafts ``num_speculative_tokens`` tokens, the full model verifies them all in one
+    forward pass and keeps the longest prefix it agrees with (greedy: token for token the full
+    model's greedy output; sampled: the rejection rule keeps the full model's distribution).
 
-    max_num_seqs: int = Field(default=2, ge=1, description="vLLM's batch cap per replica (low, as "
+    ``engine`` picks who runs it, measured (``fastmode bench speculative``, docs/serving.md):
+    fastmode's own executor (``sharding/speculative.py``, in the lane replica's process) or vLLM's
+    ``draft_model`` speculative decoding (the vLLM fields below apply to it only). Sampled requests
+    for the exact tier run on the priority lane when the engine is vLLM: its speculative sampling
+    did not keep the full model's distribution on this CPU build (docs/serving.md, "Sampling on the
+    exact lane")."""
+
+    engine: Literal["fastmode", "vllm"] = Field(default="fastmode", description="'fastmode': both models "
+        "on fastmode's executor in the replica (torch.compile, a prefix cache, one engine thread on the "
+        "compute cores); 'vllm': vLLM's speculative decoding (method draft_model). On the 2-core CPU "
+        "fastmode's decoded a stream faster: see docs/serving.md, 'Where the exact lane runs'.")
+    max_num_seqs: int = Field(default=2, ge=1, description="The batch cap per replica (low, as "
                               "priority's: speculative decoding pays where a step is not already full).")
     admission: Literal["reject", "queue"] = Field(default="reject", description="See VLLMLaneConfig.")
     price: float = Field(default=6.0, ge=0, description="Cost multiplier: the priority lane's, whose batch "
                          "cap it shares.")
     num_speculative_tokens: int = Field(default=3, ge=1, le=16, description="Tokens the fast model drafts "
-        "per verify step (k). 3 was the fastest on the 2-core CPU (fastmode bench speculative: 1-4 tried, "
-        "acceptance 0.68 per draft, 3.0 tokens per verify step); rerun it on your hardware.")
+        "per verify step (k; at most 8 on fastmode's engine). 3 was the fastest on the 2-core CPU on both "
+        "engines (fastmode bench speculative: 1, 3 and 5 tried); rerun it on your hardware.")
     num_speculative_tokens_per_batch_size: list[tuple[int, int, int]] | None = Field(default=None,
         description="vLLM's batch-size schedule of k: [[from, to, k], ...] (inclusive batch-size ranges), "
-        "e.g. fewer drafts when a larger batch already fills each step.")
+        "e.g. fewer drafts when a larger batch already fills each step. engine: vllm only.")
+    adaptive_k: bool = Field(default=False, description="fastmode's engine: choose k each round from the "
+        "acceptance and step times measured so far (sharding.speculative.best_k), starting at "
+        "num_speculative_tokens. Off by default: it chose k = 6 and ran slower than a fixed 3 on the 2-core "
+        "CPU (fastmode bench speculative).")
+    compile: bool = Field(default=True, description="fastmode's engine: torch.compile both models (warmed "
+                          "up at start over every shape the lane meets).")
+    threads: int = Field(default=1, ge=1, description="fastmode's engine: torch threads of the engine "
+                         "thread (the compute cores it may use).")
+    prefix_cache: bool = Field(default=True, description="fastmode's engine: keep a finished sequence's "
+        "slot for a later prompt that continues it (sharding/prefix_cache.py), in both models' caches.")
+
+    @model_validator(mode="after")
+    def _engine_fields(self) -> ExactLaneConfig:
+        if self.engine == "fastmode":
+            from sharding.speculative import K_MAX
+
+            if self.num_speculative_tokens > K_MAX:
+                raise ValueError(f"num_speculative_tokens: at most {K_MAX} on engine 'fastmode'")
+            if self.num_speculative_tokens_per_batch_size:
+                raise ValueError("num_speculative_tokens_per_batch_size is vLLM's: set engine: vllm")
+            if self.dtype not in ("float32", "bfloat16", "float16"):
+                raise ValueError(f"dtype {self.dtype!r}: engine 'fastmode' takes float32, bfloat16 or float16")
+        return self
 
 
 LANE_CONFIGS = {"fast": FastLaneConfig, "priority": PriorityLaneConfig, "standard": StandardLaneConfig,

@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
+from .kv_cache import SlotPool
+
 MIN_REUSE_TOKENS = 16
 """A match shorter than this does not take a parked slot while a free one is left: a shared first
 line is not worth destroying another conversation's longer history for."""
@@ -79,3 +81,25 @@ class PrefixCache:
     def stats(self) -> dict[str, int]:
         """``parked`` slots, ``hits`` and ``reused_tokens`` since start."""
         return {"parked": len(self._slots), "hits": self.hits, "reused_tokens": self.reused_tokens}
+
+
+def place(prefix: PrefixCache | None, slots: SlotPool, prompt: Sequence[int]) -> tuple[int, int]:
+    """``(slot, cached)`` for a new sequence: the parked slot holding most of ``prompt`` (``cached``
+    of its tokens reusable), else a free slot, else the least recently parked one (given up).
+    Call it only when ``slots.num_free or prefix`` (something to take)."""
+    if prefix is not None:
+        slot, n = prefix.match(prompt)
+        if slot is not None and (n >= MIN_REUSE_TOKENS or not slots.num_free):
+            return prefix.take(slot, n), n
+        if not slots.num_free:
+            return prefix.evict(), 0
+    return slots.allocate(), 0
+
+
+def release(prefix: PrefixCache | None, slots: SlotPool, slot: int, tokens: list[int]) -> None:
+    """A sequence is done with ``slot``, whose cache holds ``tokens``: park it (with a prefix cache),
+    else free it."""
+    if prefix is not None:
+        prefix.park(slot, tokens)
+    else:
+        slots.free(slot)

@@ -23,7 +23,7 @@ from .batch import Rows, StepBatch, StepResult
 from .config import ModelConfig
 from .errors import DuplicateRequest, EmptyPrompt, PromptTooLong, TokenOutOfRange
 from .kv_cache import SlotPool
-from .prefix_cache import MIN_REUSE_TOKENS, PrefixCache
+from .prefix_cache import PrefixCache, place, release
 from .sampling import SamplingParams
 
 
@@ -160,24 +160,12 @@ class Scheduler:
             self.slots.free(self.prefix.evict())
 
     def _place(self, seq: _Sequence) -> None:
-        """Give ``seq`` a slot: the parked one holding most of its prompt, else a free one, else the
-        least recently parked one (given up)."""
-        if self.prefix is not None:
-            slot, n = self.prefix.match(seq.prompt)
-            if slot is not None and (n >= MIN_REUSE_TOKENS or not self.slots.num_free):
-                seq.slot, seq.cached = self.prefix.take(slot, n), n
-                return
-            if not self.slots.num_free:
-                seq.slot = self.prefix.evict()
-                return
-        seq.slot = self.slots.allocate()
+        """Give ``seq`` a slot (``prefix_cache.place``)."""
+        seq.slot, seq.cached = place(self.prefix, self.slots, seq.prompt)
 
     def _release(self, seq: _Sequence) -> None:
-        if self.prefix is not None:
-            # Every token fed so far has its keys and values in the slot: all but the last output.
-            self.prefix.park(seq.slot, seq.prompt + seq.output[:-1])
-        else:
-            self.slots.free(seq.slot)
+        # Every token fed so far has its keys and values in the slot: all but the last output.
+        release(self.prefix, self.slots, seq.slot, seq.prompt + seq.output[:-1])
         self._freed.append(seq.slot)
 
     def reserve(self, prompt_ids: Seq[int]) -> int:

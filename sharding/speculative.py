@@ -29,6 +29,10 @@ second, ``(1 - a**(k+1)) / (1 - a) / (t_verify + k * t_draft)``. A seeded sample
 the same tokens again only for the same sequence of ``k``s: with ``adaptive`` (timings decide ``k``)
 its tokens follow the target's distribution but are not reproducible; greedy output is always the
 same.
+
+With ``prefix_cache`` on, a finished sequence's slot is parked with the tokens both models' caches
+hold (``sharding.prefix_cache``), and a later prompt that continues them (a conversation's next
+turn) prefills only the rest, in both models.
 """
 
 from __future__ import annotations
@@ -44,8 +48,9 @@ from .batch import Rows
 from .errors import DuplicateRequest, InvalidLayout
 from .kv_cache import SlotPool
 from .model import Llama
+from .prefix_cache import PrefixCache, place, release
 from .sampling import SamplingParams, generator_for_seed, params_per_prompt, top_p_filter
-from .scheduler import StepOutput, validate_request
+from .scheduler import StepOutput, prefill_rows, validate_request
 from .stage import StageRunner
 from .weights import load_model
 
@@ -104,6 +109,10 @@ class _Seq:
     pending: list[int] = field(default_factory=list)
     """Tokens the draft model has not cached yet (the last one, or ``[dk, last]``)."""
     stats: SpecStats = field(default_factory=SpecStats)
+    cached: int = 0
+    """Prompt tokens whose keys and values the slot already held (a prefix-cache hit)."""
+    valid: int = 0
+    """Leading tokens of the sequence whose keys and values both models' caches hold."""
 
     @property
     def length(self) -> int:
@@ -174,10 +183,11 @@ class SpeculativeEngine:
         k: drafts per round (the start value when ``adaptive``).
         adaptive: choose ``k`` each round from the acceptance and step costs measured so far.
         compile: run both models under ``torch.compile`` (``sharding.stage``).
+        prefix_cache: park finished sequences' slots for prompts that continue them.
     """
 
     def __init__(self, target: Llama, draft: Llama, *, num_slots: int = 2, max_len: int | None = None,
-                 k: int = 4, adaptive: bool = True, compile: bool = False) -> None:
+                 k: int = 4, adaptive: bool = True, compile: bool = False, prefix_cache: bool = False) -> None:
         if target.config.vocab_size != draft.config.vocab_size:
             raise DraftMismatch(f"the draft model's vocabulary ({draft.config.vocab_size}) is not the "
                                 f"target's ({target.config.vocab_size})")
@@ -193,8 +203,11 @@ class SpeculativeEngine:
         self.draft = StageRunner(draft, num_slots=num_slots, max_len=max_len, compile=compile)
         self.max_len = self.target.cache.max_len
         self.slots = SlotPool(num_slots)
-        self.k, self.adaptive = k, adaptive
+        self.k, self.adaptive, self.k_start = k, adaptive, k
         self.stats = SpecStats()
+        self.prefix: PrefixCache | None = PrefixCache() if prefix_cache else None
+        self.finished_stats: dict[str, SpecStats] = {}
+        """The speculative rounds of the requests that finished in the latest ``step``."""
         self._t_draft = self._t_verify = None  # seconds per forward, smoothed
         self._waiting: list[_Seq] = []
         self._running: dict[str, _Seq] = {}
@@ -211,10 +224,19 @@ class SpeculativeEngine:
     def has_work(self) -> bool:
         return bool(self._waiting or self._running)
 
+    @property
+    def num_running(self) -> int:
+        """Sequences decoding (holding a slot)."""
+        return len(self._running)
+
+    def validate(self, request_id: str, prompt: list[int], params: SamplingParams) -> None:
+        """Raise the typed error a request would get from ``add``, without queueing it."""
+        validate_request(self.config, self.max_len, request_id, prompt, params)
+
     def add(self, request_id: str, prompt_ids: Seq[int], params: SamplingParams | None = None) -> None:
         """Queue a request (typed errors as ``Engine.add``)."""
         prompt, params = [int(t) for t in prompt_ids], params or SamplingParams()
-        validate_request(self.config, self.max_len, request_id, prompt, params)
+        self.validate(request_id, prompt, params)
         if request_id in self._running or any(s.request_id == request_id for s in self._waiting):
             raise DuplicateRequest(f"request {request_id!r} is already in flight")
         gen = None if params.greedy else generator_for_seed(params.seed, self.target.device)
@@ -227,8 +249,16 @@ class SpeculativeEngine:
                 return True
         seq = self._running.pop(request_id, None)
         if seq is not None:
-            self.slots.free(seq.slot)
+            self._release(seq)
         return seq is not None
+
+    def _release(self, seq: _Seq) -> None:
+        tokens = seq.prompt + seq.output
+        release(self.prefix, self.slots, seq.slot, tokens[:min(seq.valid, len(tokens))])
+
+    def prefix_stats(self) -> dict[str, int] | None:
+        """The prefix cache's ``parked`` slots, ``hits`` and ``reused_tokens`` (``None``: off)."""
+        return self.prefix.stats() if self.prefix is not None else None
 
     def request_stats(self, request_id: str) -> SpecStats | None:
         seq = self._running.get(request_id)
@@ -238,30 +268,32 @@ class SpeculativeEngine:
     @torch.inference_mode()
     def step(self) -> list[StepOutput]:
         """Admit (prefill both models) what fits, then one speculative round for the others."""
+        self.finished_stats = {}
         outputs = self._round(list(self._running.values())) if self._running else []
         admitted = []
-        while self._waiting and self.slots.num_free:
+        while self._waiting and (self.slots.num_free or self.prefix):
             seq = self._waiting.pop(0)
-            seq.slot = self.slots.allocate()
+            seq.slot, seq.cached = place(self.prefix, self.slots, seq.prompt)
             admitted.append(seq)
         if admitted:
             outputs += self._prefill(admitted)
         return outputs
 
     def _prefill(self, seqs: list[_Seq]) -> list[StepOutput]:
-        lens = [len(s.prompt) for s in seqs]
-        width = max(lens)
-        rows = Rows(torch.tensor([s.prompt + [0] * (width - len(s.prompt)) for s in seqs]),
-                    torch.arange(width).repeat(len(seqs), 1), torch.tensor([s.slot for s in seqs]),
-                    torch.tensor(lens) - 1, width)
+        rows = prefill_rows(seqs, self.max_len)  # each prompt past its cached prefix
         self.draft.forward([rows])  # the draft caches the prompt; its logits are not needed
-        logits = self.target.logits([rows], self.target.forward([rows]))[0]  # [B, V]
+        hidden = self.target.forward([rows])[0]
+        # The target's head runs uncompiled here as in a verify step: the compiled head is the
+        # draft's, and one prompt token left to feed (a prefix-cache hit) would otherwise compile it
+        # again for the target's width on a user's request.
+        logits = self.target.model.compute_logits(hidden[torch.arange(len(seqs)), rows.last])  # [B, V]
         out = []
         for i, seq in enumerate(seqs):
             self._running[seq.request_id] = seq
+            seq.valid = len(seq.prompt)
             token = int(logits[i].argmax()) if seq.params.greedy else int(
                 torch.multinomial(warp(logits[i], seq.params), 1, generator=seq.gen))
-            out.append(self._emit(seq, [token], drafted=0, accepted=0, first=True))
+            out.append(self._emit(seq, [token], drafted=0, accepted=0, first=True, cached=seq.cached))
         return out
 
     def _k_for(self, seqs: list[_Seq]) -> int:
@@ -324,10 +356,13 @@ class SpeculativeEngine:
                 s.pending = s.pending + [nxt]
             else:
                 s.pending = [int(drafts[b, k - 1]), nxt] if a == k else [nxt]
+            # The draft has fed all but ``pending``; the target, all but the last (and more).
+            s.valid = s.length + len(new) - len(s.pending)
             out.append(self._emit(s, new, drafted=k, accepted=a))
         return out
 
-    def _emit(self, seq: _Seq, new: list[int], *, drafted: int, accepted: int, first: bool = False) -> StepOutput:
+    def _emit(self, seq: _Seq, new: list[int], *, drafted: int, accepted: int, first: bool = False,
+              cached: int | None = None) -> StepOutput:
         p, reason, kept = seq.params, None, []
         for t in new:
             kept.append(t)
@@ -345,8 +380,39 @@ class SpeculativeEngine:
             self.stats.add(drafted, accepted, len(kept))
         if reason is not None:
             self._running.pop(seq.request_id, None)
-            self.slots.free(seq.slot)
-        return StepOutput(seq.request_id, kept, reason is not None, reason)
+            self._release(seq)
+            self.finished_stats[seq.request_id] = seq.stats
+        return StepOutput(seq.request_id, kept, reason is not None, reason, cached)
+
+    def warm_up(self, max_passes: int = 3) -> None:
+        """Compile every shape this engine can meet, now (with ``compile``): each model's forward over
+        the row counts and widths of its steps (the draft: prefills and its pending 1-2 tokens, then
+        single tokens; the target: prefills and verifies of 1 .. k + 1 tokens) at every attention span,
+        then requests end to end (``sharding.stage.warm_up``). A shape's graph depends on the order
+        shapes first arrived in, so the sweep repeats until a pass compiles nothing. Only on an idle
+        engine (it overwrites cache slots); it leaves the engine as it found it."""
+        from torch._dynamo.utils import counters
+
+        from .stage import warm_up
+
+        if self.has_work:
+            raise RuntimeError("warm_up() needs an idle engine")
+        n = self.slots.num_slots
+        rows = sorted({min(b, n) for b in (1, 2, 3, n)})
+        k_top = K_MAX if self.adaptive else self.k_start
+        prefill = [3, 5, 9, 17]
+        for _ in range(max_passes):
+            graphs = counters["stats"]["unique_graphs"]
+            self.draft.sweep(rows, sorted({1, 2, *prefill}))
+            self.target.sweep(rows, sorted({*range(1, k_top + 2), *prefill}))
+            warm_up(self, max_passes=1)
+            if counters["stats"]["unique_graphs"] == graphs:
+                break
+        if self.prefix is not None:  # the warm-up's prompts are nobody's history
+            while self.prefix:
+                self.slots.free(self.prefix.evict())
+            self.prefix.hits = self.prefix.reused_tokens = 0
+        self.stats, self.k, self._t_draft, self._t_verify = SpecStats(), self.k_start, None, None
 
     # -- offline -----------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]],

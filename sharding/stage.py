@@ -75,6 +75,25 @@ class StageRunner:
             out.append(self.model.compute_logits(h[rows, r.last.to(self.device)]))  # [B, V]
         return out
 
+    @torch.inference_mode()
+    def sweep(self, rows: list[int], widths: list[int]) -> None:
+        """Run ``rows x widths`` inputs (dummy tokens in the first slots) at every attention span, and
+        the compiled head after each one-token forward, so that compiling happens now. Only before
+        serving: it overwrites those slots' caches. (The shapes an engine meets, enumerated, where
+        running requests would reach some only by chance: ``SpeculativeEngine.warm_up``.)"""
+        max_len = self.cache.max_len
+        spans = sorted({min(b, max_len) for b in range(SPAN_BUCKET, max_len + SPAN_BUCKET, SPAN_BUCKET)})
+        for span in spans:
+            for B in rows:
+                for S in widths:
+                    if S > span:
+                        continue
+                    r = Rows(torch.ones(B, S, dtype=torch.long), (span - S + torch.arange(S)).repeat(B, 1),
+                             torch.arange(B), torch.full((B,), S - 1), span)
+                    h = self.forward([r])
+                    if S == 1 and self.model.has_head:
+                        self.logits([r], h)
+
     def admit(self, batch: StepBatch) -> None:
         """Forget the parameters of freed slots; keep those of newly admitted requests (and make
         a sampled request's generator, seeded once, so its draws are the same alone or batched)."""
@@ -113,22 +132,33 @@ class StageRunner:
         return self.model.compute_logits(h)[0] if self.model.has_head else h
 
 
-def warm_up(model) -> None:
+def warm_up(model, max_passes: int = 3) -> None:
     """Run the shapes a served engine meets (``model``: anything with ``generate`` and ``max_len``,
-    e.g. ``ShardedModel``, ``Engine``) so that compiling happens now, not on a user's request.
+    e.g. ``ShardedModel``, ``Engine``, ``SpeculativeEngine``) so that compiling happens now, not on a user's request.
 
     Dynamo first specialises on the shapes it sees, then makes a dimension dynamic once it
     changes (``compile_forward``); size 1 stays special. So: one-row decodes to the end of the
     context (every attention-span bucket), one-row prefills of two lengths, then two- and
     three-row prefills and decodes. Every input reaches the model with its own storage
     (``_own_storage``), so no later batch size or message layout meets a guard these did not.
+
+    Which graphs a shape ends up on depends on the order shapes arrive in (a graph compiled once a
+    size turned symbolic guards against the values seen special before it), so the sequence runs
+    again until a pass compiles nothing (at most ``max_passes``; the speculative engine, whose two
+    models share one code object, needs two).
     """
+    from torch._dynamo.utils import counters
+
     greedy = lambda n: SamplingParams(temperature=0, max_tokens=max(1, min(n, model.max_len - 16)), ignore_eos=True)  # noqa: E731
-    model.generate([[1, 2, 3]], greedy(model.max_len))
-    model.generate([[1, 2, 3, 4, 5]], greedy(4))
-    model.generate([[1, 2, 3, 4, 5, 6, 7], [1, 2, 3, 4, 5]], greedy(8))
-    model.generate([[1, 2, 3, 4, 5, 6], [1, 2, 3, 4], [1, 2, 3, 4, 5, 6, 7, 8, 9]],
-                   SamplingParams(max_tokens=8, ignore_eos=True, temperature=1.0, seed=0))
+    for _ in range(max_passes):
+        graphs = counters["stats"]["unique_graphs"]
+        model.generate([[1, 2, 3]], greedy(model.max_len))
+        model.generate([[1, 2, 3, 4, 5]], greedy(4))
+        model.generate([[1, 2, 3, 4, 5, 6, 7], [1, 2, 3, 4, 5]], greedy(8))
+        model.generate([[1, 2, 3, 4, 5, 6], [1, 2, 3, 4], [1, 2, 3, 4, 5, 6, 7, 8, 9]],
+                       SamplingParams(max_tokens=8, ignore_eos=True, temperature=1.0, seed=0))
+        if counters["stats"]["unique_graphs"] == graphs:
+            return
 
 
 def _own_storage(t: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -143,9 +173,11 @@ def _own_storage(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     on a fresh app, after a warm-up that had run 4 rows). It also guards on the dispatch keys, which
     differ between a tensor made inside ``inference_mode`` and one made outside: so every input is
     copied, views or not (a few hundred bytes a step; a pipeline stage's hidden states, ``B x S x D``).
+    The copy has contiguous strides: a plain ``clone`` keeps a view's, and a column of the
+    speculative engine's ``[B, k]`` drafts has a stride that follows ``k``, another guard.
     """
-    moved = t.to(device)
-    return moved if moved is not t else t.clone()
+    moved = t.to(device, memory_format=torch.contiguous_format)
+    return moved if moved is not t else t.clone(memory_format=torch.contiguous_format)
 
 
 def compile_forward(model: Llama):

@@ -2,8 +2,9 @@
 
 It tokenizes the prompt, checks the context budget and the batch cap, drives the lane's engine
 and streams coalesced ``delta`` events, then one ``done`` event with usage, timing and cost. The
-lanes differ only by configuration: which engine (``ShardedLaneEngine`` or ``VLLMLaneEngine``),
-its batch cap, its price, and for exact the fast model drafting for the full one.
+lanes differ only by configuration: which engine (``ShardedLaneEngine``, ``VLLMLaneEngine``, and
+for exact by default ``SpeculativeLaneEngine``), its batch cap, its price, and for exact the fast
+model drafting for the full one.
 """
 
 from __future__ import annotations
@@ -84,6 +85,10 @@ class Lane:
             from .sharded_engine import ShardedLaneEngine
 
             return ShardedLaneEngine(model_path, self.config, self.tokenizer, telemetry_config)
+        if self.lane == EXACT and self.config.engine == "fastmode":
+            from .speculative_engine import SpeculativeLaneEngine
+
+            return SpeculativeLaneEngine(model_path, draft_path, self.config, self.tokenizer)
         from .vllm_engine import VLLMLaneEngine
 
         return VLLMLaneEngine(model_path, self.config, draft_path if self.lane == EXACT else None)
@@ -294,6 +299,8 @@ class Lane:
         if self.lane == FAST:
             stats["layout"] = {"tp": self.engine.tp, "pp": self.engine.pp, "why": self.engine.layout_reason}
             stats["prefix_cache"] = None if self._rebuilding else await self.engine.prefix_stats()
+        elif self.lane == EXACT and self.config.engine == "fastmode":
+            stats["prefix_cache"] = None if self._rebuilding else self.engine.prefix_stats()
         return stats
 
     async def check_health(self) -> None:

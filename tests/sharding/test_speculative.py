@@ -137,3 +137,75 @@ def test_abort_frees_the_slot_for_the_next_request(pair):
     while engine.has_work:
         got += [t for o in engine.step() if o.request_id == "b" for t in o.token_ids]
     assert got == hf_greedy(full, prompts[1], 5)
+
+
+def _turns(engine: SpeculativeEngine, first: list[int], turns: int, extra: list[list[int]]) -> tuple[list, list]:
+    """A conversation: each turn's prompt is the last prompt, its output and new input. Returns each
+    turn's output and the cached prompt tokens reported on its first output."""
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    prompt, outs, cached = first, [], []
+    for i in range(turns):
+        engine.add(f"t{i}", prompt, params)
+        out, hit = [], None
+        while engine.has_work:
+            for o in engine.step():
+                out += o.token_ids
+                hit = o.cached if hit is None else hit
+        outs.append(out)
+        cached.append(hit)
+        prompt = prompt + out + extra[i]
+    return outs, cached
+
+
+def test_prefix_cache_reuses_a_conversations_history_in_both_models(pair):
+    full, fast, prompts = pair
+    extra = [prompts[(i + 1) % len(prompts)] for i in range(4)]
+    cold = SpeculativeEngine.from_pretrained(full, fast, num_slots=2, k=3, adaptive=False)
+    warm = SpeculativeEngine.from_pretrained(full, fast, num_slots=2, k=3, adaptive=False, prefix_cache=True)
+    want, none = _turns(cold, prompts[3], 4, extra)
+    got, cached = _turns(warm, prompts[3], 4, extra)
+    assert got == want  # the draft's and the target's kept keys and values are the right ones
+    assert none == [0] * 4 and cached[0] == 0
+    prompt = prompts[3]
+    for i in range(1, 4):  # every later turn reuses the history but its last few output tokens: the last
+        # is never fed; the draft may not have fed up to two more (its last draft when all were
+        # accepted, and a final round that drafts nothing because max_tokens is one away)
+        n = len(prompt) + len(want[i - 1])
+        assert n - 3 <= cached[i] <= n - 1
+        prompt = prompt + want[i - 1] + extra[i - 1]
+    last = prompt
+    assert want[3] == hf_greedy(full, last, 12)
+    assert warm.prefix_stats()["hits"] == 3
+    # An abort parks what both caches hold, and a later prompt continuing it still comes out right.
+    warm.add("x", last, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
+    for _ in range(3):
+        warm.step()
+    assert warm.abort("x")
+    assert warm.generate([last + [5, 6]], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)) == [
+        hf_greedy(full, last + [5, 6], 8)]
+
+
+def test_after_the_warm_up_no_batch_compiles_again(tiny_dir):
+    # The exact lane warms its engine up at start; a compile after it would stall a user's request.
+    from torch._dynamo.utils import counters
+
+    from .conftest import prompt_ids
+
+    torch._dynamo.reset()
+    full, fast = tiny_dir / "full", tiny_dir / "fast"
+    engine = SpeculativeEngine.from_pretrained(full, fast, num_slots=4, k=3, adaptive=False, compile=True,
+                                               prefix_cache=True)
+    engine.warm_up()
+    warmed = counters["stats"]["unique_graphs"]
+    assert warmed > 0 and engine.stats.rounds == 0 and not engine.prefix and engine.k == 3
+    # One row across attention-span buckets: its draft steps take columns of the [1, k] drafts, views
+    # whose stride follows k (sharding.stage._own_storage).
+    engine.generate([prompt_ids(full, 11, seed=3)], SamplingParams(temperature=0, max_tokens=100, ignore_eos=True))
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    for rows in (4, 1, 3, 2, 4):
+        engine.generate([prompt_ids(full, 5 + r, seed=r) for r in range(rows)], params)
+    long = [prompt_ids(full, 40, seed=9)]
+    engine.generate(long, params)
+    engine.generate([long[0] + prompt_ids(full, 3 + r, seed=r) for r in range(3)], params)
+    engine.generate([prompt_ids(full, 6, seed=1)] * 2, SamplingParams(temperature=0.9, seed=1, max_tokens=9))
+    assert counters["stats"]["unique_graphs"] == warmed

@@ -1,0 +1,218 @@
+"""``SpeculativeLaneEngine``: the exact lane on fastmode's own executor (``sharding.speculative``).
+
+The full model verifies what the fast model drafts, both in this replica's process: one engine
+thread owns the ``SpeculativeEngine`` (and its KV caches) and loops, taking new requests and
+aborts from a queue, running a step, and handing each step's outputs to the event loop in one
+call. Nothing per token crosses a process; the per-token work on the event loop is detokenizing.
+
+The thread runs on the node's compute cores (``cluster.cpus``: the replica stays on the serving
+ones) with ``threads`` torch threads: on the 2-core machine, beside vLLM's engines, as they run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer
+
+from cluster import cpus
+from sharding.sampling import SamplingParams
+from sharding.speculative import SpecStats, SpeculativeEngine
+
+from ..config import ExactLaneConfig
+from ..errors import LaneUnavailable
+from .engine import EngineOutput, EngineRequest
+from .text import TextStream
+
+START_TIMEOUT_S = 900.0
+"""How long the replica waits for the engine thread to load, compile and warm up both models."""
+
+
+def speculative_summary(stats: SpecStats, k: int) -> dict:
+    """``EngineOutput.speculative`` of one request (the fields vLLM's exact lane reports)."""
+    steps = stats.rounds
+    return {"draft_tokens": k, "verify_steps": steps, "drafted": stats.drafted, "accepted": stats.accepted,
+            "acceptance_rate": stats.acceptance if stats.drafted else 0.0,
+            "tokens_per_step": 1 + stats.accepted / steps if steps else 1.0}
+
+
+def _place_thread() -> None:
+    """Run the calling thread (and the torch threads it starts) on the compute cores."""
+    p = cpus.plan()
+    if p is not None:
+        os.sched_setaffinity(0, p.compute)  # pid 0: this thread only, on Linux
+
+
+class SpeculativeLaneEngine:
+    """The full model's exact output, drafted by the fast model, in one engine thread.
+
+    Args:
+        path: the full model's checkpoint (the target).
+        draft_path: the fast model's (the drafter; same tokenizer).
+        config: the exact lane's section of the deployment config.
+        tokenizer: the full model's tokenizer (detokenization and stop strings).
+    """
+
+    def __init__(self, path: str | Path, draft_path: str | Path, config: ExactLaneConfig,
+                 tokenizer: Tokenizer) -> None:
+        self.config, self.tokenizer = config, tokenizer
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._sinks: dict[str, asyncio.Queue] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._error: BaseException | None = None
+        self._ready = threading.Event()
+        self._engine: SpeculativeEngine | None = None
+        self._thread = threading.Thread(target=self._run, args=(path, draft_path), name="exact-engine", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(START_TIMEOUT_S):
+            self._error = TimeoutError(f"the exact lane's engine did not start in {START_TIMEOUT_S:.0f} s")
+        if self._error is not None:
+            self.shutdown()
+            raise LaneUnavailable(f"the exact lane's engine did not start: {self._error}") from self._error
+        self.max_len = self._engine.max_len
+
+    # -- the engine thread ---------------------------------------------------------------------
+    def _build(self, path: str | Path, draft_path: str | Path) -> SpeculativeEngine:
+        c = self.config
+        torch.set_num_threads(c.threads)
+        engine = SpeculativeEngine.from_pretrained(
+            path, draft_path, dtype=getattr(torch, c.dtype), num_slots=c.max_num_seqs, max_len=c.max_model_len,
+            k=c.num_speculative_tokens, adaptive=c.adaptive_k, compile=c.compile, prefix_cache=c.prefix_cache)
+        if c.compile:
+            engine.warm_up()  # every shape the lane meets, compiled now, not on a user's request
+        return engine
+
+    def _run(self, path: str | Path, draft_path: str | Path) -> None:
+        _place_thread()
+        try:
+            self._engine = self._build(path, draft_path)
+        except BaseException as e:  # noqa: BLE001 - reported by __init__
+            self._error = e
+            return
+        finally:
+            self._ready.set()
+        engine, added = self._engine, {}
+        try:
+            while True:
+                item = self._inbox.get() if not engine.has_work else self._next()
+                while item is not None:
+                    if item[0] == "stop":
+                        return
+                    self._handle(engine, item, added)
+                    item = self._next()
+                if not engine.has_work:
+                    continue
+                start = time.perf_counter()
+                outs = engine.step()
+                first = {o.request_id: (start - added.pop(o.request_id), engine.num_running)
+                         for o in outs if o.request_id in added}
+                spec = {rid: speculative_summary(s, engine.k) for rid, s in engine.finished_stats.items()}
+                self._post(self._deliver, outs, first, spec)
+        except BaseException as e:  # noqa: BLE001 - every waiting request hears of it, and check_health
+            self._error = e
+            self._post(self._fail_all, e)
+
+    def _next(self):
+        try:
+            return self._inbox.get_nowait()
+        except queue.Empty:
+            return None
+
+    def _handle(self, engine: SpeculativeEngine, item: tuple, added: dict[str, float]) -> None:
+        if item[0] == "abort":
+            engine.abort(item[1])
+            added.pop(item[1], None)
+            return
+        _, rid, prompt, params, at = item
+        try:
+            engine.add(rid, prompt, params)
+            added[rid] = at
+        except Exception as e:  # noqa: BLE001 - a typed error for that request only
+            self._post(self._put, rid, e)
+
+    def _post(self, fn, *args) -> None:
+        if self._loop is not None and not self._loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                self._loop.call_soon_threadsafe(fn, *args)
+
+    # -- on the event loop ---------------------------------------------------------------------
+    def _put(self, rid: str, item) -> None:
+        sink = self._sinks.get(rid)
+        if sink is not None:
+            sink.put_nowait(item)
+
+    def _deliver(self, outs, first: dict, spec: dict) -> None:
+        for o in outs:
+            self._put(o.request_id, (o, first.get(o.request_id), spec.get(o.request_id)))
+
+    def _fail_all(self, e: BaseException) -> None:
+        for rid in list(self._sinks):
+            self._put(rid, LaneUnavailable(f"the exact lane's engine failed: {type(e).__name__}: {e}"))
+
+    # -- LaneEngine ----------------------------------------------------------------------------
+    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
+        """See ``LaneEngine.generate``."""
+        if self._error is not None:
+            raise LaneUnavailable(f"the exact lane's engine is not running ({self._error})")
+        self._loop = self._loop or asyncio.get_running_loop()
+        rid = request.request_id
+        params = SamplingParams(temperature=request.temperature, top_p=request.top_p, seed=request.seed,
+                                max_tokens=request.max_tokens, ignore_eos=request.ignore_eos)
+        self._engine.validate(rid, list(request.prompt_ids), params)  # typed errors before anything is queued
+        sink: asyncio.Queue = asyncio.Queue()
+        self._sinks[rid] = sink
+        self._inbox.put(("add", rid, list(request.prompt_ids), params, time.perf_counter()))
+        text = TextStream(self.tokenizer, request.stop)
+        finished = False
+        try:
+            while True:
+                item = await sink.get()
+                if isinstance(item, BaseException):
+                    finished = True  # never added, or the engine is gone
+                    raise item
+                out, first, spec = item
+                extra = {}
+                if first is not None:
+                    extra = {"queue_s": first[0], "batch_size": first[1], "cached_tokens": out.cached}
+                delta = text.push(out.token_ids)
+                if text.stopped or out.finished:
+                    finished = out.finished
+                    if not text.stopped:
+                        delta += text.flush()
+                    yield EngineOutput(out.token_ids, delta, "stop" if text.stopped else out.finish_reason,
+                                       speculative=spec, **extra)
+                    return
+                yield EngineOutput(out.token_ids, delta, **extra)
+        finally:
+            self._sinks.pop(rid, None)
+            if not finished:  # closed early, or ended by a stop string: free the slot
+                self._inbox.put(("abort", rid))
+
+    def failure(self) -> BaseException | None:
+        if self._error is None and not self._thread.is_alive() and self._ready.is_set():
+            self._error = RuntimeError("the exact lane's engine thread has exited")
+        return self._error
+
+    def num_unfinished(self) -> int:
+        return len(self._sinks)
+
+    async def check_health(self) -> None:
+        if self.failure() is not None:
+            raise LaneUnavailable(f"the exact lane's engine has stopped ({self._error})")
+
+    def prefix_stats(self) -> dict[str, int] | None:
+        """The prefix cache's counters (read between steps; a dict copy)."""
+        return self._engine.prefix_stats() if self._engine is not None else None
+
+    def shutdown(self) -> None:
+        self._inbox.put(("stop",))
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout=10)
