@@ -1,9 +1,10 @@
-"""Does vLLM's speculative decoding keep the full model's distribution when it samples?
+"""Does speculative decoding (vLLM's, and fastmode's own) keep the full model's distribution when it samples?
 
 The exact tier promises the full model's own output: greedy, token for token; sampled, the same
 distribution (the rejection rule of speculative sampling). This samples ``--samples`` continuations
 of one code prompt at temperature 1 (a seed each) from vLLM's ``LLM`` on ``models/full``, plain and
-with the exact lane's ``draft_model`` speculative decoding (``models/fast`` drafting k = 3), in
+with vLLM's ``draft_model`` speculative decoding (``models/fast`` drafting k = 3), and from fastmode's
+own executor (``sharding.speculative``, the exact lane's default engine, the same k), in
 subprocesses, then scores every sample under the full model in transformers: the mean log-probability
 per sampled token, with its 95% interval. Two samplers of one distribution agree on it within the
 intervals (it estimates the negative entropy of the model's continuations).
@@ -30,11 +31,13 @@ PROMPT = "import os\n\ndef read_lines(path):\n"
 
 
 def _sample(kind: str, samples: int, tokens: int) -> list[list[int]]:
-    from vllm import LLM, SamplingParams
-
     from serve.config import ExactLaneConfig
 
     lane = ExactLaneConfig()
+    if kind == "fastmode":
+        return _sample_fastmode(lane, samples, tokens)
+    from vllm import LLM, SamplingParams
+
     kw = dict(model=str(FULL), dtype=lane.dtype, kv_cache_memory_bytes=lane.kv_cache_memory_bytes,
               gpu_memory_utilization=lane.gpu_memory_utilization, enforce_eager=True, seed=0,
               max_num_seqs=lane.max_num_seqs, block_size=lane.block_size)
@@ -44,6 +47,19 @@ def _sample(kind: str, samples: int, tokens: int) -> list[list[int]]:
     llm = LLM(**kw)
     params = [SamplingParams(temperature=1.0, max_tokens=tokens, ignore_eos=True, seed=i) for i in range(samples)]
     return [list(o.outputs[0].token_ids) for o in llm.generate([PROMPT] * samples, params)]
+
+
+def _sample_fastmode(lane, samples: int, tokens: int) -> list[list[int]]:
+    from transformers import AutoTokenizer
+
+    from sharding.sampling import SamplingParams
+    from sharding.speculative import SpeculativeEngine
+
+    engine = SpeculativeEngine.from_pretrained(FULL, FAST, num_slots=lane.max_num_seqs, k=lane.num_speculative_tokens,
+                                               adaptive=False)
+    prompt = AutoTokenizer.from_pretrained(FULL)(PROMPT).input_ids  # as _score and vLLM tokenize it
+    params = [SamplingParams(temperature=1.0, max_tokens=tokens, ignore_eos=True, seed=i) for i in range(samples)]
+    return engine.generate([prompt] * samples, params)
 
 
 def _score(outputs: list[list[int]]) -> dict:
@@ -76,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     started, results = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), {}
     env = {**os.environ, "PYTHONPATH": str(REPO), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    for kind in ("plain", "speculative"):
+    for kind in ("plain", "speculative", "fastmode"):
         proc = subprocess.run([sys.executable, "-m", "bench.speculative_sampling", "--worker", kind, "--samples",
                                str(args.samples), "--tokens", str(args.tokens)],
                               capture_output=True, text=True, cwd=REPO, env=env, timeout=1200)
