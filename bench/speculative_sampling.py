@@ -85,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--samples", type=int, default=200)
     ap.add_argument("--tokens", type=int, default=24)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--kinds", default="plain,speculative,fastmode", help="samplers, comma-separated: plain "
+                    "(vLLM), speculative (vLLM draft_model), fastmode (sharding.speculative); plain comes first")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
@@ -92,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     started, results = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), {}
     env = {**os.environ, "PYTHONPATH": str(REPO), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    for kind in ("plain", "speculative", "fastmode"):
+    for kind in args.kinds.split(","):
         proc = subprocess.run([sys.executable, "-m", "bench.speculative_sampling", "--worker", kind, "--samples",
                                str(args.samples), "--tokens", str(args.tokens)],
                               capture_output=True, text=True, cwd=REPO, env=env, timeout=1200)
@@ -101,8 +103,15 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"{kind}: {proc.stderr[-2000:]}")
         results[kind] = _score(json.loads(lines[-1][7:]))
         r = results[kind]
+        if kind != "plain" and "plain" in results:  # the difference and its 95% interval (Welch)
+            p = results["plain"]
+            d = r["mean_logprob_per_token"] - p["mean_logprob_per_token"]
+            half = math.hypot(r["ci95"][1] - r["mean_logprob_per_token"], p["ci95"][1] - p["mean_logprob_per_token"])
+            r["minus_plain"], r["minus_plain_ci95"] = d, [d - half, d + half]
         print(f"{kind:<12} mean log-prob per sampled token under the full model {r['mean_logprob_per_token']:.3f} "
-              f"[{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}] ({r['samples']} samples)")
+              f"[{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}] ({r['samples']} samples)"
+              + (f"; minus plain {r['minus_plain']:+.3f} [{r['minus_plain_ci95'][0]:+.3f}, "
+                 f"{r['minus_plain_ci95'][1]:+.3f}]" if "minus_plain" in r else ""))
     if args.json:
         args.json.write_text(json.dumps({"command": "python -m bench.speculative_sampling " + " ".join(
             argv if argv is not None else sys.argv[1:]), "date": started, "prompt": PROMPT, "temperature": 1.0,

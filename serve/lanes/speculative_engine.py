@@ -2,8 +2,8 @@
 
 The full model verifies what the fast model drafts, both in this replica's process: one engine
 thread owns the ``SpeculativeEngine`` (and its KV caches) and loops, taking new requests and
-aborts from a queue, running a step, and handing each step's outputs to the event loop in one
-call. Nothing per token crosses a process; the per-token work on the event loop is detokenizing.
+aborts from a queue, running a step, and handing each request's output to the event loop that
+asked for it. Nothing per token crosses a process; the per-token work on the event loop is detokenizing.
 
 The thread runs on the node's compute cores (``cluster.cpus``: the replica stays on the serving
 ones) with ``threads`` torch threads: on the 2-core machine, beside vLLM's engines, as they run.
@@ -24,6 +24,7 @@ import torch
 from tokenizers import Tokenizer
 
 from cluster import cpus
+from sharding.errors import DuplicateRequest
 from sharding.sampling import SamplingParams
 from sharding.speculative import SpecStats, SpeculativeEngine
 
@@ -65,8 +66,7 @@ class SpeculativeLaneEngine:
                  tokenizer: Tokenizer) -> None:
         self.config, self.tokenizer = config, tokenizer
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
-        self._sinks: dict[str, asyncio.Queue] = {}
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._sinks: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._error: BaseException | None = None
         self._ready = threading.Event()
         self._engine: SpeculativeEngine | None = None
@@ -115,10 +115,12 @@ class SpeculativeLaneEngine:
                 first = {o.request_id: (start - added.pop(o.request_id), engine.num_running)
                          for o in outs if o.request_id in added}
                 spec = {rid: speculative_summary(s, engine.k) for rid, s in engine.finished_stats.items()}
-                self._post(self._deliver, outs, first, spec)
+                for o in outs:
+                    self._put(o.request_id, (o, first.get(o.request_id), spec.get(o.request_id)))
         except BaseException as e:  # noqa: BLE001 - every waiting request hears of it, and check_health
             self._error = e
-            self._post(self._fail_all, e)
+            for rid in list(self._sinks):
+                self._put(rid, LaneUnavailable(f"the exact lane's engine failed: {type(e).__name__}: {e}"))
 
     def _next(self):
         try:
@@ -136,39 +138,29 @@ class SpeculativeLaneEngine:
             engine.add(rid, prompt, params)
             added[rid] = at
         except Exception as e:  # noqa: BLE001 - a typed error for that request only
-            self._post(self._put, rid, e)
+            self._put(rid, e)
 
-    def _post(self, fn, *args) -> None:
-        if self._loop is not None and not self._loop.is_closed():
-            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                self._loop.call_soon_threadsafe(fn, *args)
-
-    # -- on the event loop ---------------------------------------------------------------------
     def _put(self, rid: str, item) -> None:
+        """Hand ``item`` to request ``rid``'s stream, on its event loop (gone: dropped)."""
         sink = self._sinks.get(rid)
         if sink is not None:
-            sink.put_nowait(item)
-
-    def _deliver(self, outs, first: dict, spec: dict) -> None:
-        for o in outs:
-            self._put(o.request_id, (o, first.get(o.request_id), spec.get(o.request_id)))
-
-    def _fail_all(self, e: BaseException) -> None:
-        for rid in list(self._sinks):
-            self._put(rid, LaneUnavailable(f"the exact lane's engine failed: {type(e).__name__}: {e}"))
+            loop, q = sink
+            with contextlib.suppress(RuntimeError):  # the loop has closed
+                loop.call_soon_threadsafe(q.put_nowait, item)
 
     # -- LaneEngine ----------------------------------------------------------------------------
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
         """See ``LaneEngine.generate``."""
         if self._error is not None:
             raise LaneUnavailable(f"the exact lane's engine is not running ({self._error})")
-        self._loop = self._loop or asyncio.get_running_loop()
         rid = request.request_id
         params = SamplingParams(temperature=request.temperature, top_p=request.top_p, seed=request.seed,
                                 max_tokens=request.max_tokens, ignore_eos=request.ignore_eos)
         self._engine.validate(rid, list(request.prompt_ids), params)  # typed errors before anything is queued
+        if rid in self._sinks:
+            raise DuplicateRequest(f"request {rid!r} is already in flight")
         sink: asyncio.Queue = asyncio.Queue()
-        self._sinks[rid] = sink
+        self._sinks[rid] = (asyncio.get_running_loop(), sink)
         self._inbox.put(("add", rid, list(request.prompt_ids), params, time.perf_counter()))
         text = TextStream(self.tokenizer, request.stop)
         finished = False
