@@ -319,20 +319,18 @@ class SpeculativeEngine:
             start = torch.tensor([s.length - len(s.pending) for s in seqs])
             rows = Rows(tokens, start[:, None] + torch.arange(width), slots,
                         torch.tensor([len(s.pending) - 1 for s in seqs]), int((start + width).max()))
-            pos = torch.tensor([s.length for s in seqs])  # where d1 goes
+            lengths = [s.length for s in seqs]
+            pos, last, top = torch.tensor(lengths), torch.zeros(B, dtype=torch.long), max(lengths)  # where d1 goes
+            sampled = [b for b, s in enumerate(seqs) if not s.params.greedy]
             for i in range(k):
                 logits = self.draft.logits([rows], self.draft.forward([rows]))[0]  # [B, V]
-                for b, s in enumerate(seqs):
-                    if s.params.greedy:
-                        drafts[b, i] = logits[b].argmax()
-                    else:
-                        probs = warp(logits[b], s.params)
-                        q[b].append(probs)
-                        drafts[b, i] = torch.multinomial(probs, 1, generator=s.gen)[0]
+                drafts[:, i] = logits.argmax(dim=-1).to(drafts.device)  # the greedy rows' drafts (one op)
+                for b in sampled:
+                    probs = warp(logits[b], seqs[b].params)
+                    q[b].append(probs)
+                    drafts[b, i] = torch.multinomial(probs, 1, generator=seqs[b].gen)[0]
                 if i + 1 < k:
-                    p = pos + i
-                    rows = Rows(drafts[:, i:i + 1], p[:, None], slots, torch.zeros(B, dtype=torch.long),
-                                int(p.max()) + 1)
+                    rows = Rows(drafts[:, i:i + 1], (pos + i)[:, None], slots, last, top + i + 1)
             self._t_draft = _smooth(self._t_draft, (time.perf_counter() - t0) / k)
         # 2. verify: [last, d1 .. dk] at the sequence's next k + 1 positions.
         t0 = time.perf_counter()
