@@ -171,7 +171,8 @@ def run(config: AppConfig, *, address: str | None, chips: int, verbose: bool = F
               + (f"  gRPC     {config.grpc.host}:{config.grpc.port}   ({'TLS, ' if config.grpc.tls else ''}"
                  "fastmode.v1.Inference, health, reflection)\n" if config.grpc.enabled else "") +
               f"  models   {m.full.id} (lanes: standard; service_tier=priority: priority; "
-              f"service_tier=exact: exact, k={config.lanes.exact.num_speculative_tokens} drafts by {m.fast.id})\n"
+              f"service_tier=exact: exact, k={config.lanes.exact.num_speculative_tokens} drafts by {m.fast.id} "
+              f"on {config.lanes.exact.engine}'s engine)\n"
               f"           {m.fast.id} (lane: fast, tp={layout['tp']} x pp={layout['pp']}: {layout['why']})\n"
               f"           auto (router: fast if the prompt's difficulty "
               f"{'>' if config.router.auto_fast_when == 'hard' else '<='} {config.router.auto_threshold}, "
