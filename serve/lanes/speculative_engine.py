@@ -5,14 +5,16 @@ thread owns the ``SpeculativeEngine`` (and its KV caches) and loops, taking new 
 aborts from a queue, running a step, and handing each request's output to the event loop that
 asked for it. Nothing per token crosses a process; the per-token work on the event loop is detokenizing.
 
-The thread runs on the node's compute cores (``cluster.cpus``: the replica stays on the serving
-ones) with ``threads`` torch threads: on the 2-core machine, beside vLLM's engines, as they run.
+The thread (``exact-engine``, by that name in ``top`` and ``py-spy``) runs on the node's compute
+cores (``cluster.cpus``: the replica's other threads stay on the serving ones) with ``threads``
+torch threads: on the 2-core machine, beside vLLM's engines, as they run.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import os
 import queue
 import threading
@@ -45,8 +47,15 @@ def speculative_summary(stats: SpecStats, k: int) -> dict:
             "tokens_per_step": 1 + stats.accepted / steps if steps else 1.0}
 
 
+THREAD_NAME = "exact-engine"
+"""The engine thread's name, also the OS's (``/proc/<pid>/task/<tid>/comm``: top, py-spy, tests)."""
+
+
 def _place_thread() -> None:
-    """Run the calling thread (and the torch threads it starts) on the compute cores."""
+    """Name the calling thread for the OS and run it (and the torch threads it starts) on the compute
+    cores."""
+    with contextlib.suppress(Exception):  # Linux only; a name is a convenience
+        ctypes.CDLL(None).prctl(15, THREAD_NAME.encode(), 0, 0, 0)  # PR_SET_NAME: this thread
     p = cpus.plan()
     if p is not None:
         os.sched_setaffinity(0, p.compute)  # pid 0: this thread only, on Linux
@@ -70,7 +79,7 @@ class SpeculativeLaneEngine:
         self._error: BaseException | None = None
         self._ready = threading.Event()
         self._engine: SpeculativeEngine | None = None
-        self._thread = threading.Thread(target=self._run, args=(path, draft_path), name="exact-engine", daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(path, draft_path), name=THREAD_NAME, daemon=True)
         self._thread.start()
         if not self._ready.wait(START_TIMEOUT_S):
             self._error = TimeoutError(f"the exact lane's engine did not start in {START_TIMEOUT_S:.0f} s")

@@ -75,9 +75,11 @@ def test_fastmode_up_prints_https_and_wss_urls(tls):
 @pytest.mark.slow
 def test_cpus_auto_keeps_serving_processes_off_the_engines_cores(tls):
     """``cpus: auto`` (cluster/cpus.py; this app sets it, to spare CI an app of its own): vLLM's
-    engines (the engine-core processes that run the model, the lanes' default ``executor: uni``) and
-    the fast lane's chip compute on the compute cores; the gateway, gRPC, lane replicas and Ray's
-    daemons run on the serving core, every thread of them."""
+    engines (the engine-core processes that run the model, the lanes' default ``executor: uni``), the
+    fast lane's chip and the exact lane's engine thread compute on the compute cores; the gateway,
+    gRPC, lane replicas and Ray's daemons run on the serving core, every other thread of them."""
+    from serve.lanes.speculative_engine import THREAD_NAME
+
     import os
 
     import psutil
@@ -99,11 +101,17 @@ def test_cpus_auto_keeps_serving_processes_off_the_engines_cores(tls):
         else:
             continue
         want = set(plan.serving if role == "serving" else plan.compute)
-        masks = {tid: os.sched_getaffinity(int(tid)) for tid in os.listdir(f"/proc/{p.pid}/task")}
-        wrong = {tid: m for tid, m in masks.items() if m != want}
-        assert not wrong, f"{name} (pid {p.pid}): threads off {sorted(want)}: {wrong}"
+        for tid in os.listdir(f"/proc/{p.pid}/task"):
+            engine_thread = Path(f"/proc/{p.pid}/task/{tid}/comm").read_text().strip() == THREAD_NAME
+            mask = os.sched_getaffinity(int(tid))
+            if engine_thread:  # the exact lane's engine, in its replica
+                assert "exact-lane" in name and mask == set(plan.compute), (name, tid, mask)
+                seen["compute"].append(f"{name}: {THREAD_NAME}")
+            else:
+                assert mask == want, f"{name} (pid {p.pid}): thread {tid} off {sorted(want)}: {mask}"
         seen[role].append(name)
-    assert sum("VLLM::EngineCore" in n for n in seen["compute"]) == 3, seen  # priority, standard, exact
+    assert sum("VLLM::EngineCore" in n for n in seen["compute"]) == 2, seen  # priority, standard
+    assert sum(THREAD_NAME in n for n in seen["compute"]) == 1, seen  # exact (fastmode's engine)
     assert not any("VLLM::Worker" in n for n in seen["compute"]), seen  # uni: no worker process
     assert any("ChipWorker" in n for n in seen["compute"]), seen
     for name in ("gateway", "standard-lane", "fast-lane", "grpc", "raylet"):
