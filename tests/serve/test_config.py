@@ -53,6 +53,11 @@ def test_relative_model_paths_resolve_against_the_file(tmp_path):
     ({"lanes": {"fast": {"tp": "max"}}}, "lanes.fast.tp: Value error, must be a positive integer or 'auto'"),
     ({"lanes": {"turbo": {}}}, "lanes.turbo"),
     ({"lanes": {"standard": {"executor": "ray"}}}, "lanes.standard.executor"),
+    ({"lanes": {"exact": {"engine": "tensorrt"}}}, "lanes.exact.engine"),
+    ({"lanes": {"exact": {"num_speculative_tokens": 9}}}, "at most 8 on engine 'fastmode'"),
+    ({"lanes": {"exact": {"num_speculative_tokens_per_batch_size": [[1, 2, 3]]}}}, "set engine: vllm"),
+    ({"lanes": {"exact": {"dtype": "auto"}}}, "engine 'fastmode' takes float32, bfloat16 or float16"),
+    ({"lanes": {"exact": {"threads": 0}}}, "lanes.exact.threads"),
     ({"router": {"auto_threshold": -1}}, "router.auto_threshold"),
     ({"http": {"port": 70000}}, "http.port"),
     ({"models": {"fast": {"id": "fastmode-full", "path": str(FAST)}}}, "different ids"),
@@ -203,3 +208,10 @@ def test_vllm_lanes_run_the_model_in_the_engine_core_on_one_chip_else_as_vllm_ch
     sharded = load_config({"lanes": {"standard": {"engine_args": {"tensor_parallel_size": 2}}}}).lanes.standard
     assert executor_backend(sharded) is None
     assert executor_backend(load_config({"lanes": {"standard": {"executor": "mp"}}}).lanes.standard) == "mp"
+
+
+def test_the_exact_lanes_vllm_fields_apply_with_its_vllm_engine():
+    lanes = load_config({"lanes": {"exact": {"engine": "vllm", "num_speculative_tokens": 12,
+                                             "num_speculative_tokens_per_batch_size": [[1, 2, 3]]}}}).lanes
+    assert lanes.exact.engine == "vllm" and lanes.exact.num_speculative_tokens == 12
+    assert load_config({}).lanes.exact.engine == "fastmode"
