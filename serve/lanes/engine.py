@@ -28,6 +28,11 @@ class EngineRequest:
     trace: Any = None
     """The lane span's OpenTelemetry context when tracing is on (the engine adds step spans under it)."""
 
+    def sampling(self) -> SamplingParams:
+        """Its sampling parameters as fastmode's own engines take them (``sharding.sampling``)."""
+        return SamplingParams(temperature=self.temperature, top_p=self.top_p, seed=self.seed,
+                              max_tokens=self.max_tokens, ignore_eos=self.ignore_eos)
+
 
 @dataclass(frozen=True)
 class EngineOutput:

@@ -25,7 +25,6 @@ from sharding.pipeline import RingFailed, ShardedModel
 from sharding.placement import CHIP
 from sharding.planner import AUTO, auto_layout
 from sharding.ring import StepInfo, step_infos
-from sharding.sampling import SamplingParams
 from sharding.transport import LinkClosed, frame, read_frame
 
 from .. import metrics
@@ -140,8 +139,7 @@ class ShardedLaneEngine:
         if self._error is not None:
             raise LaneUnavailable(f"the fast lane's engine is not running ({self._error})")
         rid = request.request_id
-        params = SamplingParams(temperature=request.temperature, top_p=request.top_p, seed=request.seed,
-                                max_tokens=request.max_tokens, ignore_eos=request.ignore_eos)
+        params = request.sampling()
         self.model.validate(rid, request.prompt_ids, params)  # typed errors before anything is sent
         writer = await self._connect()
         sink: asyncio.Queue = asyncio.Queue()

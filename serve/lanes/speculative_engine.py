@@ -27,7 +27,6 @@ from tokenizers import Tokenizer
 
 from cluster import cpus
 from sharding.errors import DuplicateRequest
-from sharding.sampling import SamplingParams
 from sharding.speculative import SpecStats, SpeculativeEngine
 
 from ..config import ExactLaneConfig
@@ -163,8 +162,7 @@ class SpeculativeLaneEngine:
         if self._error is not None:
             raise LaneUnavailable(f"the exact lane's engine is not running ({self._error})")
         rid = request.request_id
-        params = SamplingParams(temperature=request.temperature, top_p=request.top_p, seed=request.seed,
-                                max_tokens=request.max_tokens, ignore_eos=request.ignore_eos)
+        params = request.sampling()
         self._engine.validate(rid, list(request.prompt_ids), params)  # typed errors before anything is queued
         if rid in self._sinks:
             raise DuplicateRequest(f"request {rid!r} is already in flight")
