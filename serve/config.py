@@ -161,8 +161,8 @@ class ExactLaneConfig(VLLMLaneConfig):
     engine: Literal["fastmode", "vllm"] = Field(default="fastmode", description="'fastmode': both models "
         "on fastmode's executor in the replica (torch.compile, a prefix cache, one engine thread on the "
         "compute cores); 'vllm': vLLM's speculative decoding (method draft_model). On the 2-core CPU "
-        "fastmode's decoded a stream faster and kept the distribution when sampling; vLLM's prefilled long "
-        "prompts faster: see docs/serving.md, 'Where the exact lane runs'.")
+        "fastmode's decoded a stream faster and kept the distribution when sampling; vLLM's answered long "
+        "prompts with short outputs sooner: see docs/serving.md, 'Where the exact lane runs'.")
     max_num_seqs: int = Field(default=2, ge=1, description="The batch cap per replica (low, as "
                               "priority's: speculative decoding pays where a step is not already full).")
     admission: Literal["reject", "queue"] = Field(default="reject", description="See VLLMLaneConfig.")
