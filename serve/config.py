@@ -71,6 +71,16 @@ LayoutSize = Annotated[int | Literal["auto"], BeforeValidator(_layout_size)]
 """``tp``/``pp``: a chip count, or ``"auto"`` (the planner's pick)."""
 
 
+PackedWeights = bool | Literal["auto"]
+"""``packed_weights``: read decode steps' weights as bfloat16 (``sharding.packed``), or ``"auto"``."""
+
+_PACKED = ("Decode steps read the weights as bfloat16 and compute in float32 (sharding/packed.py, an AVX2 "
+           "kernel built on first use): half the bytes a step streams, the same tokens for bfloat16 "
+           "checkpoints such as the shipped ones (weights that are not bfloat16 values stay float32). "
+           "'auto': on where it runs (float32 on an x86-64 CPU with AVX2, a C++ compiler, ninja), else off; "
+           "true: fail at start where it cannot run.")
+
+
 class FastLaneConfig(LaneCommon):
     """The fast lane: the small model on fastmode's own sharded executor."""
 
@@ -100,6 +110,8 @@ class FastLaneConfig(LaneCommon):
         "sharding/prefix_cache.py). Parked slots are given up, oldest first, when a new request needs one.")
     spin_us: float = Field(default=2000.0, ge=0, le=100000, description="A chip polls its link this long "
         "before sleeping: waking a sleeping core costs more than a hop. An idle lane sleeps.")
+    packed_weights: PackedWeights = Field(default="auto", description=_PACKED + " Each chip decides for "
+                                          "its own CPU.")
 
 
 class VLLMLaneConfig(LaneCommon):
@@ -184,6 +196,8 @@ class ExactLaneConfig(VLLMLaneConfig):
                          "thread (the compute cores it may use).")
     prefix_cache: bool = Field(default=True, description="fastmode's engine: keep a finished sequence's "
         "slot for a later prompt that continues it (sharding/prefix_cache.py), in both models' caches.")
+    packed_weights: PackedWeights = Field(default="auto", description="fastmode's engine, both models: "
+                                          + _PACKED)
 
     @model_validator(mode="after")
     def _engine_fields(self) -> ExactLaneConfig:

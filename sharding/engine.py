@@ -35,14 +35,16 @@ class LocalExecutor:
         num_slots: KV-cache slots (sequences decoded at once).
         max_len: tokens per sequence; default and cap: the model's context.
         compile: run the model under ``torch.compile`` (``sharding.stage.compile_forward``).
+        packed_weights: bfloat16-packed weights for small steps (``sharding.packed``).
     """
 
     def __init__(self, model: Llama, *, num_slots: int = 8, max_len: int | None = None,
-                 compile: bool = False) -> None:
+                 compile: bool = False, packed_weights: bool = False) -> None:
         if not (model.has_embedding and model.has_head):
             raise InvalidLayout("Engine needs a whole model (embedding and head); got a pipeline stage")
         self.config = model.config
-        self.runner = StageRunner(model, num_slots=num_slots, max_len=max_len, compile=compile)
+        self.runner = StageRunner(model, num_slots=num_slots, max_len=max_len, compile=compile,
+                                  packed_weights=packed_weights)
         self.cache: KVCache = self.runner.cache
         self.num_slots, self.max_len = num_slots, self.cache.max_len
 
@@ -80,14 +82,18 @@ class Engine:
         executor: instead of ``model``: the executor to drive (it fixes ``num_slots``/``max_len``).
         prefix_cache: park finished sequences' slots for prompts that continue them
             (``sharding.prefix_cache``).
+        packed_weights: with ``model``: decode from bfloat16-packed weights (``sharding.packed``):
+            the same tokens, about 3x faster on the full model on this CPU.
     """
 
     def __init__(self, model: Llama | None = None, *, num_slots: int = 8, max_len: int | None = None,
-                 compile: bool = False, executor: Executor | None = None, prefix_cache: bool = False) -> None:
+                 compile: bool = False, executor: Executor | None = None, prefix_cache: bool = False,
+                 packed_weights: bool = False) -> None:
         if (model is None) == (executor is None):
             raise ValueError("Engine needs exactly one of a model or an executor")
         if executor is None:
-            executor = LocalExecutor(model, num_slots=num_slots, max_len=max_len, compile=compile)
+            executor = LocalExecutor(model, num_slots=num_slots, max_len=max_len, compile=compile,
+                                     packed_weights=packed_weights)
             # In process the executor's cache is the slot pool, so `engine.cache` is the real thing.
             slots = executor.cache
         else:
@@ -104,10 +110,11 @@ class Engine:
     @classmethod
     def from_pretrained(cls, path: str | Path, *, num_slots: int = 8, max_len: int | None = None,
                         dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
-                        compile: bool = False, prefix_cache: bool = False) -> Engine:
+                        compile: bool = False, prefix_cache: bool = False,
+                        packed_weights: bool = False) -> Engine:
         """An engine over the checkpoint at ``path`` (single process, no parallelism)."""
         return cls(load_model(path, dtype=dtype, device=device), num_slots=num_slots, max_len=max_len,
-                   compile=compile, prefix_cache=prefix_cache)
+                   compile=compile, prefix_cache=prefix_cache, packed_weights=packed_weights)
 
     @property
     def has_work(self) -> bool:

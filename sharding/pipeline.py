@@ -56,7 +56,8 @@ class ShardedModel:
     def __init__(self, path: str | Path, *, tp: int = 1, pp: int = 1, num_slots: int = 8,
                  max_len: int | None = None, dtype: torch.dtype = torch.float32, device: str = "cpu",
                  compile: bool = False, threads_per_chip: int = 1, spin_s: float = SPIN_S,
-                 placement_timeout_s: float = 60.0, prefix_cache: bool = False) -> None:
+                 placement_timeout_s: float = 60.0, prefix_cache: bool = False,
+                 packed_weights: bool | str = False) -> None:
         self.config = config = ModelConfig.from_pretrained(path)
         ranges = stage_layers(config, tp, pp)
         self.max_len = config.max_position_embeddings if max_len is None else max_len
@@ -93,7 +94,8 @@ class ShardedModel:
                 inits = ray.get([self._workers[s * tp].rendezvous.remote() for s in range(pp)], timeout=placement_timeout_s)
             # Every rank of every stage at once: joining a process group blocks until the stage is whole.
             ray.get([w.setup.remote(str(path), layer_range=ranges[i // tp], init_method=inits[i // tp],
-                                    num_slots=num_slots, max_len=self.max_len, dtype=dtype, compile=compile)
+                                    num_slots=num_slots, max_len=self.max_len, dtype=dtype, compile=compile,
+                                    packed_weights=packed_weights)
                      for i, w in enumerate(self._workers)], timeout=placement_timeout_s + 120)
             self._wire(placement_timeout_s)
         except BaseException:
@@ -119,7 +121,8 @@ class ShardedModel:
         machine's cores (``shutdown`` stops it again). ``options``: ``tp``, ``pp``, ``num_slots``,
         ``max_len``, ``dtype``, ``device``, ``compile``, ``threads_per_chip``, ``spin_s``,
         ``placement_timeout_s``, ``prefix_cache`` (the head parks finished sequences' slots for
-        prompts that continue them: ``sharding.prefix_cache``).
+        prompts that continue them: ``sharding.prefix_cache``), ``packed_weights`` (``True``,
+        ``False`` or ``"auto"``, each chip decides: ``sharding.packed.resolve``).
         """
         started = ensure_ray(ray_address)
         try:

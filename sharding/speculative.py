@@ -184,10 +184,13 @@ class SpeculativeEngine:
         adaptive: choose ``k`` each round from the acceptance and step costs measured so far.
         compile: run both models under ``torch.compile`` (``sharding.stage``).
         prefix_cache: park finished sequences' slots for prompts that continue them.
+        packed_weights: both models read small steps' weights as bfloat16 (``sharding.packed``):
+            the same tokens; a verify step streams half the bytes.
     """
 
     def __init__(self, target: Llama, draft: Llama, *, num_slots: int = 2, max_len: int | None = None,
-                 k: int = 4, adaptive: bool = True, compile: bool = False, prefix_cache: bool = False) -> None:
+                 k: int = 4, adaptive: bool = True, compile: bool = False, prefix_cache: bool = False,
+                 packed_weights: bool = False) -> None:
         if target.config.vocab_size != draft.config.vocab_size:
             raise DraftMismatch(f"the draft model's vocabulary ({draft.config.vocab_size}) is not the "
                                 f"target's ({target.config.vocab_size})")
@@ -199,8 +202,10 @@ class SpeculativeEngine:
             # Both models share Llama.forward's code object, whose graphs dynamo counts together.
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 32)
         self.config = target.config
-        self.target = StageRunner(target, num_slots=num_slots, max_len=max_len, compile=compile)
-        self.draft = StageRunner(draft, num_slots=num_slots, max_len=max_len, compile=compile)
+        self.target = StageRunner(target, num_slots=num_slots, max_len=max_len, compile=compile,
+                                  packed_weights=packed_weights)
+        self.draft = StageRunner(draft, num_slots=num_slots, max_len=max_len, compile=compile,
+                                 packed_weights=packed_weights)
         self.max_len = self.target.cache.max_len
         self.slots = SlotPool(num_slots)
         self.k, self.adaptive, self.k_start = k, adaptive, k

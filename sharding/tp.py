@@ -20,6 +20,7 @@ from torch import nn
 
 from .config import ModelConfig
 from .errors import CheckpointError, InvalidLayout
+from .packed import linear
 
 
 class _Sharded(nn.Module):
@@ -54,9 +55,10 @@ class ColumnParallelLinear(_Sharded):
                  group: dist.ProcessGroup | None = None, dtype: torch.dtype = torch.float32,
                  device: torch.device | str = "cpu") -> None:
         super().__init__((out_features, in_features), 0, tp_rank, tp_size, group, dtype, torch.device(device))
+        self.register_buffer("packed", None, persistent=False)  # set by sharding.packed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight)
+        return linear(x, self.weight, self.packed)
 
 
 class RowParallelLinear(_Sharded):
@@ -66,9 +68,10 @@ class RowParallelLinear(_Sharded):
                  group: dist.ProcessGroup | None = None, dtype: torch.dtype = torch.float32,
                  device: torch.device | str = "cpu") -> None:
         super().__init__((out_features, in_features), 1, tp_rank, tp_size, group, dtype, torch.device(device))
+        self.register_buffer("packed", None, persistent=False)  # set by sharding.packed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.weight)  # partial sum over this rank's input slice
+        y = linear(x, self.weight, self.packed)  # partial sum over this rank's input slice
         if self.tp_size > 1:
             dist.all_reduce(y, group=self.group)
         return y
@@ -101,9 +104,10 @@ class ParallelLMHead(_Sharded):
                  group: dist.ProcessGroup | None = None, dtype: torch.dtype = torch.float32,
                  device: torch.device | str = "cpu") -> None:
         super().__init__((vocab_size, hidden_size), 0, tp_rank, tp_size, group, dtype, torch.device(device))
+        self.register_buffer("packed", None, persistent=False)  # set by sharding.packed
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        local = F.linear(h, self.weight).contiguous()
+        local = linear(h, self.weight, self.packed).contiguous()
         if self.tp_size == 1:
             return local
         parts = [torch.empty_like(local) for _ in range(self.tp_size)]

@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from cluster import cpus
 
+from .packed import resolve as resolve_packed
 from .ring import Chip, ChipRole, Head
 from .stage import StageRunner
 from .transport import SPIN_S, Link, accept, listen
@@ -70,7 +71,8 @@ class ChipWorker:
         return f"tcp://{self.node_ip}:{port}"
 
     def setup(self, path: str, *, layer_range: tuple[int, int], init_method: str | None,
-              num_slots: int, max_len: int | None, dtype: torch.dtype, compile: bool = False) -> None:
+              num_slots: int, max_len: int | None, dtype: torch.dtype, compile: bool = False,
+              packed_weights: bool | str = False) -> None:
         """Join the stage's TP group (if ``tp_size > 1``), then load the shard and build its cache.
 
         All ranks of a stage must call this concurrently (joining the group blocks until all do).
@@ -83,7 +85,9 @@ class ChipWorker:
             group = dist.group.WORLD
         model = load_model(path, layer_range=layer_range, tp_rank=self.role.tp_rank, tp_size=self.role.tp,
                            tp_group=group, dtype=dtype, device=self.device)
-        self.runner = StageRunner(model, num_slots=num_slots, max_len=max_len, compile=compile)
+        packed = resolve_packed(packed_weights, self.device, dtype)  # this chip's CPU decides "auto"
+        self.runner = StageRunner(model, num_slots=num_slots, max_len=max_len, compile=compile,
+                                  packed_weights=packed)
 
     # -- wiring the ring (sharding.pipeline calls these in order, on every chip) ---------------
     def listen(self) -> tuple[str, int, int | None]:

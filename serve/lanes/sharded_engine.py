@@ -73,7 +73,8 @@ class ShardedLaneEngine:
         self.model = ShardedModel.from_pretrained(
             path, tp=self.tp, pp=self.pp, num_slots=config.num_slots, max_len=config.max_len,
             dtype=getattr(torch, config.dtype), device=config.device, compile=config.compile,
-            threads_per_chip=config.threads_per_chip, spin_s=config.spin_us / 1e6, prefix_cache=config.prefix_cache)
+            threads_per_chip=config.threads_per_chip, spin_s=config.spin_us / 1e6, prefix_cache=config.prefix_cache,
+            packed_weights=config.packed_weights)
         try:
             self.model.warmup()  # compile now, not on a user's request
             self.model.close_client()  # the warm-up's blocking client; the lane reads asynchronously

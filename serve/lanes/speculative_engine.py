@@ -27,6 +27,7 @@ from tokenizers import Tokenizer
 
 from cluster import cpus
 from sharding.errors import DuplicateRequest
+from sharding.packed import resolve as resolve_packed
 from sharding.speculative import SpecStats, SpeculativeEngine
 
 from ..config import ExactLaneConfig
@@ -91,9 +92,11 @@ class SpeculativeLaneEngine:
     def _build(self, path: str | Path, draft_path: str | Path) -> SpeculativeEngine:
         c = self.config
         torch.set_num_threads(c.threads)
+        dtype = getattr(torch, c.dtype)
         engine = SpeculativeEngine.from_pretrained(
-            path, draft_path, dtype=getattr(torch, c.dtype), num_slots=c.max_num_seqs, max_len=c.max_model_len,
-            k=c.num_speculative_tokens, adaptive=c.adaptive_k, compile=c.compile, prefix_cache=c.prefix_cache)
+            path, draft_path, dtype=dtype, num_slots=c.max_num_seqs, max_len=c.max_model_len,
+            k=c.num_speculative_tokens, adaptive=c.adaptive_k, compile=c.compile, prefix_cache=c.prefix_cache,
+            packed_weights=resolve_packed(c.packed_weights, "cpu", dtype))
         if c.compile:
             engine.warm_up()  # every shape the lane meets, compiled now, not on a user's request
         return engine

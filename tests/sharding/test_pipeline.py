@@ -15,6 +15,7 @@ import pytest
 import ray
 import torch
 
+from sharding import packed
 from sharding.errors import EmptyPrompt, InvalidLayout, NotEnoughChips, PromptTooLong, TokenOutOfRange
 from sharding.pipeline import RingFailed, ShardedModel
 from sharding.sampling import SamplingParams
@@ -27,14 +28,19 @@ LAYOUTS = [(1, 1), (2, 1), (1, 2), (2, 2)]
 EAGER = False
 TINY = [(tp, pp, "tiny-full", EAGER) for tp, pp in LAYOUTS]
 PIPELINED = [(1, 2, "tiny-full", EAGER), (2, 2, "tiny-full", EAGER)]
-# torch.compile inside the chips, as the fast lane runs them (pp=2, and tp=2 with its collectives).
-COMPILED = [(1, 2, "fast", True), (2, 1, "tiny-full", True)]
+PACKS = packed.unavailable_reason() is None
+# torch.compile inside the chips, as the fast lane runs them (pp=2 with packed bfloat16 weights,
+# sharding.packed, where the kernel runs; tp=2 with its collectives on float32 weights).
+COMPILED = [(1, 2, "fast", True, PACKS), (2, 1, "tiny-full", True)]
 PARITY = TINY + [(2, 2, "random-tied", EAGER)] + [(tp, pp, name, EAGER) for name in SHIPPED for tp, pp in LAYOUTS]
+# Packed weights in tensor-parallel linears; the shipped checkpoints are bfloat16 values, so the
+# greedy tokens stay transformers' own.
+PACKED = [(2, 2, "full", EAGER, True)] if PACKS else []
 
 
 def _id(p: tuple) -> str:
-    tp, pp, name, compile_ = p
-    return f"tp{tp}-pp{pp}-{name}" + ("-compiled" if compile_ else "")
+    tp, pp, name, compile_, *packed_ = p
+    return f"tp{tp}-pp{pp}-{name}" + ("-compiled" if compile_ else "") + ("-packed" if any(packed_) else "")
 
 
 def _pipe(params: list[tuple]):
@@ -51,9 +57,10 @@ def ray_cluster():
 @pytest.fixture(scope="module")
 def pipe(request, ray_cluster, tiny_dir):
     """``(model, checkpoint path)`` for one layout, built once for every test that asks for it."""
-    tp, pp, name, compile_ = request.param
+    tp, pp, name, compile_, *packed_ = request.param
     path = resolve(name, tiny_dir)
-    model = ShardedModel.from_pretrained(path, tp=tp, pp=pp, num_slots=4, compile=compile_)
+    model = ShardedModel.from_pretrained(path, tp=tp, pp=pp, num_slots=4, compile=compile_,
+                                         packed_weights=any(packed_))
     yield model, path
     model.shutdown()
 
@@ -81,7 +88,7 @@ def test_prompt_logits_match_transformers(pipe):
     assert (model.prompt_logits(ids) - hf_logits(path, ids)).abs().max().item() <= TOL
 
 
-@_pipe(PARITY + COMPILED)
+@_pipe(PARITY + COMPILED + PACKED)
 def test_greedy_64_tokens_match_transformers(pipe):
     model, path = pipe
     ids = prompt_ids(path, 24)

@@ -1,0 +1,186 @@
+"""Packed bfloat16 weights for decode: ``apply_packed_weights(model)``, applied from outside.
+
+A decode step (or a speculative verify step) multiplies a few rows by every weight of the model
+once, so on a CPU it streams the weights from memory and waits on bandwidth, not arithmetic: the
+full model's float32 weights (30 MiB) overflow this machine's 32 MiB L3 together with the draft
+model and the KV cache. ``fastmode::linear_bf16w`` (``csrc/linear_bf16w.cpp``, AVX2 + FMA) reads
+the weights as bfloat16 and computes in float32, so each step streams half the bytes.
+
+It changes no result bit that matters: every checkpoint fastmode ships is stored in bfloat16, so
+its float32 weights are exactly bfloat16 values and the products are the same; only the order of
+the float32 sums differs from MKL's (as it differs between MKL's own kernels). A weight that is
+not exactly representable is never packed (``packable``), so packing is lossless by construction.
+
+``apply_packed_weights`` swaps each ``nn.Linear`` for a ``PackedLinear`` and gives each
+tensor-parallel linear (``sharding.tp``) a ``packed`` buffer. Both keep the float32 weight: a step
+of more than ``MAX_ROWS`` rows (a prefill) is compute-bound and runs MKL's ``F.linear`` as before.
+
+The kernel is compiled on first use (about 15 s, ``torch.utils.cpp_extension``; cached under
+``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``) and needs x86-64 with AVX2 and
+FMA, a C++ compiler and ninja. ``unavailable_reason()`` says what is missing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import platform
+import shutil
+import threading
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .errors import ShardingError
+
+__all__ = ["MAX_ROWS", "PackedLinear", "PackedWeightsUnavailable", "apply_packed_weights", "linear",
+           "load_kernel", "pack", "packable", "resolve", "unavailable_reason"]
+
+log = logging.getLogger(__name__)
+
+MAX_ROWS = 16
+"""Steps of at most this many rows (``batch x tokens``) use the packed weights; larger ones MKL."""
+
+BLOCK = 16
+"""Output columns per packed block: a weight's output size must be a multiple of it."""
+
+_SOURCE = Path(__file__).parent / "csrc" / "linear_bf16w.cpp"
+_lock = threading.Lock()
+_loaded = False
+
+
+class PackedWeightsUnavailable(ShardingError):
+    """Packed weights were asked for where the kernel cannot run or could not be built."""
+
+    code = "packed_weights_unavailable"
+
+
+def unavailable_reason(device: torch.device | str = "cpu") -> str | None:
+    """Why the packed kernel cannot serve a model on ``device`` here, or ``None`` if it can."""
+    if torch.device(device).type != "cpu":
+        return f"the packed kernel runs on CPU only, not {torch.device(device).type}"
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return f"the packed kernel needs x86-64 (AVX2), this machine is {platform.machine()}"
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability not in ("AVX2", "AVX512"):
+        return f"the packed kernel needs AVX2 and FMA; torch reports CPU capability {capability}"
+    if not _loaded:
+        from torch.utils import cpp_extension
+
+        if not cpp_extension.is_ninja_available():
+            return "building the packed kernel needs ninja (pip install ninja)"
+        if not (shutil.which("c++") or shutil.which("g++")):
+            return "building the packed kernel needs a C++ compiler (c++ or g++ on PATH)"
+    return None
+
+
+def load_kernel() -> None:
+    """Build (first time on this machine) and load ``fastmode::linear_bf16w`` into this process.
+
+    Raises:
+        PackedWeightsUnavailable: the kernel cannot run here, or its build failed (with the reason).
+    """
+    global _loaded
+    with _lock:
+        if _loaded:
+            return
+        reason = unavailable_reason()
+        if reason:
+            raise PackedWeightsUnavailable(reason)
+        from torch.utils import cpp_extension
+
+        source = _SOURCE.read_bytes()
+        tag = hashlib.sha256(source + torch.__version__.encode()).hexdigest()[:12]
+        try:  # cpp_extension locks its build folder: concurrent processes build once
+            cpp_extension.load(name=f"fastmode_linear_bf16w_{tag}", sources=[str(_SOURCE)],
+                               extra_cflags=["-O3", "-mavx2", "-mfma"], is_python_module=False, verbose=False)
+        except Exception as e:  # noqa: BLE001 - the compiler's own message is the useful part
+            raise PackedWeightsUnavailable(f"building the packed kernel failed: {e}") from e
+        torch.library.register_fake("fastmode::linear_bf16w")(_linear_bf16w_shape)
+        _loaded = True
+
+
+def _linear_bf16w_shape(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(*x.shape[:-1], w.shape[0] * w.shape[2])
+
+
+def resolve(setting: bool | str, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> bool:
+    """A config's ``packed_weights`` (``true``, ``false`` or ``"auto"``) as a decision for this process.
+
+    ``"auto"``: on where the kernel runs (a float32 model on an AVX2 CPU), else off with the
+    reason logged. ``True`` where it cannot run raises ``PackedWeightsUnavailable``.
+    """
+    if setting is False:
+        return False
+    reason = unavailable_reason(device)
+    if reason is None and dtype != torch.float32:
+        reason = f"packed weights serve float32 models, not {dtype}"
+    if reason is None:
+        try:
+            load_kernel()
+            return True
+        except PackedWeightsUnavailable as e:
+            reason = str(e)
+    if setting == "auto":
+        log.info("packed weights off: %s", reason)
+        return False
+    raise PackedWeightsUnavailable(reason)
+
+
+def packable(weight: torch.Tensor) -> bool:
+    """Whether ``weight`` ``[N, K]`` packs losslessly: float32, ``N % BLOCK == 0``, every value a bfloat16."""
+    return (weight.dim() == 2 and weight.dtype == torch.float32 and weight.device.type == "cpu"
+            and weight.shape[0] % BLOCK == 0 and weight.shape[0] > 0
+            and torch.equal(weight, weight.to(torch.bfloat16).to(torch.float32)))
+
+
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` ``[N, K]`` as the kernel reads it: bfloat16 ``[N / BLOCK, K, BLOCK]``, contiguous."""
+    n, k = weight.shape
+    return weight.detach().to(torch.bfloat16).view(n // BLOCK, BLOCK, k).transpose(1, 2).contiguous()
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor | None) -> torch.Tensor:
+    """``x @ weight.T``: from ``packed`` for a step of at most ``MAX_ROWS`` rows, else MKL."""
+    if packed is not None and x.numel() <= MAX_ROWS * x.shape[-1]:
+        return torch.ops.fastmode.linear_bf16w(x.contiguous(), packed)
+    return F.linear(x, weight)
+
+
+class PackedLinear(nn.Module):
+    """A bias-free ``nn.Linear`` that also holds its weight packed (``pack``) for small steps."""
+
+    def __init__(self, weight: nn.Parameter) -> None:
+        super().__init__()
+        self.weight = weight  # the same Parameter (a tied embedding stays tied)
+        self.register_buffer("packed", pack(weight), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.packed)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.weight.shape[1]}, out_features={self.weight.shape[0]}, packed=bfloat16"
+
+
+def apply_packed_weights(model: nn.Module) -> int:
+    """Pack every packable linear of ``model`` in place; returns how many were packed.
+
+    Apply it after the weights are loaded and before ``torch.compile``. Bias-carrying or
+    non-packable linears (``packable``) keep running in float32 as they were.
+
+    Raises:
+        PackedWeightsUnavailable: the kernel cannot run here (``load_kernel``).
+    """
+    load_kernel()
+    count = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear and child.bias is None and packable(child.weight.data):
+                setattr(parent, name, PackedLinear(child.weight))
+                count += 1
+            elif hasattr(child, "packed") and not isinstance(child, PackedLinear) and packable(child.weight.data):
+                child.register_buffer("packed", pack(child.weight), persistent=False)
+                count += 1
+    return count

@@ -1,0 +1,148 @@
+"""Packed bfloat16 weights (``sharding.packed``): the kernel against float64 matmuls, the engines
+with packed weights against transformers' greedy output on the same (bfloat16-exact) checkpoints.
+
+Skipped where the kernel cannot run (not x86-64 with AVX2, no compiler): ``unavailable_reason``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from sharding import packed
+from sharding.engine import Engine
+from sharding.sampling import SamplingParams
+from sharding.speculative import SpeculativeEngine
+from sharding.weights import load_model
+
+from .conftest import hf_greedy, prompt_ids, save_random_llama
+
+needs_kernel = pytest.mark.skipif(packed.unavailable_reason() is not None,
+                                  reason=f"packed kernel unavailable: {packed.unavailable_reason()}")
+
+
+@pytest.fixture(scope="module")
+def bf16_pair(tmp_path_factory) -> tuple[Path, Path]:
+    """A random target and draft (same vocabulary) whose float32 weights are bfloat16 values."""
+    out = tmp_path_factory.mktemp("bf16")
+    pair = []
+    for name, overrides in (("full", dict(num_hidden_layers=3, tie_word_embeddings=False)),
+                            ("fast", dict(hidden_size=32, num_attention_heads=2, num_key_value_heads=1,
+                                          intermediate_size=64, num_hidden_layers=1))):
+        path = save_random_llama(out / name, **overrides)
+        from transformers import LlamaForCausalLM
+
+        model = LlamaForCausalLM.from_pretrained(path, dtype=torch.float32)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(p.bfloat16().float())
+        model.save_pretrained(path)
+        pair.append(path)
+    return pair[0], pair[1]
+
+
+@needs_kernel
+@pytest.mark.parametrize("shape", [(1, 256), (3, 256), (2, 5, 704), (16, 64), (7, 1, 3), (4, 1000)])
+@pytest.mark.parametrize("out_features", [16, 704, 4096])
+def test_kernel_matches_a_float64_matmul(shape, out_features):
+    g = torch.Generator().manual_seed(out_features + shape[-1])
+    w = torch.randn(out_features, shape[-1], generator=g).bfloat16().float()
+    x = torch.randn(*shape, generator=g)
+    packed.load_kernel()
+    y = torch.ops.fastmode.linear_bf16w(x, packed.pack(w))
+    ref = x.double() @ w.double().T
+    assert y.dtype == torch.float32 and y.shape == (*shape[:-1], out_features)
+    torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(y, torch.nn.functional.linear(x, w), rtol=1e-5, atol=1e-4)
+
+
+@needs_kernel
+def test_kernel_refuses_bad_operands():
+    packed.load_kernel()
+    w = packed.pack(torch.zeros(32, 8))
+    with pytest.raises(RuntimeError, match="last dim"):
+        torch.ops.fastmode.linear_bf16w(torch.zeros(2, 9), w)
+    with pytest.raises(RuntimeError, match="float32"):
+        torch.ops.fastmode.linear_bf16w(torch.zeros(2, 8, dtype=torch.float64), w)
+    with pytest.raises(RuntimeError, match="packed"):
+        torch.ops.fastmode.linear_bf16w(torch.zeros(2, 8), torch.zeros(32, 8, dtype=torch.bfloat16))
+
+
+def test_only_lossless_weights_pack():
+    exact = torch.randn(32, 8).bfloat16().float()
+    assert packed.packable(exact)
+    assert not packed.packable(exact + 1e-4)  # not a bfloat16 value: packing would change results
+    assert not packed.packable(exact[:24])  # 24 outputs: not whole 16-wide blocks
+    assert not packed.packable(exact.double())
+    p = packed.pack(exact)
+    assert p.shape == (2, 8, 16) and p.dtype == torch.bfloat16
+    assert torch.equal(p.float().transpose(1, 2).reshape(32, 8), exact)
+
+
+def test_resolve_explains_where_the_kernel_cannot_run():
+    assert packed.resolve(False) is False
+    assert packed.resolve("auto", device="cuda") is False
+    assert packed.resolve("auto", dtype=torch.bfloat16) is False
+    with pytest.raises(packed.PackedWeightsUnavailable, match="CPU only") as e:
+        packed.resolve(True, device="cuda")
+    assert e.value.code == "packed_weights_unavailable"
+
+
+@needs_kernel
+def test_apply_packs_every_linear_and_keeps_ties(bf16_pair, tmp_path):
+    full, fast = (load_model(p) for p in bf16_pair)
+    keys = set(full.state_dict())
+    assert packed.apply_packed_weights(full) == 3 * 7 + 1  # q k v o gate up down per layer, the head
+    assert set(full.state_dict()) == keys  # the packed copies are not checkpoint tensors
+    assert not any(type(m) is nn.Linear for m in full.modules())
+    packed.apply_packed_weights(fast)
+    assert fast.lm_head.weight is fast.model.embed_tokens.weight  # tied stays tied
+    unrounded = load_model(save_random_llama(tmp_path / "fp32"))  # float32 values, not bfloat16 ones
+    assert packed.apply_packed_weights(unrounded) == 0
+    assert sum(type(m) is nn.Linear for m in unrounded.modules()) == 2 * 7 + 1  # untouched
+
+
+@needs_kernel
+@pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
+def test_engine_greedy_matches_transformers(bf16_pair, compile):
+    path = bf16_pair[0]
+    engine = Engine.from_pretrained(path, num_slots=4, compile=compile, packed_weights=True)
+    prompts = [prompt_ids(path, n, seed=n) for n in (5, 9, 30)]  # decode steps of 1-3 rows; a 30-row prefill
+    outs = engine.generate(prompts, SamplingParams(temperature=0, max_tokens=40))
+    assert outs == [hf_greedy(path, p, 40) for p in prompts]
+
+
+@needs_kernel
+def test_speculative_greedy_matches_transformers(bf16_pair):
+    full, fast = bf16_pair
+    engine = SpeculativeEngine.from_pretrained(full, fast, num_slots=2, k=3, adaptive=False, packed_weights=True)
+    prompts = [prompt_ids(full, n, seed=n) for n in (6, 11)]
+    outs = engine.generate(prompts, SamplingParams(temperature=0, max_tokens=40))
+    assert outs == [hf_greedy(full, p, 40) for p in prompts]
+    assert engine.stats.rounds > 0
+
+
+@needs_kernel
+def test_after_the_warm_up_no_batch_compiles_again(bf16_pair):
+    # The packed path branches on a step's row count (MAX_ROWS): the warm-up must have compiled
+    # both sides of that branch, or a user's request would wait for a compile.
+    from torch._dynamo.utils import counters
+
+    from sharding.stage import warm_up
+
+    torch._dynamo.reset()
+    path = bf16_pair[0]
+    engine = Engine.from_pretrained(path, num_slots=8, compile=True, prefix_cache=True, packed_weights=True)
+    warm_up(engine)
+    warmed = counters["stats"]["unique_graphs"]
+    assert warmed > 0
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    for rows in (4, 1, 5, 8, 2, 3):
+        engine.generate([prompt_ids(path, 2 + r, seed=r) for r in range(rows)], params)
+    long = [prompt_ids(path, 40, seed=9)]
+    assert engine.generate(long, params) == [hf_greedy(path, long[0], 12)]
+    engine.generate([long[0] + prompt_ids(path, 3 + r, seed=r)[1:] for r in range(4)], params)
+    assert counters["stats"]["unique_graphs"] == warmed
