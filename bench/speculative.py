@@ -8,14 +8,16 @@ other, alone on the machine:
 - vLLM ``LLM`` on ``models/full`` (the lanes' settings), plain, then with
   ``speculative_config={"method": "draft_model", "model": models/fast, "num_speculative_tokens": k}``;
 - fastmode's executor (``sharding.engine.Engine``, ``torch.compile``) on ``models/full``, plain,
-  then ``sharding.speculative.SpeculativeEngine`` with ``k`` fixed and adaptive.
+  then ``sharding.speculative.SpeculativeEngine`` with ``k`` fixed and adaptive, with float32
+  weights and then with packed bfloat16 ones (``sharding.packed``: what the lanes run where the
+  kernel builds), whose outputs must equal the float32 engine's.
 
 For each: tokens/s per user (all tokens of a request over its wall time, median over prompts and
 repeats, after a warm-up), drafts accepted per draft, tokens per verify step, and whether every
 output is token for token the plain greedy output of the same engine.
 
 Usage: python -m bench.speculative [--tokens 128] [--prompts 4] [--repeats 2] [--ks 1,2,4]
-                                   [--json bench/results/speculative.json]
+                                   [--no-packed] [--only-ours] [--json bench/results/speculative.json]
 """
 
 from __future__ import annotations
@@ -79,7 +81,8 @@ def run_vllm(k: int, tokens: int, prompts: list[list[int]], repeats: int) -> dic
             "tokens_per_verify": (accepted + drafts) / drafts if drafts else None}
 
 
-def run_ours(k: int, adaptive: bool, tokens: int, prompts: list[list[int]], repeats: int) -> dict:
+def run_ours(k: int, adaptive: bool, tokens: int, prompts: list[list[int]], repeats: int,
+             packed: bool = False) -> dict:
     import torch
 
     from sharding.engine import Engine
@@ -89,12 +92,13 @@ def run_ours(k: int, adaptive: bool, tokens: int, prompts: list[list[int]], repe
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "1")))
     params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
     if k:
-        engine = SpeculativeEngine.from_pretrained(FULL, FAST, num_slots=1, k=k, adaptive=adaptive, compile=True)
+        engine = SpeculativeEngine.from_pretrained(FULL, FAST, num_slots=1, k=k, adaptive=adaptive, compile=True,
+                                                   packed_weights=packed)
     else:
-        engine = Engine.from_pretrained(FULL, num_slots=1, compile=True)
+        engine = Engine.from_pretrained(FULL, num_slots=1, compile=True, packed_weights=packed)
     outs, rates = _measure(lambda ids: engine.generate([ids], params)[0], prompts, repeats)
     stats = getattr(engine, "stats", None)
-    return {"engine": "fastmode executor", "k": k, "adaptive": adaptive, "outputs": outs, "tokens_per_s": rates,
+    return {"engine": "fastmode executor" + (", packed bf16" if packed else ""), "k": k, "adaptive": adaptive, "outputs": outs, "tokens_per_s": rates,
             "acceptance": stats.acceptance if stats else None,
             "tokens_per_verify": stats.tokens_per_round if stats else None,
             "final_k": engine.k if k else None,
@@ -120,22 +124,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--ks", default="1,2,4", help="fixed numbers of drafts to try")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--no-packed", action="store_true", help="skip the packed-weights runs")
+    ap.add_argument("--only-ours", action="store_true", help="skip vLLM's runs")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
         kind, k, mode = args.worker.split(":")
         prompts = _prompt_ids(args.prompts)
         r = (run_vllm(int(k), args.tokens, prompts, args.repeats) if kind == "vllm"
-             else run_ours(int(k), mode == "adaptive", args.tokens, prompts, args.repeats))
+             else run_ours(int(k), mode == "adaptive", args.tokens, prompts, args.repeats, packed=kind == "packed"))
         print("RESULT " + json.dumps(r))
         return 0
     ks = [int(k) for k in args.ks.split(",") if k.strip()]
-    workers = ([f"vllm:{k}:fixed" for k in [0, *ks]] + [f"ours:{k}:fixed" for k in [0, *ks]]
-               + [f"ours:{max(ks)}:adaptive"])
+    from sharding.packed import unavailable_reason
+
+    ours = ["ours"] + (["packed"] if unavailable_reason() is None and not args.no_packed else [])
+    workers = ([f"vllm:{k}:fixed" for k in [0, *ks]]
+               + [w for kind in ours for w in [f"{kind}:{k}:fixed" for k in [0, *ks]] + [f"{kind}:{max(ks)}:adaptive"]])
+    if args.only_ours:
+        workers = [w for w in workers if not w.startswith("vllm")]
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     results = [_subprocess(args, w) for w in workers]
     plain = {r["engine"]: r["outputs"] for r in results if "error" not in r and r["k"] == 0}
-    print(f"{'engine':<20} {'k':>9} {'tok/s p50':>9} {'vs plain':>8} {'accept':>7} {'tok/verify':>10} identical")
+    print(f"{'engine':<32} {'k':>9} {'tok/s p50':>9} {'vs plain':>8} {'accept':>7} {'tok/verify':>10} identical (to fp32)")
     base = {}
     for r in results:
         if "error" in r:
@@ -145,16 +156,17 @@ def main(argv: list[str] | None = None) -> int:
         base.setdefault(r["engine"], r["tokens_per_s_p50"])
         r["speedup_over_plain"] = r["tokens_per_s_p50"] / base[r["engine"]]
         r["identical_to_plain"] = r["outputs"] == plain.get(r["engine"])
+        r["identical_to_fastmode_float32"] = r["outputs"] == plain.get("fastmode executor")
         k = f"{r['k']}{' adapt' if r.get('adaptive') else ''}"
         acc = "-" if r["acceptance"] is None else f"{r['acceptance']:.2f}"
         tpv = "-" if r["tokens_per_verify"] is None else f"{r['tokens_per_verify']:.2f}"
-        print(f"{r['engine']:<20} {k:>9} {r['tokens_per_s_p50']:>9.0f} {r['speedup_over_plain']:>7.2f}x "
-              f"{acc:>7} {tpv:>10} {r['identical_to_plain']}")
+        print(f"{r['engine']:<32} {k:>9} {r['tokens_per_s_p50']:>9.0f} {r['speedup_over_plain']:>7.2f}x "
+              f"{acc:>7} {tpv:>10} {r['identical_to_plain']} ({r['identical_to_fastmode_float32']})")
         if r.get("verify_ms") and not r.get("adaptive"):
             # Every draft accepted: k + 1 tokens per round of one verify and k draft steps.
             k_, plain_ms = r["k"], 1e3 / base[r["engine"]]
             r["speedup_if_all_accepted"] = (k_ + 1) * plain_ms / (r["verify_ms"] + k_ * r["draft_step_ms"])
-            print(f"{'':<20} {'':>9} verify {r['verify_ms']:.2f} ms, draft step {r['draft_step_ms']:.2f} ms, plain "
+            print(f"{'':<32} {'':>9} verify {r['verify_ms']:.2f} ms, draft step {r['draft_step_ms']:.2f} ms, plain "
                   f"{plain_ms:.2f} ms/token: {r['speedup_if_all_accepted']:.2f}x if every draft were accepted")
         del r["outputs"]
     if args.json:

@@ -51,6 +51,8 @@ class ShardedModel:
         client_address: ``(host, port)`` of the head chip's client link.
         last_infos: the ``StepInfo`` of every step in the message last read by ``step()``;
             ``last_info`` the latest of them (its ``hops``: ``last_hops``).
+        packed_linears: per chip, how many of its linears run from packed bfloat16 weights
+            (``packed_weights``, ``sharding.packed``; 0: off on that chip).
     """
 
     def __init__(self, path: str | Path, *, tp: int = 1, pp: int = 1, num_slots: int = 8,
@@ -75,6 +77,7 @@ class ShardedModel:
         self._unfinished: set[str] = set()
         self.last_info: StepInfo | None = None
         self.last_infos: list[StepInfo] = []
+        self.packed_linears: list[int] = []
         self._started_ray = False
         try:
             self._groups = reserve_stages(tp, pp, timeout_s=placement_timeout_s,
@@ -93,10 +96,10 @@ class ShardedModel:
             if tp > 1:
                 inits = ray.get([self._workers[s * tp].rendezvous.remote() for s in range(pp)], timeout=placement_timeout_s)
             # Every rank of every stage at once: joining a process group blocks until the stage is whole.
-            ray.get([w.setup.remote(str(path), layer_range=ranges[i // tp], init_method=inits[i // tp],
-                                    num_slots=num_slots, max_len=self.max_len, dtype=dtype, compile=compile,
-                                    packed_weights=packed_weights)
-                     for i, w in enumerate(self._workers)], timeout=placement_timeout_s + 120)
+            self.packed_linears = ray.get([
+                w.setup.remote(str(path), layer_range=ranges[i // tp], init_method=inits[i // tp], num_slots=num_slots,
+                               max_len=self.max_len, dtype=dtype, compile=compile, packed_weights=packed_weights)
+                for i, w in enumerate(self._workers)], timeout=placement_timeout_s + 120)
             self._wire(placement_timeout_s)
         except BaseException:
             self.shutdown()

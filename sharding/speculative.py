@@ -207,6 +207,8 @@ class SpeculativeEngine:
         self.draft = StageRunner(draft, num_slots=num_slots, max_len=max_len, compile=compile,
                                  packed_weights=packed_weights)
         self.max_len = self.target.cache.max_len
+        self.packed_linears = {"target": self.target.packed_linears, "draft": self.draft.packed_linears}
+        """Linears of each model running from packed bfloat16 weights (``sharding.packed``; 0: off)."""
         self.slots = SlotPool(num_slots)
         self.k, self.adaptive, self.k_start = k, adaptive, k
         self.stats = SpecStats()

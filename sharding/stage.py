@@ -44,8 +44,9 @@ class StageRunner:
 
     def __init__(self, model: Llama, *, num_slots: int, max_len: int | None = None,
                  compile: bool = False, packed_weights: bool = False) -> None:
-        if packed_weights:
-            apply_packed_weights(model)  # before compile: the graphs capture the packed kernel
+        self.packed_linears = apply_packed_weights(model) if packed_weights else 0
+        """How many of the model's linears run from packed bfloat16 weights (0: packing off)."""
+        # (before compile: the graphs capture the packed kernel)
         self.model = model
         self.cache = KVCache.for_model(model, num_slots=num_slots, max_len=max_len)
         self.device = next(model.parameters()).device

@@ -292,15 +292,19 @@ class Lane:
     async def stats(self) -> dict[str, Any]:
         """This replica's load: requests in the engine (``running``), streams open here, and streams
         closed before their end (``cancelled``, since start); the fast lane's chip layout and
-        prefix cache too (``parked`` slots, ``hits``, ``reused_tokens``)."""
+        prefix cache too (``parked`` slots, ``hits``, ``reused_tokens``), and on our executor's
+        lanes the linears running from packed bfloat16 weights (``sharding.packed``: per chip on
+        the fast lane, per model on the exact lane; 0: off)."""
         stats = {"lane": self.lane, "model": self.model_id, "running": self.engine.num_unfinished(),
                  "in_flight": self.in_flight, "cap": self.cap, "cancelled": self.cancelled, "warmup": self.warm,
                  "rebuilding": self._rebuilding is not None, "rebuilds": self.rebuilds}
         if self.lane == FAST:
             stats["layout"] = {"tp": self.engine.tp, "pp": self.engine.pp, "why": self.engine.layout_reason}
             stats["prefix_cache"] = None if self._rebuilding else await self.engine.prefix_stats()
+            stats["packed_linears"] = None if self._rebuilding else self.engine.model.packed_linears
         elif self.lane == EXACT and self.config.engine == "fastmode":
             stats["prefix_cache"] = None if self._rebuilding else self.engine.prefix_stats()
+            stats["packed_linears"] = None if self._rebuilding else self.engine.packed_linears()
         return stats
 
     async def check_health(self) -> None:

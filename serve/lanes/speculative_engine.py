@@ -210,6 +210,10 @@ class SpeculativeLaneEngine:
         if self.failure() is not None:
             raise LaneUnavailable(f"the exact lane's engine has stopped ({self._error})")
 
+    def packed_linears(self) -> dict[str, int] | None:
+        """Linears of each model on packed bfloat16 weights (``SpeculativeEngine.packed_linears``)."""
+        return dict(self._engine.packed_linears) if self._engine is not None else None
+
     def prefix_stats(self) -> dict[str, int] | None:
         """The prefix cache's counters (read between steps; a dict copy)."""
         return self._engine.prefix_stats() if self._engine is not None else None

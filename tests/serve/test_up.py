@@ -69,6 +69,25 @@ def test_the_default_fast_lane_deploys_the_planners_layout(app):
 
 
 @pytest.mark.slow
+def test_the_default_lanes_on_our_executor_decode_from_packed_weights(app):
+    # packed_weights: auto (sharding.packed) turns on wherever the kernel runs; every linear of the
+    # shipped checkpoints packs (they are bfloat16 values). The outputs are checked against
+    # transformers in tests/sharding/test_packed.py and on the served lanes in test_lanes.py.
+    import torch
+
+    from models import FAST, FULL
+    from sharding import packed
+    from sharding.weights import load_model
+
+    a = app()
+    count = {p: sum(type(m) is torch.nn.Linear for m in load_model(p).modules()) for p in (FULL, FAST)}
+    on = packed.unavailable_reason() is None
+    assert sum(a.lane_stats("fast")["packed_linears"]) == (count[FAST] if on else 0)
+    assert a.lane_stats("exact")["packed_linears"] == ({"target": count[FULL], "draft": count[FAST]} if on
+                                                       else {"target": 0, "draft": 0})
+
+
+@pytest.mark.slow
 def test_ctrl_c_stops_everything_it_started(app):
     import psutil
 
