@@ -41,7 +41,8 @@ __all__ = ["MAX_ROWS", "PackedLinear", "PackedWeightsUnavailable", "apply_packed
 log = logging.getLogger(__name__)
 
 MAX_ROWS = 16
-"""Steps of at most this many rows (``batch x tokens``) use the packed weights; larger ones MKL."""
+"""Steps of at most this many rows (``batch x tokens``) use the packed weights; larger ones MKL
+(the kernel's own ``MAX_ROWS``, ``csrc/linear_bf16w.cpp``)."""
 
 BLOCK = 16
 """Output columns per packed block: a weight's output size must be a multiple of it."""
@@ -102,8 +103,8 @@ def load_kernel() -> None:
         _loaded = True
 
 
-def _linear_bf16w_shape(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    return x.new_empty(*x.shape[:-1], w.shape[0] * w.shape[2])
+def _linear_bf16w_shape(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(*x.shape[:-1], weight.shape[0])
 
 
 def resolve(setting: bool | str, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> bool:
@@ -143,10 +144,15 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor | None) -> torch.Tensor:
-    """``x @ weight.T``: from ``packed`` for a step of at most ``MAX_ROWS`` rows, else MKL."""
-    if packed is not None and x.numel() <= MAX_ROWS * x.shape[-1]:
-        return torch.ops.fastmode.linear_bf16w(x.contiguous(), packed)
-    return F.linear(x, weight)
+    """``x @ weight.T``: from ``packed`` for a step of at most ``MAX_ROWS`` rows, else MKL.
+
+    The kernel makes that choice itself: a branch on the row count here would make
+    ``torch.compile`` guard on it and compile each dynamic graph twice (34 graphs against 24 for the
+    speculative engine, 130 s of warm-up against 80 here).
+    """
+    if packed is None:
+        return F.linear(x, weight)
+    return torch.ops.fastmode.linear_bf16w(x, packed, weight)
 
 
 class PackedLinear(nn.Module):

@@ -13,7 +13,7 @@ import torch
 from .batch import Rows, StepBatch
 from .kv_cache import KVCache
 from .model import Llama
-from .packed import MAX_ROWS, apply_packed_weights
+from .packed import apply_packed_weights
 from .sampling import SamplingParams, generator_for_seed, sample
 
 
@@ -144,8 +144,7 @@ def warm_up(model, max_passes: int = 3) -> None:
 
     Dynamo first specialises on the shapes it sees, then makes a dimension dynamic once it
     changes (``compile_forward``); size 1 stays special. So: one-row decodes to the end of the
-    context (every attention-span bucket), one-row prefills of three lengths (the last one past
-    ``sharding.packed.MAX_ROWS``, where packed weights give way to float32 ones), then two- and
+    context (every attention-span bucket), one-row prefills of two lengths, then two- and
     three-row prefills and decodes. Every input reaches the model with its own storage
     (``_own_storage``), so no later batch size or message layout meets a guard these did not.
 
@@ -161,7 +160,6 @@ def warm_up(model, max_passes: int = 3) -> None:
         graphs = counters["stats"]["unique_graphs"]
         model.generate([[1, 2, 3]], greedy(model.max_len))
         model.generate([[1, 2, 3, 4, 5]], greedy(4))
-        model.generate([list(range(1, MAX_ROWS + 6))], greedy(2))  # past sharding.packed's row branch
         model.generate([[1, 2, 3, 4, 5, 6, 7], [1, 2, 3, 4, 5]], greedy(8))
         model.generate([[1, 2, 3, 4, 5, 6], [1, 2, 3, 4], [1, 2, 3, 4, 5, 6, 7, 8, 9]],
                        SamplingParams(max_tokens=8, ignore_eos=True, temperature=1.0, seed=0))

@@ -1,5 +1,6 @@
 // fastmode::linear_bf16w: y[M, N] = x[M, K] @ W[N, K]^T with x float32 and W stored as bfloat16,
-// packed [N/16, K, 16] (sharding/packed.py packs it). Arithmetic is float32 (FMA); only the weights
+// packed [N/16, K, 16] (sharding/packed.py packs it); a step of more than MAX_ROWS rows runs
+// at::linear on the float32 `weight` instead. Arithmetic is float32 (FMA); only the weights
 // are narrow, so a weight that is exactly a bfloat16 value (every checkpoint fastmode ships) gives
 // the same products as float32 weights and half the bytes to stream per decode step.
 //
@@ -15,13 +16,15 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/linear.h>
 #include <immintrin.h>
 #include <torch/library.h>
 
 #include <cstdint>
 
 namespace {
-constexpr int NB = 16;  // output columns per packed block
+constexpr int NB = 16;        // output columns per packed block
+constexpr int64_t MAX_ROWS = 16;  // larger steps (prefills) are compute-bound: MKL's float32 GEMM
 
 inline __m256 load8(const uint16_t* p) {  // 8 bfloat16 -> 8 float32 (shift into the high half)
   __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
@@ -81,16 +84,21 @@ void blocks(const float* x, int64_t M, int64_t K, const uint16_t* w, int64_t b0,
   }
 }
 
-at::Tensor linear_bf16w(const at::Tensor& x, const at::Tensor& w) {
+at::Tensor linear_bf16w(const at::Tensor& x, const at::Tensor& w, const at::Tensor& weight) {
   TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu(), "linear_bf16w: CPU tensors only");
+  TORCH_CHECK(weight.dim() == 2 && weight.size(0) == w.size(0) * NB && weight.size(1) == w.size(1),
+              "linear_bf16w: weight ", weight.sizes(), " is not the packed one's [N, K]");
   TORCH_CHECK(x.scalar_type() == at::kFloat, "linear_bf16w: x must be float32, got ", x.scalar_type());
   TORCH_CHECK(w.scalar_type() == at::kBFloat16 && w.dim() == 3 && w.size(2) == NB && w.is_contiguous(),
               "linear_bf16w: w must be contiguous bfloat16 packed [N/16, K, 16], got ", w.sizes());
   TORCH_CHECK(x.dim() >= 1 && x.size(-1) == w.size(1), "linear_bf16w: x's last dim ", x.size(-1),
               " != packed K ", w.size(1));
+  const int64_t K = x.size(-1), nblocks = w.size(0), N = nblocks * NB;
+  const int64_t M = K ? x.numel() / K : 0;
+  // The choice is made here, not in Python: a branch on the row count there would make
+  // torch.compile guard on it and compile every dynamic graph twice.
+  if (M > MAX_ROWS) return at::linear(x, weight);
   const at::Tensor xc = x.contiguous();
-  const int64_t K = xc.size(-1), nblocks = w.size(0), N = nblocks * NB;
-  const int64_t M = K ? xc.numel() / K : 0;
   auto sizes = xc.sizes().vec();
   sizes.back() = N;
   at::Tensor y = at::empty(sizes, xc.options());
@@ -103,5 +111,5 @@ at::Tensor linear_bf16w(const at::Tensor& x, const at::Tensor& w) {
 }
 }  // namespace
 
-TORCH_LIBRARY(fastmode, m) { m.def("linear_bf16w(Tensor x, Tensor w) -> Tensor"); }
+TORCH_LIBRARY(fastmode, m) { m.def("linear_bf16w(Tensor x, Tensor packed, Tensor weight) -> Tensor"); }
 TORCH_LIBRARY_IMPL(fastmode, CPU, m) { m.impl("linear_bf16w", &linear_bf16w); }

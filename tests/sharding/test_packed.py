@@ -45,14 +45,14 @@ def bf16_pair(tmp_path_factory) -> tuple[Path, Path]:
 
 
 @needs_kernel
-@pytest.mark.parametrize("shape", [(1, 256), (3, 256), (2, 5, 704), (16, 64), (7, 1, 3), (4, 1000)])
+@pytest.mark.parametrize("shape", [(1, 256), (3, 256), (2, 5, 704), (16, 64), (7, 1, 3), (4, 1000), (3, 7, 64)])
 @pytest.mark.parametrize("out_features", [16, 704, 4096])
 def test_kernel_matches_a_float64_matmul(shape, out_features):
     g = torch.Generator().manual_seed(out_features + shape[-1])
     w = torch.randn(out_features, shape[-1], generator=g).bfloat16().float()
     x = torch.randn(*shape, generator=g)
     packed.load_kernel()
-    y = torch.ops.fastmode.linear_bf16w(x, packed.pack(w))
+    y = torch.ops.fastmode.linear_bf16w(x, packed.pack(w), w)
     ref = x.double() @ w.double().T
     assert y.dtype == torch.float32 and y.shape == (*shape[:-1], out_features)
     torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-4)
@@ -62,13 +62,16 @@ def test_kernel_matches_a_float64_matmul(shape, out_features):
 @needs_kernel
 def test_kernel_refuses_bad_operands():
     packed.load_kernel()
-    w = packed.pack(torch.zeros(32, 8))
+    weight = torch.zeros(32, 8)
+    w = packed.pack(weight)
     with pytest.raises(RuntimeError, match="last dim"):
-        torch.ops.fastmode.linear_bf16w(torch.zeros(2, 9), w)
+        torch.ops.fastmode.linear_bf16w(torch.zeros(2, 9), w, weight)
     with pytest.raises(RuntimeError, match="float32"):
-        torch.ops.fastmode.linear_bf16w(torch.zeros(2, 8, dtype=torch.float64), w)
+        torch.ops.fastmode.linear_bf16w(torch.zeros(2, 8, dtype=torch.float64), w, weight)
     with pytest.raises(RuntimeError, match="packed"):
-        torch.ops.fastmode.linear_bf16w(torch.zeros(2, 8), torch.zeros(32, 8, dtype=torch.bfloat16))
+        torch.ops.fastmode.linear_bf16w(torch.zeros(2, 8), torch.zeros(32, 8, dtype=torch.bfloat16), weight)
+    with pytest.raises(RuntimeError, match="not the packed one"):
+        torch.ops.fastmode.linear_bf16w(torch.zeros(2, 8), w, torch.zeros(16, 8))
 
 
 def test_only_lossless_weights_pack():
@@ -127,8 +130,8 @@ def test_speculative_greedy_matches_transformers(bf16_pair):
 
 @needs_kernel
 def test_after_the_warm_up_no_batch_compiles_again(bf16_pair):
-    # The packed path branches on a step's row count (MAX_ROWS): the warm-up must have compiled
-    # both sides of that branch, or a user's request would wait for a compile.
+    # Packed weights serve steps of up to MAX_ROWS rows and MKL the rest, chosen inside the kernel:
+    # no guard on the row count, so the warm-up's graphs serve every batch.
     from torch._dynamo.utils import counters
 
     from sharding.stage import warm_up
