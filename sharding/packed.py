@@ -13,7 +13,8 @@ not exactly representable is never packed (``packable``), so packing is lossless
 
 ``apply_packed_weights`` swaps each ``nn.Linear`` for a ``PackedLinear`` and gives each
 tensor-parallel linear (``sharding.tp``) a ``packed`` buffer. Both keep the float32 weight: a step
-of more than ``MAX_ROWS`` rows (a prefill) is compute-bound and runs MKL's ``F.linear`` as before.
+of more than 16 rows (the kernel's ``MAX_ROWS``; a prefill) is compute-bound and runs MKL's
+``F.linear`` as before.
 
 The kernel is compiled on first use (about 15 s, ``torch.utils.cpp_extension``; cached under
 ``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``) and needs x86-64 with AVX2 and
@@ -35,14 +36,10 @@ from torch import nn
 
 from .errors import ShardingError
 
-__all__ = ["MAX_ROWS", "PackedLinear", "PackedWeightsUnavailable", "apply_packed_weights", "linear",
+__all__ = ["PackedLinear", "PackedWeightsUnavailable", "apply_packed_weights", "linear",
            "load_kernel", "pack", "packable", "resolve", "unavailable_reason"]
 
 log = logging.getLogger(__name__)
-
-MAX_ROWS = 16
-"""Steps of at most this many rows (``batch x tokens``) use the packed weights; larger ones MKL
-(the kernel's own ``MAX_ROWS``, ``csrc/linear_bf16w.cpp``)."""
 
 BLOCK = 16
 """Output columns per packed block: a weight's output size must be a multiple of it."""
@@ -115,11 +112,10 @@ def resolve(setting: bool | str, device: torch.device | str = "cpu", dtype: torc
     """
     if setting is False:
         return False
-    reason = unavailable_reason(device)
-    if reason is None and dtype != torch.float32:
-        reason = f"packed weights serve float32 models, not {dtype}"
-    if reason is None:
-        try:
+    if torch.device(device).type != "cpu" or dtype != torch.float32:
+        reason = unavailable_reason(device) or f"packed weights serve float32 models, not {dtype}"
+    else:
+        try:  # load_kernel checks the machine itself (unavailable_reason) before building
             load_kernel()
             return True
         except PackedWeightsUnavailable as e:
@@ -144,7 +140,7 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor | None) -> torch.Tensor:
-    """``x @ weight.T``: from ``packed`` for a step of at most ``MAX_ROWS`` rows, else MKL.
+    """``x @ weight.T``: from ``packed`` for a step of at most 16 rows, else MKL.
 
     The kernel makes that choice itself: a branch on the row count here would make
     ``torch.compile`` guard on it and compile each dynamic graph twice (34 graphs against 24 for the

@@ -70,7 +70,9 @@ class Lane:
         self.engine: LaneEngine = self._build_engine()
         self.cap = None if lane == FAST or self.config.admission != "reject" else self.config.max_num_seqs
         self.rebuilds: list[dict[str, Any]] = []
-        """Each engine rebuild after a failure: why, when, how long it took, and whether it worked."""
+        """Each engine rebuild after a failure: why, when, how long it took (``seconds``; of it,
+        ``build_s`` to build the engine, compiling included, and ``warmup_s`` for ``warmup``), and
+        whether it worked."""
         self._rebuilding: asyncio.Task | None = None
         self._warmup_ids: set[str] = set()
         self.in_flight = 0
@@ -115,8 +117,12 @@ class Lane:
         try:
             old = self.engine
             await asyncio.to_thread(_shutdown_quietly, old)
-            self.engine = await asyncio.to_thread(self._build_engine)
+            t0 = time.perf_counter()
+            self.engine = await asyncio.to_thread(self._build_engine)  # the fast lane's compile is here
+            record["build_s"] = round(time.perf_counter() - t0, 3)
+            t0 = time.perf_counter()
             await self.warmup()
+            record["warmup_s"] = round(time.perf_counter() - t0, 3)
             record["ok"] = True
         except Exception as e:  # noqa: BLE001 - reported by check_health: Serve replaces the replica
             record["error"] = f"{type(e).__name__}: {e}"[:300]

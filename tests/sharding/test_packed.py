@@ -130,8 +130,8 @@ def test_speculative_greedy_matches_transformers(bf16_pair):
 
 @needs_kernel
 def test_after_the_warm_up_no_batch_compiles_again(bf16_pair):
-    # Packed weights serve steps of up to MAX_ROWS rows and MKL the rest, chosen inside the kernel:
-    # no guard on the row count, so the warm-up's graphs serve every batch.
+    # Packed weights serve steps of up to 16 rows (the kernel's MAX_ROWS) and MKL the rest, chosen
+    # inside the kernel: no guard on the row count, so the warm-up's graphs serve every batch.
     from torch._dynamo.utils import counters
 
     from sharding.stage import warm_up
