@@ -37,17 +37,28 @@ def shipped_model(request) -> Path:
     return shipped({"full": FULL, "fast": FAST}[request.param])
 
 
+SHARED_APP_CONFIG = "lanes:\n  exact: {compile: false}\n"
+"""The shared app's config: the embedded default, but the exact lane's engine runs eager. Compiling
+it (24 graphs, both models) is most of a cold start: the shared app took 809 s to start in a
+clean-clone CI run (2026-11-26, this 2-core VM; the start timeout is 900 s). The compiled
+speculative engine and its warm-up are tested in process (``tests/sharding/test_speculative.py``,
+``tests/sharding/test_packed.py``); the fast lane stays compiled here."""
+
+
 @pytest.fixture(scope="session")
-def app():
-    """A getter for the running application (``fastmode up``, embedded default config, API key
-    required) shared by ``tests/clients`` and ``tests/serve``; it restarts the app if a test stopped it."""
+def app(tmp_path_factory):
+    """A getter for the running application (``fastmode up``, the embedded default config but for
+    ``SHARED_APP_CONFIG``, API key required) shared by ``tests/clients`` and ``tests/serve``; it
+    restarts the app if a test stopped it."""
     from tests.serve.conftest import App
 
     holder: dict[str, App] = {}
+    config = tmp_path_factory.mktemp("shared-app") / "app.yaml"
+    config.write_text(SHARED_APP_CONFIG)
 
     def get() -> App:
         if "app" not in holder or not holder["app"].running:
-            holder["app"] = App(probe_first_requests=True)
+            holder["app"] = App("--config", str(config), probe_first_requests=True)
         return holder["app"]
 
     yield get

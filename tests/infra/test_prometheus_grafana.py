@@ -367,7 +367,8 @@ def piped_app(tmp_path_factory):
 
     d = tmp_path_factory.mktemp("dashboard")
     cert, key = self_signed(d)  # and TLS, so that this app also proves Serve's proxy serves https and wss
-    with app_with_config(f"lanes:\n  fast: {{tp: 1, pp: 2}}\nhttp: {{server: serve, tls_certfile: {cert}, "
+    with app_with_config(f"lanes:\n  fast: {{tp: 1, pp: 2, compile: false}}\n  exact: {{compile: false}}\n"
+                         f"http: {{server: serve, tls_certfile: {cert}, "
                          f"tls_keyfile: {key}}}\n", d, "--chips", "2", ca_file=cert) as a:
         a.ca_file = cert
         yield a

@@ -27,6 +27,13 @@ API_KEY = "sk-fastmode-test"
 """The shared app requires this key (FASTMODE_API_KEYS), so authentication is on in every test."""
 
 
+EAGER_LANES = "  fast: {compile: false}\n  exact: {compile: false}\n"
+"""The ``lanes:`` entries the tests' own apps add (not the shared app, which runs the embedded
+default, compiled): what they test (spans, metrics, TLS, a start-up error) is not speed, and
+compiling the fast and exact lanes took such an app 4-7 min to start in a clean-clone CI run
+(2026-11-26, this 2-core VM), most of the CI's time."""
+
+
 FIRST_REQUESTS = {"fast": {"model": "fastmode-fast"}, "priority": {"model": "fastmode-full", "service_tier": "priority"},
                   "standard": {"model": "fastmode-full"}, "exact": {"model": "fastmode-full", "service_tier": "exact"}}
 """The request each lane gets first (``App.probe_first_requests``)."""

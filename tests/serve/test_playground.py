@@ -107,7 +107,8 @@ def browser():
 def ring_app(browser, tmp_path_factory):
     """``fastmode up`` with the fast lane on two chips, one pipeline stage each (started only where a
     browser is: hence ``browser`` first)."""
-    with app_with_config("lanes:\n  fast: {tp: 1, pp: 2}\n", tmp_path_factory.mktemp("playground"),
+    with app_with_config("lanes:\n  fast: {tp: 1, pp: 2, compile: false}\n  exact: {compile: false}\n",
+                         tmp_path_factory.mktemp("playground"),
                          "--chips", "2") as app:
         yield app
 

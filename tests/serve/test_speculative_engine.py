@@ -26,7 +26,7 @@ def engine():
     from serve.lanes.speculative_engine import SpeculativeLaneEngine
 
     full, fast = shipped(FULL), shipped(FAST)
-    config = ExactLaneConfig(compile=False)  # the compiled path runs in the app's tests
+    config = ExactLaneConfig(compile=False)  # compiled: tests/sharding/test_speculative.py
     e = SpeculativeLaneEngine(full, fast, config, Tokenizer.from_file(str(full / "tokenizer.json")))
     yield e
     e.shutdown()

@@ -42,7 +42,7 @@ def traced(tmp_path_factory):
     server.add_insecure_port(f"127.0.0.1:{port}")
     server.start()
     config = tmp_path_factory.mktemp("telemetry") / "app.yaml"
-    config.write_text("lanes:\n  fast: {tp: 2, pp: 2}\n")
+    config.write_text("lanes:\n  fast: {tp: 2, pp: 2, compile: false}\n  exact: {compile: false}\n")
     app = App("--config", str(config), "--chips", "4", env={
         "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
         "OTEL_BSP_SCHEDULE_DELAY": "200"})
