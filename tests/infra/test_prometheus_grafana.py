@@ -363,12 +363,11 @@ def piped_app(tmp_path_factory):
     dashboard's chip-to-chip hop panels have series (the default layout on a 2-core machine is the
     planner's 1x1, which has no hops), behind Ray Serve's HTTP proxy (``http.server: serve``, what
     clusters use; the shared app has the gateway's own server)."""
-    from tests.serve.conftest import app_with_config, self_signed
+    from tests.serve.conftest import app_with_config, eager_lanes, self_signed
 
     d = tmp_path_factory.mktemp("dashboard")
     cert, key = self_signed(d)  # and TLS, so that this app also proves Serve's proxy serves https and wss
-    with app_with_config(f"lanes:\n  fast: {{tp: 1, pp: 2, compile: false}}\n  exact: {{compile: false}}\n"
-                         f"http: {{server: serve, tls_certfile: {cert}, "
+    with app_with_config(eager_lanes("tp: 1, pp: 2") + f"http: {{server: serve, tls_certfile: {cert}, "
                          f"tls_keyfile: {key}}}\n", d, "--chips", "2", ca_file=cert) as a:
         a.ca_file = cert
         yield a

@@ -27,11 +27,12 @@ API_KEY = "sk-fastmode-test"
 """The shared app requires this key (FASTMODE_API_KEYS), so authentication is on in every test."""
 
 
-EAGER_LANES = "  fast: {compile: false}\n  exact: {compile: false}\n"
-"""The ``lanes:`` entries the tests' own apps add (not the shared app, which runs the embedded
-default, compiled): what they test (spans, metrics, TLS, a start-up error) is not speed, and
-compiling the fast and exact lanes took such an app 4-7 min to start in a clean-clone CI run
-(2026-11-26, this 2-core VM), most of the CI's time."""
+def eager_lanes(fast: str = "") -> str:
+    """A ``lanes:`` section running the fast and exact lanes eager (``fast``: more of the fast lane's
+    settings, e.g. ``"tp: 2, pp: 2"``), for the apps tests start of their own: what they test (spans,
+    metrics, TLS, a start-up error) is not speed, and compiling those lanes took such an app 4-7 min
+    to start in a clean-clone CI run (2026-11-26, this 2-core VM), most of the CI's time."""
+    return f"lanes:\n  fast: {{{fast + ', ' if fast else ''}compile: false}}\n  exact: {{compile: false}}\n"
 
 
 FIRST_REQUESTS = {"fast": {"model": "fastmode-fast"}, "priority": {"model": "fastmode-full", "service_tier": "priority"},

@@ -29,7 +29,7 @@ from websockets.exceptions import ConnectionClosed
 from clients.sdk import Client
 from serve.auth import KEY_SUBPROTOCOL
 from serve.protocol import VERSION
-from tests.serve.conftest import app_with_config
+from tests.serve.conftest import app_with_config, eager_lanes
 
 PLAYGROUND = Path(__file__).resolve().parents[2] / "serve" / "playground"
 CHROMIUM = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
@@ -107,8 +107,7 @@ def browser():
 def ring_app(browser, tmp_path_factory):
     """``fastmode up`` with the fast lane on two chips, one pipeline stage each (started only where a
     browser is: hence ``browser`` first)."""
-    with app_with_config("lanes:\n  fast: {tp: 1, pp: 2, compile: false}\n  exact: {compile: false}\n",
-                         tmp_path_factory.mktemp("playground"),
+    with app_with_config(eager_lanes("tp: 1, pp: 2"), tmp_path_factory.mktemp("playground"),
                          "--chips", "2") as app:
         yield app
 

@@ -31,7 +31,7 @@ import pytest
 
 from clients.grpc_client import GrpcClient
 from clients.sdk import AsyncClient, AuthenticationError, ConnectionFailed
-from tests.serve.conftest import API_KEY, EAGER_LANES, app_with_config, self_signed
+from tests.serve.conftest import API_KEY, app_with_config, eager_lanes, self_signed
 
 PROMPT = "def canary_zq7vk_launch(codes):\n"
 """Distinctive, so that finding it anywhere means it was written there."""
@@ -54,7 +54,7 @@ def tls(tmp_path_factory):
     ray_tmp = Path(tempfile.mkdtemp(prefix="fmsec", dir="/tmp"))
     env = {"FASTMODE_TRACE_FILE": str(spans), "OTEL_BSP_SCHEDULE_DELAY": "200", "RAY_TMPDIR": str(ray_tmp)}
     try:
-        with app_with_config(tls_yaml(cert, key) + "cpus: auto\nlanes:\n" + EAGER_LANES, d, env=env,
+        with app_with_config(tls_yaml(cert, key) + "cpus: auto\n" + eager_lanes(), d, env=env,
                              ca_file=cert) as app:
             app.seen = []  # every output text, to look for afterwards
             yield app, cert, spans, ray_tmp

@@ -14,7 +14,7 @@ import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from websockets.asyncio.client import connect
 
-from tests.serve.conftest import App, free_port
+from tests.serve.conftest import App, eager_lanes, free_port
 from tests.serve.test_metrics import hop_pairs
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -42,7 +42,7 @@ def traced(tmp_path_factory):
     server.add_insecure_port(f"127.0.0.1:{port}")
     server.start()
     config = tmp_path_factory.mktemp("telemetry") / "app.yaml"
-    config.write_text("lanes:\n  fast: {tp: 2, pp: 2, compile: false}\n  exact: {compile: false}\n")
+    config.write_text(eager_lanes("tp: 2, pp: 2"))
     app = App("--config", str(config), "--chips", "4", env={
         "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
         "OTEL_BSP_SCHEDULE_DELAY": "200"})
