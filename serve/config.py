@@ -228,9 +228,10 @@ class RouterConfig(_Strict):
         "above auto_threshold go to the fast lane (the quality benchmark measured the full model's lead "
         "over the fast one on the prompts the fast model finds easy; on hard ones neither is often right); "
         "'easy': prompts at most auto_threshold go fast.")
-    auto_full_tier: Literal["default", "priority", "exact"] = Field(default="default", description="Where "
+    auto_full_tier: Literal["default", "priority", "exact"] = Field(default="exact", description="Where "
         "`auto` sends the prompts that do not go fast, unless the request names a service_tier: 'default' "
-        "(the standard lane), 'priority' or 'exact'. See docs/serving.md for how the default was measured.")
+        "(the standard lane), 'priority' or 'exact'. When that lane is full, the request is served on "
+        "standard (route.spilled_from). See docs/serving.md for how the default was measured.")
     auto_max_tokens: int = Field(default=128, ge=1, description="Score only the prompt's last N tokens.")
     lane_links: bool = Field(default=True, description="Stream from each lane replica over a direct TCP "
         "link (serve/lanes/link.py: no Serve call per request, no Serve item per chunk); false: through "

@@ -52,7 +52,7 @@ class _Common(BaseModel):
     service_tier: str | None = None
     metadata: dict[str, Any] | None = None
     ignore_eos: bool | None = False  # vLLM's extension (its benchmark client sends it)
-    allow_spill: bool | None = False  # fastmode's: serve on standard if priority is full
+    allow_spill: bool | None = False  # fastmode's: serve on standard if priority/exact is full
     n: int | None = None
 
     @property

@@ -46,7 +46,8 @@ class Route(_Event):
                                                       "the threshold goes to the fast lane (easy: at most it; "
                                                       "hard: above it).")
     spilled_from: Literal["priority", "exact"] | None = Field(default=None, description="Served on standard "
-                                                              "because that lane was full and allow_spill was set.")
+                                                              "because that lane was full and allow_spill was set, "
+                                                              "or auto had routed it there.")
 
 
 class ResponseCreated(_Event):

@@ -56,8 +56,8 @@ class GenerateRequest(BaseModel):
     seed: int | None = Field(default=None, ge=0, lt=2**63)
     ignore_eos: bool = Field(default=False, description="Keep generating past end-of-sequence tokens "
                              "(vLLM's extension; benchmarks use it for fixed output lengths).")
-    allow_spill: bool = Field(default=False, description="If the priority lane is full, serve on "
-                              "standard instead of failing with 'overloaded'.")
+    allow_spill: bool = Field(default=False, description="If the priority or exact lane is "
+                              "full, serve on standard instead of failing with 'overloaded' (model 'auto' always does).")
     metadata: dict[str, str] | None = Field(default=None, description="Opaque; may carry 'traceparent'.")
     previous_response_id: str | None = Field(default=None, min_length=1, max_length=128, description=
                                              "Continue the conversation of this completed response: its "

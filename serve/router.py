@@ -17,7 +17,9 @@ refuses a stream beyond its ``max_num_seqs`` at once with ``overloaded``, before
 so the count is exact however many front doors there are. With several replicas, a refused
 stream is offered to the lane up to ``replicas`` times (Serve routes each try to a replica with
 fewer requests); then the caller gets ``overloaded`` with a retry hint, or, if the request says
-``allow_spill``, a priority or exact request is served on standard.
+``allow_spill``, a priority or exact request is served on standard. A request ``auto`` routed to
+the full model spills on its own (the router chose the lane; standard is the same model, cheaper):
+``route["spilled_from"]`` says so.
 """
 
 from __future__ import annotations
@@ -264,7 +266,7 @@ class Router:
 
     async def _open(self, lane: str, req: GenerateRequest, route: dict[str, Any],
                     lane_request: LaneRequest, prefer: str | None = None) -> tuple[str, Any, dict[str, Any], str | None]:
-        """Start the stream on ``lane`` (or spill from priority to standard): the lane, its stream,
+        """Start the stream on ``lane`` (or spill from priority or exact to standard): the lane, its stream,
         its ``accepted`` event and the replica serving it (when known; ``prefer``: the replica to
         try first, the one holding the conversation's prefix); ``Overloaded`` if every try was refused."""
         refused = None
@@ -279,7 +281,9 @@ class Router:
                     raise
                 refused = unwrap(e)
         retry = refused.retry_after
-        if not (req.allow_spill and lane in SPILLS):
+        if lane not in SPILLS:
+            raise Overloaded(f"{refused.message}; retry after {retry} s", retry_after=retry)
+        if not (req.allow_spill or route.get("by") == AUTO):
             raise Overloaded(f"{refused.message}; retry after {retry} s, or set allow_spill to be served on "
                              "standard", retry_after=retry)
         route["spilled_from"] = lane

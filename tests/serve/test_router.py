@@ -54,7 +54,8 @@ def test_auto_routes_by_difficulty_hard_to_fast_by_default(app):
     assert easy["route"]["by"] == hard["route"]["by"] == "auto"
     assert easy["route"]["difficulty"] <= easy["route"]["threshold"] < hard["route"]["difficulty"]
     assert easy["route"]["fast_when"] == "hard"  # the default, from the quality benchmark's policy sweep
-    assert (easy["lane"], easy["model"]) == ("standard", "fastmode-full")
+    # the rest: router.auto_full_tier, exact by default (standard if the exact lane were full)
+    assert (easy["lane"], easy["model"]) == ("exact", "fastmode-full") and "spilled_from" not in easy["route"]
     assert (hard["lane"], hard["model"]) == ("fast", "fastmode-fast")
     status, events = app().generate(model="auto", service_tier="priority", input=EASY, max_output_tokens=4)
     assert events[0]["lane"] == "priority"
@@ -224,6 +225,38 @@ def test_auto_sends_hard_prompts_to_its_full_tier_unless_the_request_names_one(f
     events = asyncio.run(events_of(router, model="auto", service_tier=named, temperature=0))
     assert events[0]["lane"] == lane and events[0]["route"]["by"] == "auto", events[0]
     assert lanes[lane].calls == 1 and sum(h.calls for h in lanes.values()) == 1
+
+
+@pytest.mark.parametrize("full_tier,named", [("exact", None), ("default", "priority"), ("default", "exact")])
+def test_auto_spills_to_standard_when_its_full_tier_is_full(full_tier, named):
+    # auto chose the lane, so it spills on its own (no allow_spill): standard is the same model, cheaper.
+    config = {"router": {"auto_full_tier": full_tier, "auto_threshold": 0.001, "auto_fast_when": "easy"}}
+    router, lanes = router_over(config, priority=0, exact=0)
+    events = asyncio.run(events_of(router, model="auto", service_tier=named, temperature=0))
+    lane = named or full_tier
+    assert events[0]["lane"] == events[-1]["lane"] == "standard" and events[-1]["type"] == "done", events
+    assert events[0]["route"]["by"] == "auto" and events[0]["route"]["spilled_from"] == lane
+    assert lanes[lane].calls == 1 and lanes[lane].logs == [["cancelled"]] and lanes["standard"].calls == 1
+    router, lanes = router_over(config, priority=0, exact=0, standard=0)
+    events = asyncio.run(events_of(router, model="auto", service_tier=named, temperature=0))
+    assert events[0]["code"] == "overloaded" and f"{lane} and standard lanes are full" in events[0]["message"]
+
+
+def test_auto_does_not_spill_from_the_fast_lane():
+    # the fast lane's model is another model: a full fast lane is overloaded, not served by the full one.
+    router, lanes = router_over({"router": {"auto_threshold": 0.001, "auto_fast_when": "hard"}}, fast=0)
+    events = asyncio.run(events_of(router, model="auto", input="qZ7#kP!x 9@Lr&vW2^", temperature=0))
+    assert events[0]["code"] == "overloaded" and lanes["fast"].calls == 1 and lanes["standard"].calls == 0
+    assert "allow_spill" not in events[0]["message"]  # it would not help
+
+
+def test_auto_sends_the_rest_to_the_exact_tier_by_default():
+    from serve.config import load_config
+
+    assert load_config({}).router.auto_full_tier == "exact"
+    router, lanes = router_over({"router": {"auto_threshold": 100.0}})  # nothing is that hard: all to full
+    events = asyncio.run(events_of(router, model="auto", temperature=0))
+    assert events[0]["lane"] == "exact" and lanes["exact"].calls == 1
 
 
 @pytest.mark.parametrize("request_fields", [{"service_tier": "exact"}, {"model": "auto"}])
