@@ -191,7 +191,9 @@ def auto_policy_section(doc: dict) -> list[str]:
     served = doc.get("auto_served")
     if served:
         way = {"hard": "above", "easy": "at most"}[served.get("fast_when", "easy")]
-        out += [f"The deployed router (fast lane for difficulty {way} {served['threshold']:g}): "
+        shares = ", ".join(f"{lane} {share:.0%}" for lane, share in (served.get("served_by") or {}).items())
+        out += [f"The deployed router (fast lane for difficulty {way} {served['threshold']:g}"
+                + (f"; served by {shares}" if shares else "") + "): "
                 f"{pct_ci(served['exact_match_count'], doc['samples'])} exact match at "
                 f"{_ms(served['mean_latency_s'])} ms; the offline scorer routes "
                 f"{served['routing_agreement_with_offline_scorer']:.0%} of the questions as it did.", ""]

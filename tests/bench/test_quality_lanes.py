@@ -125,3 +125,5 @@ def test_measure_with_a_server_without_the_exact_tier(tmp_path, capsys):
     assert (tmp_path / "quality.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     text = "\n".join(quality_section(json.loads(json.dumps(out)), tmp_path, tmp_path / "benchmarks.md"))
     assert "### auto policy frontier" in text and "Recommended: **" in text and "Skipped: the exact lane" in text
+    shares = ", ".join(f"{lane} {share:.0%}" for lane, share in lanes["auto"]["served_by"].items())
+    assert f"The deployed router (fast lane for difficulty at most {THRESHOLD:g}; served by {shares}): " in text
