@@ -37,12 +37,22 @@ def shipped_model(request) -> Path:
     return shipped({"full": FULL, "fast": FAST}[request.param])
 
 
-SHARED_APP_CONFIG = "lanes:\n  exact: {compile: false}\n"
-"""The shared app's config: the embedded default, but the exact lane's engine runs eager. Compiling
-it (24 graphs, both models) is most of a cold start: the shared app took 809 s to start in a
-clean-clone CI run (2026-11-26, this 2-core VM; the start timeout is 900 s). The compiled
-speculative engine and its warm-up are tested in process (``tests/sharding/test_speculative.py``,
-``tests/sharding/test_packed.py``); the fast lane stays compiled here."""
+def eager_lanes(fast: str = "") -> str:
+    """A ``lanes:`` section running the fast and exact lanes eager (``fast``: more of the fast lane's
+    settings, e.g. ``"tp: 2, pp: 2"``), for the apps tests start: what they test (the front doors,
+    spans, metrics, TLS, a start-up error) is not speed, and compiling those lanes is most of a cold
+    start. A checkout at a new path compiles every graph again (inductor's C++ kernels are keyed by
+    their compile command, which names the virtual environment's torch): in clean-clone CI runs on
+    this 2-core VM (2026-11-26) the shared app took 809 s to start with both lanes compiled and 667 s
+    with the fast lane alone compiled, against 94-106 s for an app with both eager. The compiled
+    executor, the speculative engine and their warm-ups are tested in process (``tests/sharding``:
+    ``test_engine``, ``test_pipeline``'s compiled rings, ``test_packed``, ``test_speculative``), and
+    the compiled lanes served by ``fastmode up`` are what ``make bench`` runs."""
+    return f"lanes:\n  fast: {{{fast + ', ' if fast else ''}compile: false}}\n  exact: {{compile: false}}\n"
+
+
+SHARED_APP_CONFIG = eager_lanes()
+"""The shared app's config: the embedded default, but the fast and exact lanes eager (``eager_lanes``)."""
 
 
 @pytest.fixture(scope="session")
