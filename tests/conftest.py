@@ -51,8 +51,13 @@ def eager_lanes(fast: str = "") -> str:
     return f"lanes:\n  fast: {{{fast + ', ' if fast else ''}compile: false}}\n  exact: {{compile: false}}\n"
 
 
-SHARED_APP_CONFIG = eager_lanes()
-"""The shared app's config: the embedded default, but the fast and exact lanes eager (``eager_lanes``)."""
+SHARED_APP_CONFIG = "lanes:\n  exact: {compile: false}\n"
+"""The shared app's config: the embedded default, but the exact lane eager; its fast lane stays
+compiled. With the fast lane eager too (commit f0586f3) the shared app would start in about 100 s
+instead of 667 s, but the clean-clone CI run of cae54e4 (2026-11-26 12:01 UTC) failed one test of
+``tests/serve/test_lanes.py`` (the 13th, ``test_closing_a_stream_frees_its_engine_sequence[fast]``
+by its order) that passed with the fast lane compiled; not yet diagnosed, so the known-passing
+configuration is kept."""
 
 
 @pytest.fixture(scope="session")

@@ -28,8 +28,7 @@ ERROR_WITHIN_S = 5.0
 SERVED_AGAIN_WITHIN_S = 120.0
 """A bound against a lane that never comes back, not a speed goal: a rebuild of a compiled lane
 compiles its graphs again from inductor's cache, 20-35 s for the fast lane on this 2-core VM
-depending on the day (docs/serving.md, "When a part dies", has the measured figures); the shared
-test app's lanes run eager (``tests/conftest.py``), so here it is the ring's build alone."""
+depending on the day (docs/serving.md, "When a part dies", has the measured figures)."""
 
 
 def _cmdline(p: psutil.Process) -> str:
