@@ -24,7 +24,8 @@ REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 900
 """How long ``fastmode up`` may take to become ready. An app with a compiled lane and inductor's
 cache cold (a checkout at a new path compiles every graph again) took 569-809 s on this 2-core VM on
-2026-11-26; the tests' apps run the fast and exact lanes eager (``eager_lanes``) and took 94-159 s."""
+2026-11-26 (the shared app, its fast lane compiled: 667 s); the tests' own apps run the fast and exact
+lanes eager (``eager_lanes``) and took 94-159 s."""
 API_KEY = "sk-fastmode-test"
 """The shared app requires this key (FASTMODE_API_KEYS), so authentication is on in every test."""
 
