@@ -53,11 +53,11 @@ def eager_lanes(fast: str = "") -> str:
 
 SHARED_APP_CONFIG = "lanes:\n  exact: {compile: false}\n"
 """The shared app's config: the embedded default, but the exact lane eager; its fast lane stays
-compiled. With the fast lane eager too (commit f0586f3) the shared app would start in about 100 s
-instead of 667 s, but the clean-clone CI run of cae54e4 (2026-11-26 12:01 UTC) failed one test of
-``tests/serve/test_lanes.py`` (the 13th, ``test_closing_a_stream_frees_its_engine_sequence[fast]``
-by its order) that passed with the fast lane compiled; not yet diagnosed, so the known-passing
-configuration is kept."""
+compiled. With the fast lane eager too (commit f0586f3) the clean-clone CI run of cae54e4
+(2026-11-26 12:01 UTC) took 47.3 min of tests (no faster than the 41.2 of 55af56e with it compiled)
+and failed ``tests/serve/test_lanes.py::test_closing_a_stream_frees_its_engine_sequence[fast]``
+(``cancelled`` stayed at 9: the closed stream was not counted as cancelled); not yet diagnosed, so
+the configuration that passed is kept."""
 
 
 @pytest.fixture(scope="session")
