@@ -231,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trials", type=int, default=20, help="time-to-first-token trials per kind")
     ap.add_argument("--concurrency", type=int, default=32, help="streams for the throughput ceiling (0: skip)")
     ap.add_argument("--rtt-ms", default="20", help="emulated round trips, comma-separated (empty: skip)")
-    ap.add_argument("--quick", action="store_true", help="32 tokens, 3 trials, 4 streams")
+    ap.add_argument("--quick", action="store_true", help="32 tokens, 3 trials, 4 streams, the fast "
+                    "model in process eager (a smoke run: its figures mean nothing)")
     ap.add_argument("--ttft-only", action="store_true", help="print the TTFT trio as JSON (the client side "
                     "of the emulated network)")
     ap.add_argument("--json", help="write the results here")
@@ -265,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
             bar.update()
     bar.set_description(steps[-1])
     engines = direct(args.tokens, 3, args.concurrency, rounds=CEILING_ROUNDS if not args.quick else 1,
+                     compile=not args.quick,
                      served_aggregate=lambda: ws_aggregate(args.url, args.api_key, args.tokens, args.concurrency))
     bar.update()
     bar.close()

@@ -48,7 +48,8 @@ def one(client: httpx.Client, model: str, tier: str | None, tokens: int) -> dict
 
 
 def direct(tokens: int, runs: int, concurrency: int = 0,
-           served_aggregate: Callable[[], Awaitable[float]] | None = None, rounds: int = 1) -> dict:
+           served_aggregate: Callable[[], Awaitable[float]] | None = None, rounds: int = 1,
+           compile: bool = True) -> dict:
     """The lanes' engines without serving: vLLM AsyncLLM on the full model (the standard lane's
     config) and the fast model as the default pp=2 pipeline over chip actors (actor calls).
 
@@ -56,6 +57,10 @@ def direct(tokens: int, runs: int, concurrency: int = 0,
     time to first token for a 3-token prompt (``sharded_fast_ttft_s``: prefill and one token,
     median of 5), and with ``concurrency`` the aggregate tokens/s of vLLM serving that many
     ``tokens``-token requests at once (``vllm_full_aggregate``, the median of ``rounds``).
+
+    ``compile``: the fast model as the lane runs it (``lanes.fast.compile``); ``False`` keeps it eager
+    (``--quick``: no compile of its own, whose figures no one reads). ``sharded_fast_compiled`` says
+    which ran.
 
     ``served_aggregate``, awaited once per round, measures the same load on the served lane: the
     rounds alternate it with the engine in process (A B, B A, ...), so that slow drift of the
@@ -114,13 +119,13 @@ def direct(tokens: int, runs: int, concurrency: int = 0,
     # Placed as the application places its engines by default (cluster/cpus.py; FASTMODE_CPUS=auto:
     # this process and vLLM's scheduler on the serving CPUs, vLLM's worker and the chips on the others).
     with patch.dict(os.environ, {cpus.ENV: os.environ.get(cpus.ENV, AppConfig().cpus)}), cpus.placed("serving"):
-        out |= _engines(tokens, runs, vllm_runs)
+        out |= _engines(tokens, runs, vllm_runs, compile)
     print(f"direct    vLLM AsyncLLM, full model {out['vllm_full']:6.0f} tok/s   fastmode executor, fast model "
           f"{out['layout']} {out['sharded_fast']:6.0f} tok/s", flush=True)
     return out
 
 
-def _engines(tokens: int, runs: int, vllm_runs) -> dict:
+def _engines(tokens: int, runs: int, vllm_runs, compile: bool = True) -> dict:
     import asyncio
 
     import ray
@@ -136,7 +141,7 @@ def _engines(tokens: int, runs: int, vllm_runs) -> dict:
     tp, pp, _ = resolve_layout(FAST, cfg, os.cpu_count() or 1)  # what fastmode up deploys here
     ray.init(address="local", resources={"chip": tp * pp}, include_dashboard=False, log_to_driver=False)
     try:
-        with ShardedModel.from_pretrained(FAST, tp=tp, pp=pp, compile=cfg.compile) as m:
+        with ShardedModel.from_pretrained(FAST, tp=tp, pp=pp, compile=cfg.compile and compile) as m:
             m.warmup()
             m.generate([[0, 100, 200]], SamplingParams(temperature=0, max_tokens=8))
             rates = []
@@ -154,6 +159,7 @@ def _engines(tokens: int, runs: int, vllm_runs) -> dict:
     finally:
         ray.shutdown()
     out["layout"] = f"tp={tp} x pp={pp} ({cfg.transport})"
+    out["sharded_fast_compiled"] = cfg.compile and compile
     return out
 
 

@@ -76,6 +76,8 @@ def build(config: AppConfig) -> Application:
             name=f"{lane}-lane", num_replicas=cfg.replicas,
             ray_actor_options=actor_options(config, cfg.ray_actor_options),
             max_ongoing_requests=UNCAPPED, health_check_timeout_s=60, graceful_shutdown_timeout_s=5,
+            **({"max_constructor_retry_count": cfg.max_constructor_retry_count}
+               if cfg.max_constructor_retry_count is not None else {}),
         ).bind(lane, model.id, model.path, cfg.model_dump(mode="json"), config.telemetry.model_dump(mode="json"),
                draft_path=config.models.fast.path if lane == EXACT else None)
     g = config.gateway

@@ -57,6 +57,10 @@ class LaneCommon(_Strict):
                                       "at most 2% of the stream (Ray Serve spends about 0.5 ms per streamed "
                                       "item). The first token and a response's end are never held.")
     replicas: int = Field(default=1, ge=1, description="Serve replicas of this lane (each its own engine).")
+    max_constructor_retry_count: int | None = Field(default=None, ge=1, description="How many failed starts "
+        "of this lane's replicas Serve allows before the deployment fails and fastmode up exits naming the "
+        "cause (Ray Serve's own option; Serve caps it at 3 per replica). Default: Serve's, 3 per replica. "
+        "1 fails at the first failed start, for configs known not to be flaky.")
     ray_actor_options: dict[str, Any] = Field(default_factory=lambda: {"num_cpus": 0}, description=
                                               "Ray options of each replica, e.g. {num_gpus: 1} on a GPU node.")
 

@@ -43,8 +43,10 @@ def eager_lanes(fast: str = "") -> str:
     spans, metrics, TLS, a start-up error) is not speed, and compiling those lanes is most of a cold
     start. A checkout at a new path compiles every graph again (inductor's C++ kernels are keyed by
     their compile command, which names the virtual environment's torch): in clean-clone CI runs on
-    this 2-core VM (2026-11-26) the shared app took 809 s to start with both lanes compiled and 667 s
-    with the fast lane alone compiled, against 94-106 s for an app with both eager. The compiled
+    this 2-core VM (2026-11-26) the first test to use the shared app waited 809 s with both lanes
+    compiled and 589-667 s with the fast lane alone compiled; that wait is the app's start (about
+    220 s at eef3f34, 13:42-13:46 UTC) and then ``fastmode bench all --quick`` (386 s,
+    ``tests/bench/conftest.py``). The tests' own apps, eager, took 94-166 s. The compiled
     executor, the speculative engine and their warm-ups are tested in process (``tests/sharding``:
     ``test_engine``, ``test_pipeline``'s compiled rings, ``test_packed``, ``test_speculative``), and
     the compiled lanes served by ``fastmode up`` are what ``make bench`` runs."""
@@ -54,10 +56,24 @@ def eager_lanes(fast: str = "") -> str:
 SHARED_APP_CONFIG = "lanes:\n  exact: {compile: false}\n"
 """The shared app's config: the embedded default, but the exact lane eager; its fast lane stays
 compiled. With the fast lane eager too (commit f0586f3) the clean-clone CI run of cae54e4
-(2026-11-26 12:01 UTC) took 47.3 min of tests (no faster than the 41.2 of 55af56e with it compiled)
-and failed ``tests/serve/test_lanes.py::test_closing_a_stream_frees_its_engine_sequence[fast]``
+(2026-11-26 12:01 UTC) took 47.3 min of tests (no faster than the 41.2 of 55af56e with it compiled:
+the same graphs were then compiled cold by the in-process engines of ``bench gateway`` and
+``tests/sharding`` instead, inductor's cache being shared by every process of the checkout) and failed ``tests/serve/test_lanes.py::test_closing_a_stream_frees_its_engine_sequence[fast]``
 (``cancelled`` stayed at 9: the closed stream was not counted as cancelled); not yet diagnosed, so
 the configuration that passed is kept."""
+
+
+@pytest.fixture(scope="session")
+def vllm_references(tiny_models) -> dict:
+    """vLLM's greedy output on ``tests.models.test_vllm_loads.PROMPTS`` for the tiny, full and fast
+    checkpoints, keyed ``"tiny"``, ``"full"``, ``"fast"`` (and ``"paths"``): one subprocess for the
+    session, shared by ``tests/models/test_vllm_loads.py`` and ``tests/serve/test_lanes.py``."""
+    from models import FAST, FULL
+    from tests.models.test_vllm_loads import vllm_greedy
+
+    paths = {"tiny": tiny_models / "full", "full": shipped(FULL), "fast": shipped(FAST)}
+    got = vllm_greedy(*paths.values())
+    return {which: got[str(path)] for which, path in paths.items()} | {"paths": {k: str(v) for k, v in paths.items()}}
 
 
 @pytest.fixture(scope="session")
@@ -82,9 +98,17 @@ def app(tmp_path_factory):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Run ``tests/serve/test_up.py`` (whose last test stops the shared app with Ctrl-C) after every
+    """Run the tests that use ``secure_app`` one after the other (it stops after the last of them),
+    and ``tests/serve/test_up.py`` (whose last test stops the shared app with Ctrl-C) after every
     other test in ``tests/serve``, and so after every test that uses the app (``tests/clients``
     sorts first); the sharding tests after it start a Ray of their own."""
+    secure = [i for i in items if "secure_app" in getattr(i, "fixturenames", ())]
+    # test_security.py's last test stops that app (to flush its spans and logs): its tests go last
+    secure.sort(key=lambda i: i.nodeid.startswith("tests/serve/test_security.py"))
+    if secure:  # the users of tests/serve/conftest.py's secure_app, together where the first one was
+        at = items.index(secure[0])
+        rest = [i for i in items if i not in secure]
+        items[:] = rest[:at] + secure + rest[at:]
     last = [i for i in items if i.nodeid.startswith("tests/serve/test_up.py")]
     rest = [i for i in items if i not in last]
     serve = [n for n, i in enumerate(rest) if i.nodeid.startswith("tests/serve/")]

@@ -62,6 +62,7 @@ def test_gateway(quick_run):
     for lane in ("fast", "standard"):
         assert doc["served"]["decode_tokens_per_s"][lane] > 0 and doc["in_process"]
         assert math.isfinite(doc["overhead_ms_per_token"][lane])
+    assert doc["in_process"]["sharded_fast_compiled"] is False  # --quick: eager, no compile of its own
     trio = doc["served"]["ttft_ms"]
     assert set(trio) == {"warm_websocket", "fresh_websocket", "fresh_http_sse", "health_round_trip"}
     assert doc["throughput_ceiling"]["concurrency"] == 4 and doc["throughput_ceiling"]["ratio"] > 0

@@ -20,11 +20,13 @@ MAX_TOKENS = 24
 REPO = Path(__file__).resolve().parents[2]
 
 
-def vllm_greedy(path: Path) -> list[dict]:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
+def vllm_greedy(*paths: Path) -> dict[str, list[dict]]:
+    """vLLM's greedy output on ``PROMPTS`` per checkpoint (keyed by ``str(path)``), from one subprocess."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "VLLM_LOGGING_LEVEL": "WARNING",
+           "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     proc = subprocess.run(
-        [sys.executable, "-m", "tests.models.vllm_greedy", str(path), str(MAX_TOKENS), json.dumps(PROMPTS)],
-        capture_output=True, text=True, timeout=300, env=env, cwd=REPO,
+        [sys.executable, "-m", "tests.models.vllm_greedy", str(MAX_TOKENS), json.dumps(PROMPTS), *map(str, paths)],
+        capture_output=True, text=True, timeout=300 * len(paths), env=env, cwd=REPO,
     )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stderr[-3000:]
@@ -33,14 +35,11 @@ def vllm_greedy(path: Path) -> list[dict]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("which", ["tiny", "full", "fast"])
-def test_vllm_greedy_matches_transformers(which, request):
-    if which == "tiny":
-        path = request.getfixturevalue("tiny_models") / "full"
-    else:
-        path = shipped({"full": FULL, "fast": FAST}[which])
+def test_vllm_greedy_matches_transformers(which, vllm_references):
+    path = vllm_references["paths"][which]
     tok = AutoTokenizer.from_pretrained(path)
     model = LlamaForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    got = vllm_greedy(path)
+    got = vllm_references[which]
     for prompt, out in zip(PROMPTS, got, strict=True):
         ids = tok(prompt, return_tensors="pt").input_ids
         assert out["prompt_token_ids"] == ids[0].tolist()

@@ -16,16 +16,17 @@ from pathlib import Path
 
 import httpx
 import pytest
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 from bench.app import free_port
 from tests.conftest import eager_lanes  # noqa: F401 - the tests' own apps import it from here
 
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 900
-"""How long ``fastmode up`` may take to become ready. An app with a compiled lane and inductor's
-cache cold (a checkout at a new path compiles every graph again) took 569-809 s on this 2-core VM on
-2026-11-26 (the shared app, its fast lane compiled: 667 s); the tests' own apps run the fast and exact
-lanes eager (``eager_lanes``) and took 94-159 s."""
+"""How long ``fastmode up`` may take to become ready. With inductor's cache cold (a checkout at a new
+path compiles every graph again) the shared app, its fast lane compiled, took about 220 s on this
+2-core VM (clean-clone CI, 2026-11-26 13:42-13:46 UTC); the tests' own apps run the fast and exact
+lanes eager (``eager_lanes``) and took 94-166 s."""
 API_KEY = "sk-fastmode-test"
 """The shared app requires this key (FASTMODE_API_KEYS), so authentication is on in every test."""
 
@@ -46,6 +47,7 @@ class App:
         self.base = f"{http}://127.0.0.1:{self.port}"
         self.ws_url = f"{ws}://127.0.0.1:{self.port}/v1/responses"
         self.key = API_KEY
+        self.ca_file = ca_file
         env = ({k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
                | {"FASTMODE_API_KEYS": f"{API_KEY},sk-other", "RAY_metrics_report_interval_ms": "1000"} | (env or {}))
         self.grpc_port = free_port()
@@ -191,3 +193,93 @@ def self_signed(out: Path, name: str = "server") -> tuple[Path, Path]:
 
 def text_of(events: list[dict]) -> str:
     return "".join(e["text"] for e in events if e["type"] == "delta")
+
+
+class TraceReceiver(trace_service_pb2_grpc.TraceServiceServicer):
+    """An in-process OTLP/gRPC trace receiver: every span exported to it, with its resource's attributes."""
+
+    def __init__(self) -> None:
+        self.spans: list[tuple[dict, object]] = []  # (resource attributes, span)
+
+    def Export(self, request, context):
+        for rs in request.resource_spans:
+            resource = {a.key: a.value.string_value for a in rs.resource.attributes}
+            for ss in rs.scope_spans:
+                self.spans += [(resource, s) for s in ss.spans]
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+
+class SecureApp:
+    """The app ``test_security.py`` and ``test_telemetry.py`` share (one ``fastmode up`` instead of two,
+    about 100 s of CI): TLS on the gateway's own server and on gRPC (``cert``), ``cpus: auto``, the fast
+    lane at tp=2 x pp=2 on 4 chips (so a step has chip-to-chip hops), spans exported over OTLP/gRPC to
+    ``receiver`` and appended to ``spans`` (``FASTMODE_TRACE_FILE``), Ray's files under ``ray_tmp``."""
+
+    def __init__(self, tmp_dir: Path) -> None:
+        import tempfile
+        from concurrent import futures
+
+        import grpc
+
+        self.receiver = TraceReceiver()
+        self._server = grpc.server(futures.ThreadPoolExecutor(4))
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(self.receiver, self._server)
+        otlp_port = free_port()
+        self._server.add_insecure_port(f"127.0.0.1:{otlp_port}")
+        self._server.start()
+        self.cert, key = self_signed(tmp_dir)
+        self.spans = tmp_dir / "spans.jsonl"
+        # Its own Ray temp dir (short: Ray's socket paths live under it), so its session's logs are all here.
+        self.ray_tmp = Path(tempfile.mkdtemp(prefix="fmsec", dir="/tmp"))
+        env = {"FASTMODE_TRACE_FILE": str(self.spans), "OTEL_BSP_SCHEDULE_DELAY": "200", "RAY_TMPDIR": str(self.ray_tmp),
+               "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{otlp_port}", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}
+        config = (f"http: {{server: gateway, tls_certfile: {self.cert}, tls_keyfile: {key}}}\n"
+                  f"grpc: {{tls_certfile: {self.cert}, tls_keyfile: {key}}}\n"
+                  "cpus: auto\n" + eager_lanes("tp: 2, pp: 2"))
+        self._cm = app_with_config(config, tmp_dir, "--chips", "4", env=env, ca_file=self.cert)
+        try:
+            self.app = self._cm.__enter__()
+        except BaseException:
+            self._server.stop(0)
+            raise
+        self.app.seen = []  # every output text test_security sent for, to look for afterwards
+
+    def ssl_context(self):
+        import ssl
+
+        return ssl.create_default_context(cafile=str(self.cert))
+
+    def stop(self) -> None:
+        import shutil
+
+        if self._cm is not None:
+            cm, self._cm = self._cm, None
+            try:
+                cm.__exit__(None, None, None)
+            finally:
+                self._server.stop(0)
+                shutil.rmtree(self.ray_tmp, ignore_errors=True)
+
+
+_secure: dict[str, SecureApp] = {}
+
+
+@pytest.fixture(scope="session")
+def secure_app(tmp_path_factory) -> SecureApp:
+    """``SecureApp``, started on first use. Its users run one after the other (``tests/conftest.py``
+    orders them) and it stops after the last of them (``pytest_runtest_teardown`` below), not at the
+    end of the session, so that it never runs beside the apps of later tests."""
+    if "app" not in _secure:
+        _secure["app"] = SecureApp(tmp_path_factory.mktemp("secure"))
+    yield _secure["app"]
+    stop_secure_app()
+
+
+def stop_secure_app() -> None:
+    if "app" in _secure:
+        _secure.pop("app").stop()
+
+
+def pytest_runtest_teardown(item, nextitem):
+    if "secure_app" in item.fixturenames and (nextitem is None or "secure_app" not in nextitem.fixturenames):
+        stop_secure_app()

@@ -151,6 +151,22 @@ def test_serve_env_reaches_every_replica_and_the_users_env_vars_win():
         assert d.ray_actor_options["runtime_env"]["env_vars"] == SERVE_ENV | {"FASTMODE_CPUS": "off"}, d.name
 
 
+def test_a_lanes_start_attempts_reach_serve():
+    """``lanes.<lane>.max_constructor_retry_count`` is Serve's own option on that lane's deployment;
+    unset, Serve's default (3 per replica) applies."""
+    from ray.serve._private.constants import DEFAULT_CONSTRUCTOR_RETRY_COUNT
+
+    from serve.app import build
+
+    gateway = build(load_config({"lanes": {"priority": {"max_constructor_retry_count": 1}}}))._bound_deployment
+    lanes = {d.name: d for d in (a._bound_deployment for a in gateway.init_kwargs.values()) if d.name.endswith("-lane")}
+    assert lanes["priority-lane"]._deployment_config.max_constructor_retry_count == 1
+    for name in ("fast-lane", "standard-lane", "exact-lane"):
+        assert lanes[name]._deployment_config.max_constructor_retry_count == DEFAULT_CONSTRUCTOR_RETRY_COUNT, name
+    with pytest.raises(ConfigError, match="max_constructor_retry_count"):
+        load_config({"lanes": {"fast": {"max_constructor_retry_count": 0}}})
+
+
 # --- TLS files ----------------------------------------------------------------------------------
 
 

@@ -14,7 +14,7 @@ from models import FAST, FULL
 from sharding.engine import Engine
 from sharding.sampling import SamplingParams
 from tests.conftest import shipped
-from tests.models.test_vllm_loads import MAX_TOKENS, PROMPTS, vllm_greedy
+from tests.models.test_vllm_loads import MAX_TOKENS, PROMPTS
 from tests.serve.conftest import text_of
 
 MODEL = {"fast": ("fastmode-fast", None), "priority": ("fastmode-full", "priority"),
@@ -30,7 +30,7 @@ def request(lane: str, prompt: str, **kw) -> dict:
 
 
 @pytest.fixture(scope="module")
-def references() -> dict:
+def references(vllm_references) -> dict:
     """Greedy tokens per (model, prompt): from each engine called directly, and from transformers."""
     refs = {}
     for name, path in (("full", shipped(FULL)), ("fast", shipped(FAST))):
@@ -45,7 +45,7 @@ def references() -> dict:
             refs[name, "engine"] = engine.generate([ids[0].tolist() for ids in prompts],
                                                    SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True))
         else:
-            refs[name, "engine"] = [o["token_ids"] for o in vllm_greedy(path)]
+            refs[name, "engine"] = [o["token_ids"] for o in vllm_references["full"]]
         refs[name, "tokenizer"] = tok
     return refs
 

@@ -21,8 +21,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import shutil
-import tempfile
 from pathlib import Path
 
 import grpc
@@ -31,7 +29,7 @@ import pytest
 
 from clients.grpc_client import GrpcClient
 from clients.sdk import AsyncClient, AuthenticationError, ConnectionFailed
-from tests.serve.conftest import API_KEY, app_with_config, eager_lanes, self_signed
+from tests.serve.conftest import API_KEY
 
 PROMPT = "def canary_zq7vk_launch(codes):\n"
 """Distinctive, so that finding it anywhere means it was written there."""
@@ -44,22 +42,10 @@ def tls_yaml(cert: Path, key: Path, *, server: str = "gateway", grpc_on: bool = 
 
 
 @pytest.fixture(scope="module")
-def tls(tmp_path_factory):
-    """The TLS app (gateway's own server, gRPC; and ``cpus: auto``), its CA file, span file and Ray
-    temp dir."""
-    d = tmp_path_factory.mktemp("tls")
-    cert, key = self_signed(d)
-    spans = d / "spans.jsonl"
-    # Its own Ray temp dir (short: Ray's socket paths live under it), so its session's logs are all here.
-    ray_tmp = Path(tempfile.mkdtemp(prefix="fmsec", dir="/tmp"))
-    env = {"FASTMODE_TRACE_FILE": str(spans), "OTEL_BSP_SCHEDULE_DELAY": "200", "RAY_TMPDIR": str(ray_tmp)}
-    try:
-        with app_with_config(tls_yaml(cert, key) + "cpus: auto\n" + eager_lanes(), d, env=env,
-                             ca_file=cert) as app:
-            app.seen = []  # every output text, to look for afterwards
-            yield app, cert, spans, ray_tmp
-    finally:
-        shutil.rmtree(ray_tmp, ignore_errors=True)
+def tls(secure_app):
+    """The TLS app (``tests.serve.conftest.SecureApp``: the gateway's own server and gRPC over TLS,
+    ``cpus: auto``, spans to a file), its CA file, span file and Ray temp dir."""
+    return secure_app.app, secure_app.cert, secure_app.spans, secure_app.ray_tmp
 
 
 @pytest.mark.slow
@@ -77,7 +63,8 @@ def test_fastmode_up_prints_https_and_wss_urls(tls):
 def test_cpus_auto_keeps_serving_processes_off_the_engines_cores(tls):
     """``cpus: auto`` (cluster/cpus.py; this app sets it, to spare CI an app of its own): vLLM's
     engines (the engine-core processes that run the model, the lanes' default ``executor: uni``), the
-    fast lane's chip and the exact lane's engine thread compute on the compute cores; the gateway,
+    fast lane's chips (where they fit on them) and the exact lane's engine thread compute on the compute
+    cores; the gateway,
     gRPC, lane replicas and Ray's daemons run on the serving core, every other thread of them."""
     from serve.lanes.speculative_engine import THREAD_NAME
 
@@ -91,6 +78,9 @@ def test_cpus_auto_keeps_serving_processes_off_the_engines_cores(tls):
     if plan is None:
         pytest.skip("a node with fewer than 2 CPUs, or with a GPU: nothing is placed")
     a, *_ = tls
+    layout = a.lane_stats("fast")["layout"]
+    # more chips than compute cores (this app's 4 on a 2-core node): the chips run on every CPU
+    chips_on = set(plan.compute) if layout["tp"] * layout["pp"] <= len(plan.compute) else set(cpus.node_cpus())
     seen: dict[str, list[str]] = {"serving": [], "compute": []}
     for p in [psutil.Process(a.proc.pid), *psutil.Process(a.proc.pid).children(recursive=True)]:
         name = "fastmode up" if p.pid == a.proc.pid else p.cmdline()[0]
@@ -101,7 +91,7 @@ def test_cpus_auto_keeps_serving_processes_off_the_engines_cores(tls):
             role = "serving"
         else:
             continue
-        want = set(plan.serving if role == "serving" else plan.compute)
+        want = set(plan.serving if role == "serving" else chips_on if "ChipWorker" in name else plan.compute)
         for tid in os.listdir(f"/proc/{p.pid}/task"):
             engine_thread = Path(f"/proc/{p.pid}/task/{tid}/comm").read_text().strip() == THREAD_NAME
             mask = os.sched_getaffinity(int(tid))

@@ -1,56 +1,28 @@
 """A real OTLP round trip: an in-process OTLP/gRPC receiver, an application exporting to it (set up
 only by the OpenTelemetry environment variables), the fast lane at tp=2 x pp=2, one WebSocket
-request carrying the caller's ``traceparent``; the trace must have the right shape."""
+request carrying the caller's ``traceparent``; the trace must have the right shape. The app is the
+one ``test_security.py`` uses (``tests.serve.conftest.SecureApp``), so it speaks TLS."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import time
-from concurrent import futures
-
-import grpc
 import pytest
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from websockets.asyncio.client import connect
 
-from tests.serve.conftest import App, eager_lanes, free_port
+from tests.serve.conftest import TraceReceiver
 from tests.serve.test_metrics import hop_pairs
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 CALLER_SPAN = "00f067aa0ba902b7"
 
 
-class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
-    def __init__(self) -> None:
-        self.spans: list[tuple[dict, object]] = []  # (resource attributes, span)
-
-    def Export(self, request, context):
-        for rs in request.resource_spans:
-            resource = {a.key: a.value.string_value for a in rs.resource.attributes}
-            for ss in rs.scope_spans:
-                self.spans += [(resource, s) for s in ss.spans]
-        return trace_service_pb2.ExportTraceServiceResponse()
-
-
 @pytest.fixture(scope="module")
-def traced(tmp_path_factory):
-    receiver = Receiver()
-    server = grpc.server(futures.ThreadPoolExecutor(4))
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(receiver, server)
-    port = free_port()
-    server.add_insecure_port(f"127.0.0.1:{port}")
-    server.start()
-    config = tmp_path_factory.mktemp("telemetry") / "app.yaml"
-    config.write_text(eager_lanes("tp: 2, pp: 2"))
-    app = App("--config", str(config), "--chips", "4", env={
-        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
-        "OTEL_BSP_SCHEDULE_DELAY": "200"})
-    try:
-        yield app, receiver
-    finally:
-        app.stop()
-        server.stop(0)
+def traced(secure_app):
+    """The app (``tests.serve.conftest.SecureApp``: tp=2 x pp=2 on 4 chips, TLS, exporting to an
+    in-process OTLP receiver) and the receiver."""
+    return secure_app.app, secure_app.receiver, secure_app.ssl_context()
 
 
 def attrs(span) -> dict:
@@ -65,11 +37,11 @@ def attrs(span) -> dict:
 
 @pytest.mark.slow
 def test_one_trace_from_the_caller_down_to_each_hop(traced):
-    app, receiver = traced
+    app, receiver, tls = traced
 
     async def main():
         headers = {"Authorization": f"Bearer {app.key}"}
-        async with connect(app.ws_url, additional_headers=headers) as conn:
+        async with connect(app.ws_url, additional_headers=headers, ssl=tls) as conn:
             await conn.send(json.dumps({"type": "response.create", "id": "t1", "model": "fastmode-fast",
                                         "input": "def main():\n", "max_output_tokens": 12, "temperature": 0,
                                         "metadata": {"traceparent": f"00-{TRACE_ID}-{CALLER_SPAN}-01"}}))
@@ -140,7 +112,7 @@ def test_one_trace_from_the_caller_down_to_each_hop(traced):
 
 @pytest.mark.slow
 def test_hop_metrics_label_each_chip_pair_of_the_ring(traced):
-    app, _ = traced
+    app, *_ = traced
     assert app.lane_stats("fast")["layout"] == {"tp": 2, "pp": 2, "why": "set in the config"}
     status, _ = app.generate(model="fastmode-fast", input="def main():\n", max_output_tokens=16)
     assert status == 200
@@ -153,7 +125,7 @@ def test_hop_metrics_label_each_chip_pair_of_the_ring(traced):
     assert all("transport=tcp" in k for k in hops) and len(heads) >= 1
 
 
-def request_span(receiver: Receiver, trace_id: str, timeout_s: float = 30):
+def request_span(receiver: TraceReceiver, trace_id: str, timeout_s: float = 30):
     deadline = time.monotonic() + timeout_s
     while True:
         found = [s for _, s in receiver.spans if s.trace_id.hex() == trace_id and s.kind == s.SPAN_KIND_SERVER]
@@ -167,13 +139,13 @@ def request_span(receiver: Receiver, trace_id: str, timeout_s: float = 30):
 def test_http_headers_and_grpc_metadata_continue_the_callers_trace(traced):
     from clients.grpc_client import GrpcClient
 
-    app, receiver = traced
+    app, receiver, _ = traced
     http_trace, grpc_trace = "a" * 32, "b" * 32
     r = app.client.post("/v1/chat/completions", headers={"traceparent": f"00-{http_trace}-{CALLER_SPAN}-01"},
                         json={"model": "fastmode-full", "messages": [{"role": "user", "content": "x = 1"}],
                               "max_tokens": 4})
     assert r.status_code == 200, r.text
-    with GrpcClient(app.grpc_target, api_key=app.key) as client:
+    with GrpcClient(app.grpc_target, api_key=app.key, ca_file=str(app.ca_file)) as client:
         assert client.generate("fastmode-fast", "x = 1\n", max_output_tokens=4,
                                traceparent=f"00-{grpc_trace}-{CALLER_SPAN}-01")["usage"]["output_tokens"] == 4
     for trace_id, op in ((http_trace, "chat fastmode-full"), (grpc_trace, "text_completion fastmode-fast")):

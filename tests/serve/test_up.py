@@ -113,7 +113,8 @@ def test_a_lane_that_cannot_start_is_named_with_its_root_cause(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("16-token blocks are valid on a GPU")
     config = tmp_path / "bad.yaml"
-    config.write_text(eager_lanes() + "  priority: {block_size: 16}\n")
+    # one failed start fails the deployment (Serve's default tries the engine 3 times, ~40 s each here)
+    config.write_text(eager_lanes() + "  priority: {block_size: 16, max_constructor_retry_count: 1}\n")
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"FASTMODE_API_KEYS": "sk-x"}
     ports = [str(free_port()) for _ in range(3)]
     r = subprocess.run([sys.executable, "-m", "clients.cli", "up", "--config", str(config), "--port", ports[0],
