@@ -12,9 +12,6 @@ import pytest
 import torch
 from transformers import AutoTokenizer, LlamaForCausalLM
 
-from models import FAST, FULL
-from tests.conftest import shipped
-
 PROMPTS = ["def read_config(path):\n", "import os\nimport sys\n\n\nclass ", "    for i in range("]
 MAX_TOKENS = 24
 REPO = Path(__file__).resolve().parents[2]
