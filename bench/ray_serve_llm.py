@@ -44,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
 
     # Logical CPUs, as fastmode's launcher declares them: the ingress asks for one CPU and the
     # engine's placement group for another, on a 2-core host.
-    ray.init(num_cpus=16, include_dashboard=False)
+    # A Ray of its own ("local"), also where one is already running (the app of ``bench all --url``).
+    ray.init(address="local", num_cpus=16, include_dashboard=False)
     serve.start(http_options={"host": args.host, "port": args.port})
     config = LLMConfig(
         model_loading_config={"model_id": args.served_model_name, "model_source": args.model},

@@ -15,8 +15,15 @@ vLLM's server also runs once more on the full checkpoint with the exact lane's s
 (``full-spec``: ``--speculative-config`` with the fast model drafting, as ``serve.lanes.vllm_engine``
 configures it), the exact tier's like-for-like baseline.
 
+Before its load, each server answers one greedy completion of ``GREEDY_PROMPT`` (``GREEDY_TOKENS``
+tokens, ``ignore_eos``), kept in the results as ``greedy``: evidence that the baseline served the
+checkpoint it was given (``tests/bench`` compares it with transformers' greedy output).
+
 Usage: fastmode bench vllm [--levels 1,4,8,16,32] [--tokens 128] [--requests-per-stream 3]
                            [--models full,fast,full-spec,ray-full] [--quick] [--out bench/results]
+
+``--quick`` runs Ray Serve LLM alone (``ray-full``): vLLM's own server is what ``fastmode bench paired
+--quick`` starts, so a quick suite starts each kind of server once.
 """
 
 from __future__ import annotations
@@ -49,6 +56,10 @@ CHECKPOINTS = {"full": ("fastmode-full", FULL), "fast": ("fastmode-fast", FAST),
 ``full-spec`` is vLLM's server with the exact lane's speculative decoding (the fast model drafting)."""
 RESULT_NAMES = {"full": "vllm-full", "fast": "vllm-fast", "ray-full": "ray-serve-llm-full",
                 "full-spec": "vllm-full-spec"}
+
+
+GREEDY_PROMPT, GREEDY_TOKENS = "def fibonacci(n):\n", 12
+"""The completion every server answers first (``greedy`` in the results)."""
 
 
 class ServerFailed(RuntimeError):
@@ -119,6 +130,15 @@ def _tail(log: Path, n: int = 30) -> str:
     return "\n".join(log.read_text(errors="replace").splitlines()[-n:])
 
 
+def greedy_completion(url: str, model_id: str) -> dict:
+    """The server's greedy completion of ``GREEDY_PROMPT`` (``GREEDY_TOKENS`` tokens)."""
+    r = httpx.post(url + "/v1/completions", timeout=300,
+                   json={"model": model_id, "prompt": GREEDY_PROMPT, "max_tokens": GREEDY_TOKENS,
+                         "temperature": 0, "ignore_eos": True})
+    r.raise_for_status()
+    return {"prompt": GREEDY_PROMPT, "max_tokens": GREEDY_TOKENS, "text": r.json()["choices"][0]["text"]}
+
+
 async def _sweep(url: str, model_id: str, name: str, levels, tokens, per_stream, min_per_level) -> list[dict]:
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as http:
@@ -134,12 +154,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests-per-stream", type=int, default=None, help="per worker (default 3)")
     ap.add_argument("--models", default=None, help="servers to run, in order: full, fast, full-spec (vLLM's "
                     "server; full-spec with the exact lane's speculative decoding), ray-full (Ray Serve LLM) "
-                    "(default full,fast,full-spec,ray-full; --quick: fast)")
-    ap.add_argument("--quick", action="store_true", help="the fast checkpoint only, levels 1,2, 16 tokens, "
-                    "1 request per stream")
+                    "(default full,fast,full-spec,ray-full; --quick: ray-full)")
+    ap.add_argument("--quick", action="store_true", help="Ray Serve LLM only (vLLM's server is "
+                    "what bench paired --quick starts), levels 1,2, 16 tokens, 1 request per stream")
     ap.add_argument("--out", default="bench/results")
     args = ap.parse_args(argv)
-    models = args.models or ("fast" if args.quick else "full,fast,full-spec,ray-full")
+    models = args.models or ("ray-full" if args.quick else "full,fast,full-spec,ray-full")
     names = [m.strip() for m in models.split(",") if m.strip()]
     if not names or any(m not in CHECKPOINTS for m in names):
         ap.error(f"--models: choose from {list(CHECKPOINTS)}")
@@ -150,12 +170,14 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     started, t0 = datetime.now(timezone.utc), time.perf_counter()
-    results, starts = {}, {}
+    results, starts, greedy = {}, {}, {}
     for name in names:
         model_id, path = CHECKPOINTS[name]
         t = time.perf_counter()
         print(f"starting {RESULT_NAMES[name]} on {path} ...", file=sys.stderr, flush=True)
         with vllm_server(name, out / f"vllm_serve_{name}.log") as url:
+            # Ray Serve LLM lists its model before its engine has started: a start ends at the first answer
+            greedy[RESULT_NAMES[name]] = greedy_completion(url, model_id)
             starts[name] = time.perf_counter() - t
             results[RESULT_NAMES[name]] = asyncio.run(_sweep(url, model_id, RESULT_NAMES[name], levels, tokens,
                                                              per_stream, min_per_level))
@@ -174,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         "assumptions": {"chips": {RESULT_NAMES[n]: 1 for n in names},
                         "chips_rule": "one vLLM engine = one chip, as for fastmode's priority and standard lanes"},
         "lanes": results,
+        "greedy": greedy,
     }
     if "vllm-full" in results:
         doc["headline"] = headline({"standard": results["vllm-full"], **({"fast": results["vllm-fast"]}

@@ -3,17 +3,16 @@ lane's engine settings: its greedy completion is transformers' greedy output."""
 
 from __future__ import annotations
 
-import httpx
+import json
+
 import pytest
 import torch
 from transformers import AutoTokenizer, LlamaForCausalLM
 
 from bench.ray_serve_llm import engine_kwargs
-from bench.vllm_serve import CHECKPOINTS, vllm_server
+from bench.vllm_serve import CHECKPOINTS, GREEDY_PROMPT, GREEDY_TOKENS
 from serve.config import StandardLaneConfig
 from tests.conftest import shipped
-
-PROMPT, TOKENS = "def fibonacci(n):\n", 12
 
 
 def test_engine_kwargs_are_the_standard_lanes():
@@ -24,18 +23,16 @@ def test_engine_kwargs_are_the_standard_lanes():
 
 
 @pytest.mark.slow
-def test_ray_serve_llm_greedy_matches_transformers(tmp_path):
-    model_id, path = CHECKPOINTS["ray-full"]
-    path = shipped(path)
+def test_ray_serve_llm_greedy_matches_transformers(quick_run):
+    # `fastmode bench vllm --quick` (in the quick suite) runs Ray Serve LLM and keeps its first answer,
+    # a greedy completion (bench.vllm_serve.greedy_completion): one start of the server for both.
+    out, _ = quick_run
+    got = json.loads((out / "vllm_serve.json").read_text())["greedy"]["ray-serve-llm-full"]
+    assert (got["prompt"], got["max_tokens"]) == (GREEDY_PROMPT, GREEDY_TOKENS)
+    path = shipped(CHECKPOINTS["ray-full"][1])
     tok = AutoTokenizer.from_pretrained(path)
     hf = LlamaForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    ids = tok(PROMPT, return_tensors="pt").input_ids
-    want = hf.generate(ids, max_new_tokens=TOKENS, min_new_tokens=TOKENS, do_sample=False,
+    ids = tok(GREEDY_PROMPT, return_tensors="pt").input_ids
+    want = hf.generate(ids, max_new_tokens=GREEDY_TOKENS, min_new_tokens=GREEDY_TOKENS, do_sample=False,
                        pad_token_id=tok.pad_token_id)[0, ids.shape[1]:]
-    log = tmp_path / "ray_serve_llm.log"
-    with vllm_server("ray-full", log) as url:
-        r = httpx.post(url + "/v1/completions", timeout=300,
-                       json={"model": model_id, "prompt": PROMPT, "max_tokens": TOKENS, "temperature": 0,
-                             "ignore_eos": True})
-    assert r.status_code == 200, r.text
-    assert r.json()["choices"][0]["text"] == tok.decode(want, skip_special_tokens=True)
+    assert got["text"] == tok.decode(want, skip_special_tokens=True)

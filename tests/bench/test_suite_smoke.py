@@ -12,6 +12,7 @@ import pytest
 from bench.netem import can_emulate
 from bench.report import write_report
 from bench.suite import STAGES, main
+from serve.config import StandardLaneConfig
 
 pytestmark = pytest.mark.slow
 
@@ -45,15 +46,29 @@ def test_report(quick_run):
 def test_vllm_baseline(quick_run):
     out, _ = quick_run
     doc = json.loads((out / "vllm_serve.json").read_text())
-    assert set(doc["lanes"]) == {"vllm-fast"}  # --quick serves the fast checkpoint only
+    assert set(doc["lanes"]) == {"ray-serve-llm-full"}  # --quick: Ray Serve LLM (paired starts vLLM's server)
     for name, rows in doc["lanes"].items():
         assert [r["concurrency"] for r in rows] == [1, 2]
         for r in rows:
             assert r["completed"] == r["concurrency"] and not r["errors"] and r["output_tokens"] == 16 * r["completed"]
             assert math.isfinite(r["per_user_decode_tokens_per_s"]["p50"]) and r["aggregate_tokens_per_s"] > 0
-    for cmd in doc["settings"]["server_commands"].values():
-        assert "vllm.entrypoints.openai.api_server" in cmd and "--kv-cache-memory-bytes" in cmd
+    (cmd,) = doc["settings"]["server_commands"].values()
+    assert "-m bench.ray_serve_llm" in cmd and "--port PORT" in cmd
+    assert set(doc["greedy"]) == {"ray-serve-llm-full"}  # compared with transformers in test_ray_serve_llm.py
     assert not list(out.glob("vllm_serve_*.log")) or all(p.stat().st_size > 0 for p in out.glob("vllm_serve_*.log"))
+
+
+def test_vllm_server_command_has_the_lanes_memory_and_dtype():
+    from bench.vllm_serve import server_command
+
+    lane = StandardLaneConfig()
+    for name in ("full", "fast", "full-spec"):
+        cmd = server_command(name, 1234)
+        assert cmd[1:3] == ["-m", "vllm.entrypoints.openai.api_server"] and "--enforce-eager" in cmd
+        assert cmd[cmd.index("--kv-cache-memory-bytes") + 1] == str(lane.kv_cache_memory_bytes)
+        assert cmd[cmd.index("--dtype") + 1] == lane.dtype
+    assert "--speculative-config" in server_command("full-spec", 1)
+    assert "--speculative-config" not in server_command("full", 1)
 
 
 def test_gateway(quick_run):
