@@ -240,6 +240,10 @@ class RouterConfig(_Strict):
     lane_links: bool = Field(default=True, description="Stream from each lane replica over a direct TCP "
         "link (serve/lanes/link.py: no Serve call per request, no Serve item per chunk); false: through "
         "Ray Serve's handles only.")
+    head_links: bool = Field(default=True, description="With lane_links: each front door streams the fast "
+        "lane from its ring's head chip itself (serve/lanes/direct.py: the front door tokenizes and "
+        "detokenizes; the lane replica, which owns the ring, is not on the request's path); false: through "
+        "the fast lane's replica.")
 
 
 class HTTPConfig(_Strict):

@@ -41,6 +41,7 @@ from .conversation import ResponseStore, Turn, as_messages, not_found
 from .difficulty import DifficultyScorer
 from .errors import Overloaded, UnknownModel, UnknownServiceTier, to_event, unwrap
 from .lanes.lane import EXACT, FAST, LANES, PRIORITY, STANDARD
+from .lanes.direct import HeadConn
 from .lanes.link import LaneLinks
 from .request import GenerateRequest, LaneRequest, Message
 
@@ -88,8 +89,9 @@ class Router:
                     STANDARD: self.config.models.full.id, EXACT: self.config.models.full.id}
         self.tries = {name: getattr(self.config.lanes, name).replicas for name in LANES}
         self.in_flight = dict.fromkeys(LANES, 0)
-        self.links = ({name: LaneLinks(self.handles[name], self.tries[name]) for name in LANES}
-                      if self.config.router.lane_links else {})
+        self.links = ({name: LaneLinks(self.handles[name], self.tries[name],
+                                       self._open_head if name == FAST and self.config.router.head_links else None)
+                       for name in LANES} if self.config.router.lane_links else {})
         self.scorer = DifficultyScorer(self.config.models.fast.path, self.config.router.auto_max_tokens)
         self.warm_lanes: set[str] = set()
         self._warming: asyncio.Task | None = None
@@ -306,6 +308,12 @@ class Router:
                 return replica, stream
         return None, self.handles[lane].options(stream=True).generate.remote(lane_request)
 
+    async def _open_head(self, replica: str, head: dict[str, Any]) -> HeadConn:
+        """This front door's own fast lane on ``replica``'s ring (``serve.lanes.direct``)."""
+        return await HeadConn.open(replica, head, self.ids[FAST], self.config.models.fast.path,
+                                   self.config.lanes.fast.model_dump(mode="json"),
+                                   self.config.telemetry.model_dump(mode="json"))
+
     def models(self) -> list[dict[str, Any]]:
         """The served model ids and the lanes behind each."""
         m = self.config.models
@@ -358,6 +366,11 @@ class Router:
         lanes = dict(zip(LANES, await asyncio.gather(*(one(n) for n in LANES)), strict=True))
         for name in LANES:
             lanes[name]["front_door_in_flight"] = self.in_flight[name]
+            heads = self.links[name].heads if name in self.links else {}
+            if heads:  # this front door's own lane on each replica's ring (serve.lanes.direct)
+                lanes[name]["head_links"] = {
+                    "up": sum(h.alive for h in heads.values()), "in_flight": sum(h.lane.in_flight for h in heads.values()),
+                    "cancelled": sum(h.lane.cancelled for h in heads.values())}
         status = ("ok" if all(v["ready"] for v in lanes.values())
                   else "starting" if any(v.get("starting") for v in lanes.values()) else "degraded")
         return {"status": status, "lanes": lanes}

@@ -15,6 +15,7 @@ blocking client here (``add``/``abort``/``step``/``generate``).
 from __future__ import annotations
 
 import contextlib
+import secrets
 import time
 from pathlib import Path
 from typing import Self
@@ -27,7 +28,7 @@ from .batch import Hop
 from .config import ModelConfig
 from .errors import DuplicateRequest, InvalidLayout, ShardingError
 from .placement import CHIP, ChipPlacement, ensure_ray, release, require_chips, reserve_stages, stage_layers
-from .ring import StepInfo, ring_links, step_infos
+from .ring import SECRET_BYTES, StepInfo, ring_links, step_infos
 from .sampling import SamplingParams, params_per_prompt
 from .scheduler import StepOutput, validate_request
 from .stage import warm_up
@@ -48,7 +49,8 @@ class ShardedModel:
     Attributes:
         config, max_len, num_slots, tp, pp: the model and layout.
         layout: every chip (``ChipPlacement``), in index order.
-        client_address: ``(host, port)`` of the head chip's client link.
+        client_address: ``(host, port)`` of the head chip's client links; a client sends ``secret``
+            (32 bytes) first. Several clients may stream at once (``sharding.ring.Head``).
         last_infos: the ``StepInfo`` of every step in the message last read by ``step()``;
             ``last_info`` the latest of them (its ``hops``: ``last_hops``).
         packed_linears: per chip, how many of its linears run from packed bfloat16 weights
@@ -79,6 +81,7 @@ class ShardedModel:
         self.last_infos: list[StepInfo] = []
         self.packed_linears: list[int] = []
         self._started_ray = False
+        self.secret = secrets.token_bytes(SECRET_BYTES)
         try:
             self._groups = reserve_stages(tp, pp, timeout_s=placement_timeout_s,
                                           gpus_per_chip=1 if device == "cuda" else 0)
@@ -110,7 +113,8 @@ class ShardedModel:
         links = ring_links(self.tp, self.pp)
         ray.get([w.connect.remote([(dst, ends[dst][0], ends[dst][1]) for src, dst in links if src == i])
                  for i, w in enumerate(self._workers)], timeout=timeout_s)
-        ray.get([w.start.remote({"returns": [s for s, d in links if d == 0]}, self.prefix_cache) if i == 0 else
+        ray.get([w.start.remote({"returns": [s for s, d in links if d == 0]}, self.prefix_cache, self.secret)
+                 if i == 0 else
                 w.start.remote({"prev": [s for s, d in links if d == i]})
                  for i, w in enumerate(self._workers)], timeout=timeout_s)
         self.client_address = (ends[0][0], ends[0][2])
@@ -140,16 +144,17 @@ class ShardedModel:
     # -- the blocking client -----------------------------------------------------------------
     @property
     def client(self) -> Link:
-        """This process's link to the head (opened on first use; one client at a time)."""
+        """This process's link to the head (opened on first use)."""
         if self._client is None:
             if not self._workers:
                 raise RingFailed("the model has been shut down")
             self._client = Link.connect(*self.client_address)
+            self._client.sock.sendall(self.secret)
             self._client.spin_s = 0  # this process waits for the ring; it does not poll
         return self._client
 
     def close_client(self) -> None:
-        """Close this process's blocking client link (the head then takes another client)."""
+        """Close this process's blocking client link (the head drops its unfinished requests)."""
         if self._client is not None:
             self._client.close()
             self._client = None

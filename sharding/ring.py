@@ -16,10 +16,12 @@ samples and sends the tokens straight back to the head, which closes the ring:
   (``StepBatch.admit``), and the last stage keeps them by KV-cache slot until the slot is freed.
 - Every hop is timed by its receiver (``Hop``); the head passes each step's hops to the client
   with its tokens (``StepInfo``), one message per step.
-- The head answers its client (``sharding.pipeline.RingClient``) over one TCP link: requests and
-  aborts come in, outputs go out (every few steps, ``FLUSH_S``; first tokens and ends at once). Between steps the head drains what came in, so a
-  request joins or leaves the batch, or is cancelled, within one step. With nothing to do, every
-  chip blocks in ``recv`` and uses no CPU.
+- The head answers its clients (``sharding.pipeline.ShardedModel``'s own, the lane replica's, and
+  each front door's that streams from it directly) over one TCP link each, opened with the ring's
+  secret: requests and aborts come in, each request's outputs go back to the client that added it
+  (every few steps, ``FLUSH_S``; first tokens and ends at once). Between steps the head drains what
+  came in, so a request joins or leaves the batch, or is cancelled, within one step. With nothing
+  to do, every chip blocks in ``recv``/``select`` and uses no CPU.
 
 Nothing per token goes through Ray: Ray places the chips and wires the links, then steps are
 plain socket messages (``sharding.transport``).
@@ -27,7 +29,9 @@ plain socket messages (``sharding.transport``).
 
 from __future__ import annotations
 
+import hmac
 import select
+import socket
 import time
 import traceback
 from dataclasses import dataclass
@@ -47,6 +51,9 @@ FLUSH_S = 0.010
 request's first token and its end are sent at once). Each message wakes the client, whose
 process shares the machine with the chips; 10 ms bundles ~10 steps of the fast model here,
 well inside a lane's own coalescing window (``stream_interval_ms``, 50 ms)."""
+HELLO_TIMEOUT_S = 10.0
+"""How long a new client connection has to send the head's secret before it is closed."""
+SECRET_BYTES = 32
 
 HopTuple = tuple[str, str, int, int, int, float, int]
 """A ``Hop`` as it travels: ``(src_chip, dst_chip, src_stage, dst_stage, bytes, seconds, received_at)``."""
@@ -179,35 +186,45 @@ class Chip:
 
 
 class Head(Chip):
-    """The head chip: scheduler, first stage, and the client's link (see the module docstring).
+    """The head chip: scheduler, first stage, and its clients' links (see the module docstring).
+
+    Several clients may be connected at once (the lane replica that owns the ring, and each front
+    door that streams from the head itself: ``serve.lanes.direct``). Each request belongs to the
+    client that added it: its outputs and errors go there, and a client that goes away takes only
+    its own requests with it. A client must open with ``secret`` (when one is set); anything else
+    is closed unread.
 
     Args:
         role, runner, links: as for ``Chip``.
-        server: the listening socket its client connects to.
+        server: the listening socket its clients connect to.
         flush_s: outputs leave at most this often (a first token or an end at once).
         prefix_cache: the scheduler parks finished sequences' slots (``sharding.prefix_cache``).
+        secret: the bytes a client must send first (``None``: no handshake).
     """
 
     def __init__(self, role: ChipRole, runner: StageRunner, links: dict[str, Any], server,
-                 flush_s: float = FLUSH_S, prefix_cache: bool = False) -> None:
+                 flush_s: float = FLUSH_S, prefix_cache: bool = False, secret: bytes | None = None) -> None:
         super().__init__(role, runner, links)
-        self.server, self.flush_s = server, flush_s
+        self.server, self.flush_s, self.secret = server, flush_s, secret
         self._outputs: list[tuple] = []
         self._infos: list[tuple] = []
         self._flushed = 0.0
         self.scheduler = Scheduler(runner.model.config, SlotPool(runner.cache.num_slots), runner.cache.max_len,
                                    prefix_cache=prefix_cache)
-        self.client: Link | None = None
+        self.clients: dict[socket.socket, Link] = {}
+        self._hellos: dict[socket.socket, tuple[bytearray, float]] = {}
+        """Connections that have not yet sent the whole secret: what came so far, and a deadline."""
+        self._owner: dict[str, Link] = {}
         self.steps = 0
+        self.aborted = 0
+        """Requests dropped before their end: a client's abort (a closed stream, a stop string) or
+        its going away."""
 
     @torch.inference_mode()
     def lead(self) -> None:
         """Serve clients until a ``stop`` command (or a broken ring, reported as ``fatal``)."""
         try:
             while True:
-                if self.client is None:
-                    sock, _ = self.server.accept()
-                    self.client = Link(sock, spin_s=0)  # between steps it is polled, never waited on
                 if not self._commands(block=not self.scheduler.has_work):
                     return
                 batch = self.scheduler.schedule()
@@ -224,8 +241,9 @@ class Head(Chip):
                 if (batch.prefill is not None or any(o.finished for o in outputs) or not self.scheduler.has_work
                         or time.perf_counter() - self._flushed >= self.flush_s):
                     self._flush()
-        except BaseException as e:  # noqa: BLE001 - the client hears of it, then the ring stops
-            self._send(("fatal", f"{type(e).__name__}: {e}", traceback.format_exc(limit=8)))
+        except BaseException as e:  # noqa: BLE001 - the clients hear of it, then the ring stops
+            for client in list(self.clients.values()):
+                self._send(client, ("fatal", f"{type(e).__name__}: {e}", traceback.format_exc(limit=8)))
         finally:
             for name in ("next", "peers"):
                 for link in self._list(name):
@@ -235,13 +253,29 @@ class Head(Chip):
                         pass
             for link in [*self._list("next"), *self._list("peers"), *self._list("returns")]:
                 link.close()
-            if self.client is not None:
-                self.client.close()
+            for client in self.clients.values():
+                client.close()
+            for sock in self._hellos:
+                sock.close()
             self.server.close()
 
     def _flush(self) -> None:
+        """Send each client the outputs of its requests since the last flush, with the steps'
+        infos; ``report`` is true for one client only (its lane counts the steps in its metrics)."""
         if self._infos:
-            self._send(("out", self._outputs, self._infos))
+            per: dict[Link, list[tuple]] = {}
+            for out in self._outputs:
+                client = self._owner.get(out[0])
+                if client is not None:
+                    per.setdefault(client, []).append(out)
+                    if out[2]:  # finished
+                        del self._owner[out[0]]
+            if not per and self.clients:
+                per[next(iter(self.clients.values()))] = []
+            report = True
+            for client, outs in per.items():
+                self._send(client, ("out", outs, self._infos, report))
+                report = False
             self._outputs, self._infos = [], []
         self._flushed = time.perf_counter()
 
@@ -249,42 +283,93 @@ class Head(Chip):
         v = self.links.get(name, [])
         return v if isinstance(v, list) else [v]
 
-    def _send(self, msg: tuple) -> None:
-        if self.client is None:
+    def _send(self, client: Link, msg: tuple) -> None:
+        if client.sock not in self.clients:
             return
         try:
-            self.client.send(msg)
+            client.send(msg)
         except LinkClosed:
-            self._lost_client()
+            self._lost_client(client)
 
-    def _lost_client(self) -> None:
-        """The client went away: drop its requests (their slots free at the next step)."""
-        self.client.close()
-        self.client = None
-        self.scheduler.abort_all()
+    def _lost_client(self, client: Link) -> None:
+        """A client went away: drop its requests (their slots free at the next step)."""
+        self.clients.pop(client.sock, None)
+        client.close()
+        for rid in [rid for rid, owner in self._owner.items() if owner is client]:
+            del self._owner[rid]
+            self.aborted += self.scheduler.abort(rid)
+
+    def _wait(self, block: bool) -> list[socket.socket]:
+        """The sockets with something to read: a new connection, a secret's bytes, a command."""
+        timeout = 0.0
+        if block:
+            deadlines = [d for _, d in self._hellos.values()]
+            timeout = None if not deadlines else max(0.0, min(deadlines) - time.monotonic())
+        ready = select.select([self.server, *self._hellos, *self.clients], [], [], timeout)[0]
+        now = time.monotonic()
+        for sock, (_, deadline) in list(self._hellos.items()):
+            if deadline <= now and sock not in ready:
+                del self._hellos[sock]
+                sock.close()
+        return ready
+
+    def _hello(self, sock: socket.socket) -> None:
+        """Read what came of a new connection's secret; it becomes a client once the secret is whole."""
+        got, deadline = self._hellos[sock]
+        try:
+            chunk = sock.recv(len(self.secret) - len(got), socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        got += chunk
+        if not chunk or not hmac.compare_digest(bytes(got), self.secret[:len(got)]):
+            del self._hellos[sock]
+            sock.close()
+        elif len(got) == len(self.secret):
+            del self._hellos[sock]
+            self.clients[sock] = Link(sock, spin_s=0)
 
     def _commands(self, block: bool) -> bool:
-        """Apply what the client sent (waiting for something if ``block``); ``False`` on ``stop``."""
-        while self.client is not None:
-            if not block and not select.select([self.client.sock], [], [], 0)[0]:
+        """Apply what the clients sent (waiting for something if ``block``); ``False`` on ``stop``."""
+        while True:
+            ready = self._wait(block)
+            if not ready:
                 return True
             block = False
+            for sock in ready:
+                if sock is self.server:
+                    conn, _ = self.server.accept()
+                    if self.secret:
+                        self._hellos[conn] = (bytearray(), time.monotonic() + HELLO_TIMEOUT_S)
+                    else:
+                        self.clients[conn] = Link(conn, spin_s=0)
+                elif sock in self._hellos:
+                    self._hello(sock)
+                elif sock in self.clients and not self._command(self.clients[sock]):
+                    return False
+
+    def _command(self, client: Link) -> bool:
+        """Apply one message of ``client``; ``False`` on ``stop``."""
+        try:
+            msg, _ = client.recv()
+        except LinkClosed:
+            self._lost_client(client)
+            return True
+        kind = msg[0]
+        if kind == "add":
+            _, rid, prompt, params = msg
             try:
-                msg, _ = self.client.recv()
-            except LinkClosed:
-                self._lost_client()
-                return True
-            kind = msg[0]
-            if kind == "add":
-                _, rid, prompt, params = msg
-                try:
-                    self.scheduler.add(rid, prompt, params)
-                except Exception as e:  # noqa: BLE001 - the request's own fault, reported to it alone
-                    self._send(("error", rid, e))
-            elif kind == "abort":
-                self.scheduler.abort(msg[1])
-            elif kind == "stop":
-                return False
+                self.scheduler.add(rid, prompt, params)
+                self._owner[rid] = client
+            except Exception as e:  # noqa: BLE001 - the request's own fault, reported to it alone
+                self._send(client, ("error", rid, e))
+        elif kind == "abort":
+            if self._owner.get(msg[1]) is client:
+                del self._owner[msg[1]]
+                self.aborted += self.scheduler.abort(msg[1])
+        elif kind == "stop":
+            return False
         return True
 
     def _step(self, batch: StepBatch) -> tuple[StepResult, list[HopTuple], list[float]]:

@@ -105,11 +105,12 @@ class ChipWorker:
         for index, host, port in targets:
             self._out[index] = Link.connect(host, port, hello=self.index)
 
-    def start(self, expected: dict[str, list[int]], prefix_cache: bool = False) -> None:
+    def start(self, expected: dict[str, list[int]], prefix_cache: bool = False, secret: bytes | None = None) -> None:
         """Accept the incoming links and start the loop thread.
 
         ``expected``: ``{"prev": [index]}`` for a follower, ``{"returns": [indices]}`` for the head;
-        ``prefix_cache``: the head's scheduler parks finished sequences' slots for reuse.
+        ``prefix_cache``: the head's scheduler parks finished sequences' slots for reuse;
+        ``secret``: what the head's clients must send first (``sharding.ring.Head``).
         """
         want = [i for ids in expected.values() for i in ids]
         got = accept(self._server, len(want))
@@ -127,7 +128,8 @@ class ChipWorker:
             links["peers"] = [link for i, link in self._out.items() if 0 < i < role.tp]
             # Rank 0 of the last stage (the tokens) first.
             links["returns"] = [got[i] for i in sorted(expected["returns"])]
-            chip = self.head = Head(role, self.runner, links, self._control, prefix_cache=prefix_cache)
+            chip = self.head = Head(role, self.runner, links, self._control, prefix_cache=prefix_cache,
+                                         secret=secret)
             target = chip.lead
         else:
             links["prev"] = got[expected["prev"][0]]
@@ -148,6 +150,15 @@ class ChipWorker:
         """(The head) its scheduler's prefix cache: ``parked``, ``hits``, ``reused_tokens``; ``None`` if off."""
         prefix = self.head.scheduler.prefix if getattr(self, "head", None) is not None else None
         return None if prefix is None else prefix.stats()
+
+    def ring_load(self) -> dict[str, int]:
+        """(The head) requests in its scheduler, from every client (``running``), the clients
+        connected (``clients``), and the requests dropped before their end since start (``aborted``:
+        ``sharding.ring.Head.aborted``)."""
+        head = getattr(self, "head", None)
+        if head is None:
+            return {"running": 0, "clients": 0, "aborted": 0}
+        return {"running": head.scheduler.num_unfinished, "clients": len(head.clients), "aborted": head.aborted}
 
     def clear_prefix(self) -> None:
         """(The head, on an idle ring) free every parked slot."""

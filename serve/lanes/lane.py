@@ -58,16 +58,22 @@ class Lane:
         config: the lane's config section (a dict, as Serve passes it).
         telemetry: the config's ``telemetry`` section (step spans of the fast lane).
         draft_path: the exact lane's drafter (the fast model's checkpoint).
+        engine: an engine another process owns, to serve from here (a front door's own fast lane,
+            streaming from the head chip: ``serve.lanes.direct``); it is not rebuilt here when it
+            fails (its owner rebuilds it). ``None``: build and own the lane's engine.
     """
 
     def __init__(self, lane: str, model_id: str, model_path: str, config: dict[str, Any],
-                 telemetry_config: dict[str, Any] | None = None, draft_path: str | None = None) -> None:
-        telemetry.setup(f"{lane}-lane")
+                 telemetry_config: dict[str, Any] | None = None, draft_path: str | None = None,
+                 engine: LaneEngine | None = None) -> None:
+        if engine is None:
+            telemetry.setup(f"{lane}-lane")
         self.lane, self.model_id = lane, model_id
         self.tokenizer = Tokenizer.from_file(str(Path(model_path) / "tokenizer.json"))
         self.config: FastLaneConfig | VLLMLaneConfig = LANE_CONFIGS[lane].model_validate(config)
         self._engine_args = (model_path, TelemetryConfig.model_validate(telemetry_config or {}), draft_path)
-        self.engine: LaneEngine = self._build_engine()
+        self.owns_engine = engine is None
+        self.engine: LaneEngine = self._build_engine() if engine is None else engine
         self.cap = None if lane == FAST or self.config.admission != "reject" else self.config.max_num_seqs
         self.rebuilds: list[dict[str, Any]] = []
         """Each engine rebuild after a failure: why, when, how long it took (``seconds``; of it,
@@ -103,7 +109,7 @@ class Lane:
     def _engine_failed(self) -> BaseException | None:
         """The engine's failure, if it has died; starts its rebuild (once)."""
         failure = self.engine.failure()
-        if failure is not None and self._rebuilding is None:
+        if failure is not None and self._rebuilding is None and self.owns_engine:
             self._rebuilding = asyncio.get_running_loop().create_task(self._rebuild(failure))
         return failure
 
@@ -133,11 +139,16 @@ class Lane:
 
     async def link_address(self) -> dict[str, Any]:
         """Where a front door's router streams from this replica directly (``serve.lanes.link``):
-        replica id, host (this node's IP), port and the connection's secret."""
+        replica id, host (this node's IP), port and the connection's secret; on the fast lane also
+        ``head``, where it may stream from the ring's head chip itself (``serve.lanes.direct``)."""
         import ray
 
         host = ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
-        return await self.link.address(host)
+        where = await self.link.address(host)
+        head_address = getattr(self.engine, "head_address", None)
+        if head_address is not None and self._rebuilding is None:
+            where["head"] = head_address()  # the fast lane: its ring's head chip (serve.lanes.direct)
+        return where
 
     async def generate(self, request: LaneRequest) -> AsyncIterator[dict[str, Any]]:
         """Stream one request: ``accepted`` (``input_tokens``), ``delta`` events, then ``done``.
@@ -296,8 +307,10 @@ class Lane:
         return self.warm
 
     async def stats(self) -> dict[str, Any]:
-        """This replica's load: requests in the engine (``running``), streams open here, and streams
-        closed before their end (``cancelled``, since start); the fast lane's chip layout and
+        """This replica's load: requests in the engine (``running``; on the fast lane the ring's, from
+        every client, with ``ring_clients``: this replica and the front doors' head links, and
+        ``ring_aborted``: requests it dropped before their end, from any client), streams
+        open here, and streams closed before their end (``cancelled``, since start); the fast lane's chip layout and
         prefix cache too (``parked`` slots, ``hits``, ``reused_tokens``), and on our executor's
         lanes the linears running from packed bfloat16 weights (``sharding.packed``: per chip on
         the fast lane, per model on the exact lane; 0: off)."""
@@ -305,6 +318,10 @@ class Lane:
                  "in_flight": self.in_flight, "cap": self.cap, "cancelled": self.cancelled, "warmup": self.warm,
                  "rebuilding": self._rebuilding is not None, "rebuilds": self.rebuilds}
         if self.lane == FAST:
+            if not self._rebuilding:  # the ring's requests from every client, front doors' head links too
+                load = await self.engine.ring_load()
+                stats["running"], stats["ring_clients"] = load["running"], load["clients"]
+                stats["ring_aborted"] = load["aborted"]
             stats["layout"] = {"tp": self.engine.tp, "pp": self.engine.pp, "why": self.engine.layout_reason}
             stats["prefix_cache"] = None if self._rebuilding else await self.engine.prefix_stats()
             stats["packed_linears"] = None if self._rebuilding else self.engine.model.packed_linears

@@ -33,7 +33,7 @@ import logging
 import secrets
 import socket
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from sharding.errors import ShardingError
@@ -225,19 +225,32 @@ class LaneLinks:
     Args:
         handle: the lane's Serve handle (for ``link_address``, Serve-routed to some replica).
         replicas: how many replicas the lane has (discovery asks until it has seen this many).
+        head: builds a front door's own link to a replica's ring head from ``(replica, its
+            link_address()["head"])`` (the fast lane: ``serve.lanes.direct.HeadConn.open``);
+            a request to a replica goes there while it is up, else over the replica's link.
+            ``None``: replicas' links only.
     """
 
-    def __init__(self, handle: Any, replicas: int) -> None:
-        self.handle, self.replicas = handle, replicas
+    def __init__(self, handle: Any, replicas: int,
+                 head: Callable[[str, dict[str, Any]], Awaitable[Any]] | None = None) -> None:
+        self.handle, self.replicas, self.head = handle, replicas, head
         self.conns: dict[str, _Conn] = {}
+        self.heads: dict[str, Any] = {}
+        """Replica id -> this front door's link to its ring's head (``HeadConn``)."""
         self._discovered_at = -float("inf")
         self._discovering: asyncio.Lock | None = None
+
+    def _complete(self, live: dict[str, _Conn]) -> bool:
+        """Every replica has a live link (and, with ``head``, a live head link)."""
+        if len(live) < self.replicas:
+            return False
+        return self.head is None or all(r in self.heads and self.heads[r].alive for r in live)
 
     async def _discover(self) -> None:
         self._discovering = self._discovering or asyncio.Lock()
         async with self._discovering:
             live = {r: c for r, c in self.conns.items() if c.alive}
-            if len(live) >= self.replicas or time.monotonic() - self._discovered_at < REDISCOVER_S:
+            if self._complete(live) or time.monotonic() - self._discovered_at < REDISCOVER_S:
                 self.conns = live
                 return
             self._discovered_at = time.monotonic()
@@ -249,13 +262,29 @@ class LaneLinks:
                 log.warning("lane link discovery failed: %s", e)
                 answers = []
             for where in answers:
-                if isinstance(where, dict) and where["replica"] not in live:
-                    try:
-                        live[where["replica"]] = await _Conn.open(where)
-                    except OSError as e:
-                        log.warning("cannot open a link to lane replica %s: %s", where["replica"], e)
-                elif isinstance(where, BaseException):
+                if isinstance(where, BaseException):
                     log.warning("lane link discovery failed: %s", where)
+                    continue
+                if not isinstance(where, dict):
+                    continue
+                replica = where["replica"]
+                if replica not in live:
+                    try:
+                        live[replica] = await _Conn.open(where)
+                    except OSError as e:
+                        log.warning("cannot open a link to lane replica %s: %s", replica, e)
+                        continue
+                old = self.heads.get(replica)
+                if self.head is not None and where.get("head") and (old is None or not old.alive):
+                    try:
+                        self.heads[replica] = await self.head(replica, where["head"])
+                    except OSError as e:
+                        log.warning("cannot open a link to the ring head of lane replica %s: %s", replica, e)
+                    else:
+                        if old is not None:
+                            old.close()
+            for replica in [r for r in self.heads if r not in live]:
+                self.heads.pop(replica).close()
             self.conns = live
 
     async def connect(self) -> None:
@@ -265,17 +294,28 @@ class LaneLinks:
 
     async def open(self, request: Any, tried: set[str], prefer: str | None = None) -> tuple[str, LinkStream] | None:
         """Start ``request`` on replica ``prefer`` if it is up and not in ``tried`` (session affinity:
-        it holds the conversation's prefix), else on the least-busy replica not in ``tried``;
+        it holds the conversation's prefix), else on the least-busy replica not in ``tried``, from
+        its ring's head when this front door has a live link to it, else over the replica's link;
         ``None`` if no link is up (the router then uses the Serve handle)."""
-        if len([c for c in self.conns.values() if c.alive]) < self.replicas:
+        if not self._complete({r: c for r, c in self.conns.items() if c.alive}):
             await self._discover()
         choices = [c for c in self.conns.values() if c.alive and c.replica not in tried]
         if not choices:
             return None
+
+        def busy(c: _Conn) -> int:
+            head = self.heads.get(c.replica)
+            return len(c.streams) + (len(head.streams) if head is not None else 0)
+
         preferred = [c for c in choices if c.replica == prefer]
-        conn = preferred[0] if preferred else min(choices, key=lambda c: len(c.streams))
+        conn = preferred[0] if preferred else min(choices, key=busy)
+        head = self.heads.get(conn.replica)
+        if head is not None and head.alive:
+            return conn.replica, head.start(request)
         return conn.replica, conn.start(request)
 
     def close(self) -> None:
         for conn in self.conns.values():
             conn.close()
+        for head in self.heads.values():
+            head.close()

@@ -15,7 +15,7 @@ from sharding.engine import Engine
 from sharding.sampling import SamplingParams
 from tests.conftest import shipped
 from tests.models.test_vllm_loads import MAX_TOKENS, PROMPTS
-from tests.serve.conftest import text_of
+from tests.serve.conftest import cancelled, text_of
 
 MODEL = {"fast": ("fastmode-fast", None), "priority": ("fastmode-full", "priority"),
          "standard": ("fastmode-full", "default"), "exact": ("fastmode-full", "exact")}
@@ -102,10 +102,23 @@ def test_done_reports_usage_timing_and_cost(app, lane):
 
 
 @pytest.mark.slow
+def test_the_fast_lane_streams_from_its_rings_head(app):
+    """The front door runs the fast lane's request path itself and streams from the ring's head chip
+    (``serve.lanes.direct``); the replica, which owns the ring, is one more client of it."""
+    a = app()
+    status, events = a.generate(**request("fast", "def add(a, b):\n", max_output_tokens=16))
+    assert status == 200 and events[-1]["type"] == "done", events
+    stats = a.lane_stats("fast")
+    assert stats["head_links"] == {"up": 1, "in_flight": 0, "cancelled": stats["head_links"]["cancelled"]}, stats
+    # The replica's own link and each front door's (the gateway's, the gRPC server's).
+    assert stats["ring_clients"] >= 2 and stats["running"] == 0, stats
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("lane", LANES)
 def test_closing_a_stream_frees_its_engine_sequence(app, lane):
     a = app()
-    before = a.lane_stats(lane)["cancelled"]
+    before = cancelled(a.lane_stats(lane))
     with a.stream(**request(lane, "class Parser:\n", max_output_tokens=400)) as (status, events):
         assert status == 200
         assert next(events)["type"] == "created"
@@ -120,4 +133,4 @@ def test_closing_a_stream_frees_its_engine_sequence(app, lane):
     while (stats := a.lane_stats(lane))["running"] or stats["in_flight"]:
         assert time.monotonic() < deadline, f"the {lane} lane still holds the sequence: {stats}"
         time.sleep(0.2)
-    assert stats["cancelled"] == before + 1
+    assert cancelled(stats) == before + 1

@@ -9,6 +9,7 @@ four chips).
 
 from __future__ import annotations
 
+import socket
 import time
 
 import pytest
@@ -19,6 +20,7 @@ from sharding import packed
 from sharding.errors import EmptyPrompt, InvalidLayout, NotEnoughChips, PromptTooLong, TokenOutOfRange
 from sharding.pipeline import RingFailed, ShardedModel
 from sharding.sampling import SamplingParams
+from sharding.transport import Link
 
 from .conftest import SHIPPED, hf_greedy, hf_logits, prompt_ids, resolve, save_random_llama
 
@@ -222,6 +224,61 @@ def test_shutdown_releases_every_chip(pipe):
     model.shutdown()  # idempotent
     with pytest.raises(RingFailed, match="shut down"):
         model.generate([ids])
+
+
+def _client(model: ShardedModel, secret: bytes | None = None) -> Link:
+    link = Link.connect(*model.client_address)
+    link.sock.sendall(model.secret if secret is None else secret)
+    link.sock.settimeout(60)
+    link.spin_s = 0
+    return link
+
+
+def _read_until_done(link: Link, rid: str) -> tuple[list[int], set[str]]:
+    """``rid``'s tokens from the head, and every request id that arrived on this link."""
+    tokens, seen = [], set()
+    while True:
+        msg, _ = link.recv()
+        assert msg[0] == "out", msg
+        for out_rid, token, finished, _, _ in msg[1]:
+            seen.add(out_rid)
+            if out_rid == rid:
+                tokens.append(token)
+                if finished:
+                    return tokens, seen
+
+
+@_pipe([(1, 2, "tiny-full", EAGER)])
+def test_clients_stream_side_by_side_and_each_keeps_its_own(pipe):
+    """The head takes several clients at once (the lane replica's and each front door's head link,
+    ``serve.lanes.direct``): each gets its own requests' tokens, transformers' greedy ones; one
+    that goes away takes only its own requests; a connection without the secret is closed unread."""
+    model, path = pipe
+    ids, other_ids = prompt_ids(path, 6), prompt_ids(path, 9, seed=1)
+    greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    before = ray.get(model.head_worker.ring_load.remote())
+    stranger = socket.create_connection(model.client_address, timeout=30)
+    stranger.sendall(b"x" * len(model.secret))
+    other, leaver = _client(model), _client(model)
+    long = SamplingParams(temperature=0, max_tokens=model.max_len - len(ids), ignore_eos=True)
+    leaver.send(("add", "left", ids, long))
+    assert leaver.recv()[0][0] == "out"  # it is decoding
+    model.add("mine", ids, greedy)
+    other.send(("add", "theirs", other_ids, greedy))
+    leaver.close()  # goes away mid-stream
+    theirs, seen = _read_until_done(other, "theirs")
+    mine = []
+    while model.has_work:
+        mine += [t for o in model.step() for t in o.token_ids]
+    assert mine == hf_greedy(path, ids, 8)[:8]
+    assert theirs == hf_greedy(path, other_ids, 8)[:8]
+    assert seen == {"theirs"}  # nothing of another client's requests
+    assert stranger.recv(1) == b""  # closed unread
+    load = ray.get(model.head_worker.ring_load.remote())
+    assert load["running"] == 0 and load["aborted"] == before["aborted"] + 1, load  # "left" only
+    assert load["clients"] == 2  # the model's own and `other`
+    other.close()
+    stranger.close()
 
 
 @_pipe([(1, 2, "tiny-full", EAGER)])

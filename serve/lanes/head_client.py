@@ -1,0 +1,189 @@
+"""``HeadClient``: a ``LaneEngine`` that streams from a running ring's head chip over TCP.
+
+The fast model's ring (``sharding.pipeline.ShardedModel``) decodes by itself; its head chip takes
+requests from several clients at once (``sharding.ring.Head``). This is one such client: it sends
+each request and abort to the head, and one reader task on the event loop reads what the head
+sends back (every few steps, a request's first token and its end at once: ``sharding.ring.FLUSH_S``)
+and hands each request its tokens. Nothing per token crosses a thread or a Ray call; the per-token
+work in this process is detokenizing.
+
+The fast lane's replica holds one (``ShardedLaneEngine``, which also owns the ring), and so does
+each front door that streams from the head itself (``serve.lanes.direct``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import time
+from collections import defaultdict
+from collections.abc import AsyncIterator
+from typing import Any
+
+from tokenizers import Tokenizer
+
+from sharding.config import ModelConfig
+from sharding.pipeline import RingFailed
+from sharding.ring import StepInfo, step_infos
+from sharding.scheduler import validate_request
+from sharding.transport import LinkClosed, frame, read_frame
+
+from .. import metrics
+from ..config import TelemetryConfig
+from ..errors import LaneUnavailable
+from .engine import EngineOutput, EngineRequest
+from .step_spans import HopTotals, StepSpans
+from .text import TextStream
+
+
+class HeadClient:
+    """Streams requests from a ring's head chip.
+
+    Args:
+        model_config: the fast model's config (what requests are validated against).
+        max_len: tokens per sequence of the ring's KV cache.
+        address: ``(host, port)`` of the head's client links; ``secret`` what a client sends first.
+        tokenizer: the checkpoint's tokenizer (for detokenization and stop strings).
+        layout: the ring's ``fastmode.tp``/``pp``/``transport`` (attributes of the step spans).
+        telemetry: step-span sampling (``TelemetryConfig``).
+    """
+
+    def __init__(self, model_config: ModelConfig, max_len: int, address: tuple[str, int], secret: bytes,
+                 tokenizer: Tokenizer, layout: dict[str, Any], telemetry: TelemetryConfig | None = None) -> None:
+        self.model_config, self.max_len = model_config, max_len
+        self.address, self.secret = tuple(address), secret
+        self.tokenizer, self.layout = tokenizer, layout
+        self.telemetry = telemetry or TelemetryConfig()
+        self._sinks: dict[str, asyncio.Queue] = {}
+        self._writer: asyncio.StreamWriter | None = None
+        self._reader_task: asyncio.Task | None = None
+        self._connecting: asyncio.Lock | None = None
+        self._error: BaseException | None = None
+        self._steps = 0
+
+    # -- the link to the head ------------------------------------------------------------------
+    async def connect(self) -> asyncio.StreamWriter:
+        """Open the link to the head (once; every request shares it)."""
+        if self._writer is not None:
+            return self._writer
+        self._connecting = self._connecting or asyncio.Lock()
+        async with self._connecting:
+            if self._writer is None:
+                reader, writer = await asyncio.open_connection(*self.address)
+                writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                writer.write(self.secret)
+                self._reader_task = asyncio.create_task(self._read(reader))
+                self._writer = writer
+        return self._writer
+
+    async def _read(self, reader: asyncio.StreamReader) -> None:
+        try:
+            while True:
+                msg = await read_frame(reader)
+                if msg[0] == "out":
+                    self._deliver(msg[1], step_infos(msg[2]), msg[3])
+                elif msg[0] == "error":
+                    sink = self._sinks.get(msg[1])
+                    if sink is not None:
+                        sink.put_nowait(msg[2])
+                elif msg[0] == "fatal":
+                    raise RingFailed(f"the ring stopped: {msg[1]}")
+        except BaseException as e:  # noqa: BLE001 - reported to every waiting request and to health checks
+            self._error = e if not isinstance(e, LinkClosed) else RingFailed(f"the link to the ring closed: {e}")
+            for rid in list(self._sinks):
+                self._sinks[rid].put_nowait(LaneUnavailable(f"the fast lane's engine failed: {self._error}"))
+
+    def _deliver(self, outputs: list[tuple], infos: list[StepInfo], report: bool) -> None:
+        per: dict[str, list] = defaultdict(list)
+        for rid, token, finished, reason, cached in outputs:
+            per[rid].append((token, finished, reason, cached))
+        for rid, outs in per.items():
+            sink = self._sinks.get(rid)
+            if sink is not None:
+                sink.put_nowait((outs, infos))
+        if report:  # one client of the ring counts each step (the head says which)
+            for info in infos:
+                self._steps += 1
+                metrics.batch_size("fast", info.batch_size)
+                if self._steps % metrics.HOP_EVERY == 0:
+                    metrics.hops(info.hops)
+
+    # -- LaneEngine ----------------------------------------------------------------------------
+    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
+        """See ``LaneEngine.generate``."""
+        if self._error is not None:
+            raise LaneUnavailable(f"the fast lane's engine is not running ({self._error})")
+        rid = request.request_id
+        params = request.sampling()
+        # Typed errors before anything is sent.
+        validate_request(self.model_config, self.max_len, rid, request.prompt_ids, params)
+        writer = await self.connect()
+        sink: asyncio.Queue = asyncio.Queue()
+        self._sinks[rid] = sink
+        added_ns = time.time_ns()
+        writer.write(frame(("add", rid, request.prompt_ids, params)))
+        text = TextStream(self.tokenizer, request.stop)
+        spans = None
+        if request.trace is not None:
+            spans = StepSpans(request.trace, self.telemetry.step_spans_first, self.telemetry.step_spans_every,
+                              self.layout)
+        hops = HopTotals()
+        finished = False
+        try:
+            while True:
+                item = await sink.get()
+                if isinstance(item, BaseException):
+                    finished = True  # never added, or the engine is gone
+                    raise item
+                outs, infos = item
+                tokens = [t for t, _, _, _ in outs]
+                for info in infos[-len(outs):]:  # the steps this request took part in
+                    hops.add(info.hops)
+                    if spans is not None:
+                        spans.step(info)
+                first = {}
+                if added_ns:  # this request's first output: its prefill step
+                    start = infos[-len(outs)].start_ns if len(infos) >= len(outs) else infos[0].start_ns
+                    first = {"queue_s": max(0, start - added_ns) / 1e9,
+                             "batch_size": infos[-len(outs)].batch_size if len(infos) >= len(outs) else None,
+                             "cached_tokens": outs[0][3]}
+                    added_ns = 0
+                _, done, reason, _ = outs[-1]
+                delta = text.push(tokens)
+                if text.stopped or done:
+                    finished = done
+                    if not text.stopped:
+                        delta += text.flush()
+                    yield EngineOutput(tokens, delta, "stop" if text.stopped else reason, hops=hops.per_pair(),
+                                       **first)
+                    return
+                yield EngineOutput(tokens, delta, **first)
+        finally:
+            self._sinks.pop(rid, None)
+            if not finished and self._writer is not None and self._error is None:
+                with contextlib.suppress(Exception):  # closed early, or ended by a stop string: free the slot
+                    self._writer.write(frame(("abort", rid)))
+            if spans is not None:
+                spans.finish(hops)
+
+    def failure(self) -> BaseException | None:
+        return self._error
+
+    def num_unfinished(self) -> int:
+        return len(self._sinks)
+
+    async def check_health(self) -> None:
+        if self._error is not None:
+            raise LaneUnavailable(f"the fast lane's engine has stopped ({self._error})")
+
+    def close(self) -> None:
+        """Close the link (the head drops this client's unfinished requests)."""
+        if self._reader_task is not None:
+            self._reader_task.cancel()
+        if self._writer is not None:
+            with contextlib.suppress(Exception):
+                self._writer.close()
+
+    def shutdown(self) -> None:
+        self.close()
