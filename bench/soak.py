@@ -558,6 +558,13 @@ async def vanish_grpc(target: str, key: str | None, lane: str) -> None:
         await proc.wait()
 
 
+def cancelled(stats: dict[str, Any]) -> int:
+    """A lane's streams closed before their end, from its ``/health`` stats: on the fast lane the
+    requests its ring dropped, whichever client sent them (front doors stream from its head chip
+    themselves, ``serve.lanes.direct``: the replica sees none of theirs); elsewhere the replica's count."""
+    return stats["ring_aborted"] if "ring_aborted" in stats else stats.get("cancelled", 0)
+
+
 async def disconnects(base: str, ws_url: str, grpc_target: str | None, key: str | None,
                       lanes: list[str], doors: list[str]) -> list[dict[str, Any]]:
     """Per lane and front door: seconds from the client's vanishing to the engine holding nothing."""
@@ -573,7 +580,7 @@ async def disconnects(base: str, ws_url: str, grpc_target: str | None, key: str 
                     continue
                 vanish = {"ws": lambda: vanish_ws(ws_url, key, lane), "sse": lambda: vanish_sse(base, key, lane),
                           "grpc": lambda: vanish_grpc(grpc_target, key, lane)}[door]
-                cancelled = (await client.get("/health")).json()["lanes"][lane].get("cancelled", 0)
+                before = cancelled((await client.get("/health")).json()["lanes"][lane])
                 try:
                     await asyncio.wait_for(vanish(), 120)
                 except Exception as e:  # noqa: BLE001 - reported in the results
@@ -582,11 +589,11 @@ async def disconnects(base: str, ws_url: str, grpc_target: str | None, key: str 
                 gone = time.perf_counter()
                 freed = await _wait_running(client, lane, False, 30)
                 took = time.perf_counter() - gone
-                after = (await client.get("/health")).json()["lanes"][lane].get("cancelled", 0)
+                after = cancelled((await client.get("/health")).json()["lanes"][lane])
                 # ``cancelled`` counts streams closed before their end: it proves the sequence was
                 # freed by the disconnect, not by reaching its last token.
                 out.append({"door": door, "lane": lane, "freed_s": None if freed is None else round(took, 4),
-                            "cancelled_by_disconnect": after - cancelled == 1})
+                            "cancelled_by_disconnect": after - before == 1})
     return out
 
 

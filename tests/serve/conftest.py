@@ -191,13 +191,6 @@ def self_signed(out: Path, name: str = "server") -> tuple[Path, Path]:
     return cert_path, key_path
 
 
-def cancelled(stats: dict) -> int:
-    """A lane's streams closed before their end, from its ``/health`` stats: on the fast lane the
-    requests its ring dropped, whichever client sent them (the front doors stream from its head chip
-    themselves, ``serve.lanes.direct``: the replica sees none of theirs); elsewhere the replica's count."""
-    return stats["ring_aborted"] if "ring_aborted" in stats else stats["cancelled"]
-
-
 def text_of(events: list[dict]) -> str:
     return "".join(e["text"] for e in events if e["type"] == "delta")
 

@@ -16,9 +16,10 @@ from google.protobuf import descriptor_pool
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
+from bench.soak import cancelled
 from clients.grpc_client import GrpcClient, error_code, retry_after
 from serve.rpc.codegen import generate
-from tests.serve.conftest import REPO, cancelled, text_of
+from tests.serve.conftest import REPO, text_of
 
 LANES = {"fast": ("fastmode-fast", None), "priority": ("fastmode-full", "priority"),
          "standard": ("fastmode-full", "default"), "exact": ("fastmode-full", "exact")}

@@ -10,12 +10,13 @@ import pytest
 import torch
 from transformers import AutoTokenizer, LlamaForCausalLM
 
+from bench.soak import cancelled
 from models import FAST, FULL
 from sharding.engine import Engine
 from sharding.sampling import SamplingParams
 from tests.conftest import shipped
 from tests.models.test_vllm_loads import MAX_TOKENS, PROMPTS
-from tests.serve.conftest import cancelled, text_of
+from tests.serve.conftest import text_of
 
 MODEL = {"fast": ("fastmode-fast", None), "priority": ("fastmode-full", "priority"),
          "standard": ("fastmode-full", "default"), "exact": ("fastmode-full", "exact")}

@@ -12,7 +12,8 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from tests.serve.conftest import cancelled, text_of
+from bench.soak import cancelled
+from tests.serve.conftest import text_of
 from tests.serve.test_protocol import validate
 
 LANES = {"fast": ("fastmode-fast", None), "priority": ("fastmode-full", "priority"),
