@@ -22,6 +22,10 @@ everything else (``stats``, discovery). A connection must open with the replica'
 which only Ray's authenticated handle call hands out (``Lane.link_address``); anything else is
 closed unread. When a connection breaks, its open streams end with ``lane_unavailable`` and the
 next request discovers the replicas again; while no link can be had, the router uses the handle.
+
+On the fast lane a front door goes one process further: it streams from the ring's head chip
+itself, with a ``Lane`` of its own (``serve.lanes.direct``); ``LaneLinks`` opens those head links
+beside the replicas' links and prefers them while they are up.
 """
 
 from __future__ import annotations
