@@ -8,7 +8,8 @@
   (connect + upgrade + request) and a fresh OpenAI SSE request (new TCP connection), on loopback and
   across an emulated network of ``--rtt-ms`` round trip (``bench.netem``: a network namespace and
   veth set up here as root, skipped otherwise), each against the physical limit: one round trip
-  plus the engine's own time to first token in process.
+  (measured: one byte echoed by a TCP server, over loopback or through the emulated network) plus
+  the engine's own time to first token in process.
 
 Needs a running application (``fastmode up``); the in-process engines are started here with the
 lanes' own configs.
@@ -191,14 +192,11 @@ print(statistics.median(xs) * 1e3)
 """
 
 
-def network_rtt_ms(rtt_ms: float, trials: int) -> float:
-    """The emulated network's round trip (ms, p50) as a Python client in its namespace sees it: one byte
-    to a TCP echo server on this side and back, through the same kind of path (veth, and the delay relay
-    where netem is missing, whose own processing is part of the network)."""
+@contextlib.contextmanager
+def _echo_server():
+    """A TCP server on loopback that echoes every byte back; yields its port."""
     import socket
     import threading
-
-    from bench.netem import emulated_network
 
     server = socket.create_server(("127.0.0.1", 0))
 
@@ -212,14 +210,34 @@ def network_rtt_ms(rtt_ms: float, trials: int) -> float:
 
     threading.Thread(target=echo, daemon=True).start()
     try:
-        with emulated_network(server.getsockname()[1], rtt_ms) as net:
-            r = subprocess.run([*net.client_prefix, sys.executable, "-c", ECHO_CLIENT, net.host, str(net.port),
-                                str(trials)], capture_output=True, text=True, timeout=300)
-            if r.returncode != 0:
-                raise RuntimeError(f"the echo client failed: {r.stderr[-1000:]}")
-            return float(r.stdout)
+        yield server.getsockname()[1]
     finally:
         server.close()
+
+
+def _echo_rtt(prefix: list[str], host: str, port: int, trials: int) -> float:
+    r = subprocess.run([*prefix, sys.executable, "-c", ECHO_CLIENT, host, str(port), str(trials)],
+                       capture_output=True, text=True, timeout=300)
+    if r.returncode != 0:
+        raise RuntimeError(f"the echo client failed: {r.stderr[-1000:]}")
+    return float(r.stdout)
+
+
+def network_rtt_ms(rtt_ms: float, trials: int) -> float:
+    """The emulated network's round trip (ms, p50) as a Python client in its namespace sees it: one byte
+    to a TCP echo server on this side and back, through the same kind of path (veth, and the delay relay
+    where netem is missing, whose own processing is part of the network)."""
+    from bench.netem import emulated_network
+
+    with _echo_server() as port, emulated_network(port, rtt_ms) as net:
+        return _echo_rtt(net.client_prefix, net.host, net.port, trials)
+
+
+def loopback_rtt_ms(trials: int) -> float:
+    """Loopback's round trip (ms, p50), measured as ``network_rtt_ms`` measures an emulated network's:
+    one byte from a Python client process to a TCP echo server in this one, and back."""
+    with _echo_server() as port:
+        return _echo_rtt([], "127.0.0.1", port, trials)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -252,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     bar.update()
     bar.set_description(steps[1])
     served["ttft_ms"] = client_trio(args.url, args.api_key, args.trials)
+    loop_rtt_ms = loopback_rtt_ms(max(args.trials, 20))
     bar.update()
     networks, skipped = [], None
     for rtt, step in zip(rtts, steps[2:], strict=False):
@@ -280,7 +299,8 @@ def main(argv: list[str] | None = None) -> int:
               "tokens": args.tokens, "trials": args.trials, "served": served, "in_process": engines,
               "overhead_ms_per_token": {lane: 1e3 / served["decode_tokens_per_s"][lane] - 1e3 / ref[lane]
                                         for lane in LANES},
-              "loopback_physical_limit_ms": engine_ttft_ms, "emulated_network": networks,
+              "engine_ttft_ms": engine_ttft_ms, "loopback_rtt_ms": loop_rtt_ms,
+              "loopback_physical_limit_ms": loop_rtt_ms + engine_ttft_ms, "emulated_network": networks,
               "emulated_network_skipped": skipped}
     if args.concurrency:
         pairs = list(zip(engines["served_aggregates"], engines["vllm_full_aggregates"], strict=True))
@@ -297,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         c = result["throughput_ceiling"]
         print(f"standard, {c['concurrency']} streams: over the WebSocket {c['websocket_aggregate_tokens_per_s']:.0f} "
               f"tok/s, in process {c['in_process_aggregate_tokens_per_s']:.0f} tok/s ({c['ratio']:.2f}x)")
-    for label, trio, limit in [("loopback", served["ttft_ms"], engine_ttft_ms)] + \
+    for label, trio, limit in [("loopback", served["ttft_ms"], result["loopback_physical_limit_ms"])] + \
             [(f"{n['rtt_ms']:g} ms RTT", n["ttft_ms"], n["physical_limit_ms"]) for n in networks]:
         print(f"time to first token, {label} (physical limit {limit:.1f} ms): " + ", ".join(
             f"{name} p50 {t['p50']:.1f} ms" for name, t in trio.items()))

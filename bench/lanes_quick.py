@@ -23,6 +23,9 @@ from cluster import cpus
 
 LANES = {"fast": ("fastmode-fast", None), "priority": ("fastmode-full", "priority"),
          "standard": ("fastmode-full", "default")}
+TTFT_TRIALS = 20
+"""First tokens the fast executor's own time to first token is the median of (the physical limit
+``fastmode bench gateway`` holds the served first token against; 5 until 2026-11-27)."""
 
 
 def one(client: httpx.Client, model: str, tier: str | None, tokens: int) -> dict:
@@ -55,7 +58,7 @@ def direct(tokens: int, runs: int, concurrency: int = 0,
 
     Single-stream decode tokens/s of each (``vllm_full``, ``sharded_fast``), the fast pipeline's
     time to first token for a 3-token prompt (``sharded_fast_ttft_s``: prefill and one token,
-    median of 5), and with ``concurrency`` the aggregate tokens/s of vLLM serving that many
+    median of ``TTFT_TRIALS``), and with ``concurrency`` the aggregate tokens/s of vLLM serving that many
     ``tokens``-token requests at once (``vllm_full_aggregate``, the median of ``rounds``).
 
     ``compile``: the fast model as the lane runs it (``lanes.fast.compile``); ``False`` keeps it eager
@@ -151,7 +154,7 @@ def _engines(tokens: int, runs: int, vllm_runs, compile: bool = True) -> dict:
                 rates.append(tokens / (time.perf_counter() - t))
             out["sharded_fast"] = statistics.median(rates)
             ttft = []
-            for _ in range(5):
+            for _ in range(TTFT_TRIALS):
                 t = time.perf_counter()
                 m.generate([[0, 100, 200]], SamplingParams(temperature=0, max_tokens=1))
                 ttft.append(time.perf_counter() - t)

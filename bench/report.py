@@ -221,17 +221,18 @@ def gateway_section(doc: dict | None) -> list[str]:
                 "machine the serving processes (HTTP proxy, router, lane replicas, the other lanes' engines) share "
                 "the 2 cores with the engine, so this ratio is what the serving path costs where CPU is the "
                 "bottleneck; section 5 shows the same gap against vLLM's own server.", ""]
-    trios = [("loopback", "-", s["ttft_ms"], doc["loopback_physical_limit_ms"])]
+    loop = "loopback" + (f" (measured {doc['loopback_rtt_ms']:.2f})" if doc.get("loopback_rtt_ms") else "")
+    trios = [(loop, "-", s["ttft_ms"], doc["loopback_physical_limit_ms"])]
     trios += [(f"{n['rtt_ms']:g} ms round trip" + (f" (measured {n['measured_rtt_ms']:.1f})"
                                                    if n.get("measured_rtt_ms") else ""),
                n["method"], n["ttft_ms"], n["physical_limit_ms"]) for n in doc.get("emulated_network", [])]
     rows = [[net, _f(t["warm_websocket"]["p50"]), _f(t["fresh_websocket"]["p50"]), _f(t["fresh_http_sse"]["p50"]),
              _f(limit), _f(t.get("health_round_trip", {}).get("p50")), how] for net, how, t, limit in trios]
     out += [f"Time to first token on the fast lane, p50 of {doc['trials']} (ms); the physical limit is one round "
-            "trip plus the engine's own time to first token in process. An emulated network's round trip is "
-            "measured, p50 of one byte echoed by a TCP server through the same path from a Python client in the "
-            "client's namespace (where the delay is the userspace relay's, its own processing is part of the "
-            "network):", ""]
+            "trip plus the engine's own time to first token in process. The round trip is measured, p50 of one "
+            "byte echoed by a TCP server through the same path from a Python client (over loopback, or in the "
+            "emulated network's client namespace, where the delay is the userspace relay's, its own processing "
+            "is part of the network):", ""]
     out += _table(["network", "warm WebSocket", "fresh WebSocket", "fresh HTTP/SSE", "physical limit",
                    "GET /health, warm", "emulated by"],
                   rows) + [""]

@@ -80,12 +80,15 @@ def test_gateway(quick_run):
     assert doc["in_process"]["sharded_fast_compiled"] is False  # --quick: eager, no compile of its own
     trio = doc["served"]["ttft_ms"]
     assert set(trio) == {"warm_websocket", "fresh_websocket", "fresh_http_sse", "health_round_trip"}
+    # Loopback's limit: its round trip, measured as an emulated one is, plus the engine's first token.
+    assert 0 < doc["loopback_rtt_ms"] < 20
+    assert doc["loopback_physical_limit_ms"] == pytest.approx(doc["loopback_rtt_ms"] + doc["engine_ttft_ms"])
     assert doc["throughput_ceiling"]["concurrency"] == 4 and doc["throughput_ceiling"]["ratio"] > 0
     if can_emulate() is None:  # root: the namespace was built and the 20 ms round trip is visible
         (net,) = doc["emulated_network"]
         assert net["rtt_ms"] == 20 and 20 <= net["measured_rtt_ms"] < 40  # the echo crosses the emulated delay
-        assert net["physical_limit_ms"] == pytest.approx(net["measured_rtt_ms"] + doc["loopback_physical_limit_ms"])
-        assert net["physical_limit_nominal_rtt_ms"] == pytest.approx(20 + doc["loopback_physical_limit_ms"])
+        assert net["physical_limit_ms"] == pytest.approx(net["measured_rtt_ms"] + doc["engine_ttft_ms"])
+        assert net["physical_limit_nominal_rtt_ms"] == pytest.approx(20 + doc["engine_ttft_ms"])
         assert net["ttft_ms"]["health_round_trip"]["p50"] >= 20
         assert net["ttft_ms"]["warm_websocket"]["p50"] >= 20
         assert net["ttft_ms"]["fresh_websocket"]["p50"] >= 40  # connect + upgrade: at least two round trips
