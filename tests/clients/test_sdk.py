@@ -10,6 +10,7 @@ import time
 import pytest
 from websockets.asyncio.server import serve
 
+from bench.soak import cancelled
 from clients.sdk import (AsyncClient, AuthenticationError, Client, ConnectionFailed, ConnectionLost,
                          FastmodeError, InternalError, InvalidRequest, LaneUnavailable, Overloaded,
                          PreviousResponseNotFound, SlowConsumer, UnknownModel, from_code, responses_url)
@@ -442,7 +443,7 @@ def test_server_errors_are_typed_and_the_client_serves_on(app):
 @pytest.mark.slow
 def test_leaving_the_loop_early_cancels_on_the_server(app):
     a = app()
-    before = a.lane_stats("fast")["cancelled"]
+    before = cancelled(a.lane_stats("fast"))
 
     async def main():
         async with AsyncClient(a.base, api_key=a.key) as client:
@@ -458,7 +459,7 @@ def test_leaving_the_loop_early_cancels_on_the_server(app):
             return await stream.final(), s  # the rest: the deltas already sent, then response.cancelled
 
     final, stats = run(main())
-    assert stats["cancelled"] == before + 1, stats
+    assert cancelled(stats) == before + 1, stats
     assert final.finish_reason == "cancelled" and final.usage is None
 
 
