@@ -282,7 +282,7 @@ class LaneLinks:
                 if self.head is not None and where.get("head") and (old is None or not old.alive):
                     try:
                         self.heads[replica] = await self.head(replica, where["head"])
-                    except OSError as e:
+                    except Exception as e:  # noqa: BLE001 - requests go over the replica's link instead
                         log.warning("cannot open a link to the ring head of lane replica %s: %s", replica, e)
                     else:
                         if old is not None:

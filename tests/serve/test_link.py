@@ -194,3 +194,71 @@ def test_a_request_sent_after_a_cancel_finds_the_cancelled_streams_slot_free():
         assert [e["type"] for e in await drain(second)] == ["accepted", "delta", "done"]
         links.close()
     run(main())
+
+
+def test_a_head_link_that_cannot_open_leaves_requests_on_the_replicas_link():
+    """The fast lane's head link (``serve.lanes.direct``) failing to open, for whatever reason, is
+    logged and the requests go over the replica's own link."""
+    async def main():
+        lane = Scripted(n=2)
+        server = LinkServer(lane.generate)
+
+        class WithHead(Handle):
+            async def remote(self):
+                return {**await super().remote(), "head": {"host": "127.0.0.1", "port": 1}}
+
+        async def broken(replica, head):
+            raise ValueError("no tokenizer here")
+
+        links = LaneLinks(WithHead(server), 1, head=broken)
+        replica, stream = await links.open({"id": "a"}, set())
+        events = await drain(stream)
+        assert replica == server.replica and links.heads == {}
+        assert [e["type"] for e in events] == ["accepted", "delta", "delta", "done"] and lane.started == ["a"]
+        links.close()
+        server.close()
+
+    run(main())
+
+
+def test_a_live_head_link_is_preferred_and_a_dead_one_falls_back_until_rediscovered():
+    """Requests go to the replica's ring head while this front door's head link is up; once it is
+    down (a ring rebuilt, say) they go over the replica's link, and the next discovery opens a new one."""
+    class FakeHead:
+        def __init__(self, n: int) -> None:
+            self.n, self.alive, self.streams, self.started, self.closed = n, True, {}, [], False
+
+        def start(self, request):
+            self.started.append(request["id"])
+            return f"head-{self.n}"
+
+        def close(self) -> None:
+            self.closed = True
+
+    async def main():
+        lane = Scripted(n=1)
+        server = LinkServer(lane.generate)
+
+        class WithHead(Handle):
+            async def remote(self):
+                return {**await super().remote(), "head": {"host": "127.0.0.1", "port": 1}}
+
+        heads: list[FakeHead] = []
+
+        async def open_head(replica, head):
+            heads.append(FakeHead(len(heads)))
+            return heads[-1]
+
+        links = LaneLinks(WithHead(server), 1, head=open_head)
+        _, first = await links.open({"id": "a"}, set())
+        assert first == "head-0" and heads[0].started == ["a"]
+        heads[0].alive = False  # its ring failed
+        _, second = await links.open({"id": "b"}, set())  # within REDISCOVER_S: the replica's link
+        assert [e["type"] for e in await drain(second)] == ["accepted", "delta", "done"] and lane.started == ["b"]
+        await links.connect()  # the next discovery
+        _, third = await links.open({"id": "c"}, set())
+        assert third == "head-1" and heads[0].closed and len(heads) == 2
+        links.close()
+        server.close()
+
+    run(main())
