@@ -98,11 +98,6 @@ class Scheduler:
             raise DuplicateRequest(f"request {request_id!r} is already in the engine")
         self._waiting.append(_Sequence(request_id, prompt, params))
 
-    def abort_all(self) -> None:
-        """Drop every waiting and running request (their slots are freed)."""
-        for rid in [*self._running, *(s.request_id for s in self._waiting)]:
-            self.abort(rid)
-
     def abort(self, request_id: str) -> bool:
         """Drop a waiting or running request and free its slot; ``False`` if it is unknown."""
         if request_id in self._running:

@@ -105,10 +105,8 @@ class ShardedLaneEngine(HeadClient):
             raise LaneUnavailable(f"the fast lane's engine has stopped ({e})") from e
 
     def shutdown(self) -> None:
-        if self._reader_task is not None:
-            self._reader_task.cancel()
         if self._writer is not None:
             with contextlib.suppress(Exception):
                 self._writer.write(frame(("stop",)))
-                self._writer.close()
+        self.close()
         self.model.shutdown()

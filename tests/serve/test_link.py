@@ -48,6 +48,13 @@ class Handle:
         return await self.servers[self.calls % len(self.servers)].address("127.0.0.1")
 
 
+class HandleWithHead(Handle):
+    """A fast lane's handle: each replica's address also names its ring's head (``serve.lanes.direct``)."""
+
+    async def remote(self):
+        return {**await super().remote(), "head": {"host": "127.0.0.1", "port": 1}}
+
+
 async def drain(stream) -> list[dict]:
     return [event async for event in stream]
 
@@ -203,14 +210,10 @@ def test_a_head_link_that_cannot_open_leaves_requests_on_the_replicas_link():
         lane = Scripted(n=2)
         server = LinkServer(lane.generate)
 
-        class WithHead(Handle):
-            async def remote(self):
-                return {**await super().remote(), "head": {"host": "127.0.0.1", "port": 1}}
-
         async def broken(replica, head):
             raise ValueError("no tokenizer here")
 
-        links = LaneLinks(WithHead(server), 1, head=broken)
+        links = LaneLinks(HandleWithHead(server), 1, head=broken)
         replica, stream = await links.open({"id": "a"}, set())
         events = await drain(stream)
         assert replica == server.replica and links.heads == {}
@@ -239,17 +242,13 @@ def test_a_live_head_link_is_preferred_and_a_dead_one_falls_back_until_rediscove
         lane = Scripted(n=1)
         server = LinkServer(lane.generate)
 
-        class WithHead(Handle):
-            async def remote(self):
-                return {**await super().remote(), "head": {"host": "127.0.0.1", "port": 1}}
-
         heads: list[FakeHead] = []
 
         async def open_head(replica, head):
             heads.append(FakeHead(len(heads)))
             return heads[-1]
 
-        links = LaneLinks(WithHead(server), 1, head=open_head)
+        links = LaneLinks(HandleWithHead(server), 1, head=open_head)
         _, first = await links.open({"id": "a"}, set())
         assert first == "head-0" and heads[0].started == ["a"]
         heads[0].alive = False  # its ring failed
