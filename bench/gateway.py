@@ -9,7 +9,10 @@
   across an emulated network of ``--rtt-ms`` round trip (``bench.netem``: a network namespace and
   veth set up here as root, skipped otherwise), each against the physical limit: one round trip
   (measured: one byte echoed by a TCP server, over loopback or through the emulated network) plus
-  the engine's own time to first token in process.
+  the engine's own time to first token in process (the fast lane's ring with the lane's options,
+  on the same prompt). On loopback the warm WebSocket is measured once more in blocks alternated
+  with the engine's own first tokens (``loopback_warm_alternated``): minutes apart, the machine's
+  speed drifts by more than the gap being measured.
 
 Needs a running application (``fastmode up``); the in-process engines are started here with the
 lanes' own configs.
@@ -37,11 +40,11 @@ import httpx
 from tqdm import tqdm
 from websockets.asyncio.client import connect
 
-from bench.lanes_quick import direct
+from bench.lanes_quick import TTFT_PROMPT, TTFT_ROUNDS, direct
 
 REPO = Path(__file__).resolve().parents[1]
 
-PROMPT = "class Parser:\n"
+PROMPT = TTFT_PROMPT
 LANES = {"fast": ("fastmode-fast", None), "standard": ("fastmode-full", "default")}
 CEILING_ROUNDS = 3
 """The throughput ceiling alternates the served lane and the engine in process this many times."""
@@ -88,17 +91,24 @@ def http_ttft(url: str, headers: dict, model: str, tier: str | None, tokens: int
     raise RuntimeError("no text")
 
 
+async def warm_ttft(url: str, key: str | None, trials: int) -> list[float]:
+    """``trials`` times to first token (seconds) on the fast lane, 4 tokens each, one after another on
+    one warm persistent WebSocket (after one request that is not counted)."""
+    ws_url, headers = _responses_ws(url, key)
+    model, tier = LANES["fast"]
+    async with connect(ws_url, additional_headers=headers) as conn:
+        await ws_response(conn, "warm", model, tier, 4)
+        return [(await ws_response(conn, f"ttft-{i}", model, tier, 4))[0] for i in range(trials)]
+
+
 async def ttft(url: str, key: str | None, trials: int) -> dict:
     """Time to first token (ms, p50/p90) on the fast lane, 4 tokens: a warm persistent WebSocket,
     a fresh WebSocket (TCP connect + upgrade + request) and a fresh OpenAI SSE request; and
     ``health_round_trip``, a GET /health on a warm keep-alive connection, which shows the round
     trip the path really has."""
-    ws_url = url.replace("http", "ws", 1) + "/v1/responses"
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    ws_url, headers = _responses_ws(url, key)
     model, tier = LANES["fast"]
-    async with connect(ws_url, additional_headers=headers) as conn:
-        await ws_response(conn, "warm", model, tier, 4)
-        warm = [(await ws_response(conn, f"ttft-{i}", model, tier, 4))[0] for i in range(trials)]
+    warm = await warm_ttft(url, key, trials)
     fresh_ws = []
     for i in range(trials):
         start = time.perf_counter()
@@ -155,11 +165,12 @@ async def ws_aggregate(url: str, key: str | None, tokens: int, concurrency: int)
     return total / (time.perf_counter() - start)
 
 
-def client_trio(url: str, key: str | None, trials: int, prefix: list[str] = ()) -> dict:
+def client_trio(url: str, key: str | None, trials: int, prefix: list[str] = (), warm_only: bool = False):
     """The TTFT trio measured by this module run with ``--ttft-only`` in a fresh process (behind
     ``prefix``: inside the client namespace), so loopback and emulated figures come from the same
-    client in the same conditions."""
-    cmd = [*prefix, sys.executable, "-m", "bench.gateway", "--ttft-only", "--trials", str(trials), "--url", url]
+    client in the same conditions. ``warm_only``: the warm WebSocket's samples only (seconds)."""
+    cmd = [*prefix, sys.executable, "-m", "bench.gateway", "--ttft-only", "--trials", str(trials), "--url", url,
+           *(["--warm-only"] if warm_only else [])]
     env = dict(os.environ, FASTMODE_API_KEY=key or "")
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
     if r.returncode != 0:
@@ -253,10 +264,13 @@ def main(argv: list[str] | None = None) -> int:
                     "model in process eager (a smoke run: its figures mean nothing)")
     ap.add_argument("--ttft-only", action="store_true", help="print the TTFT trio as JSON (the client side "
                     "of the emulated network)")
+    ap.add_argument("--warm-only", action="store_true", help="with --ttft-only: the warm WebSocket's "
+                    "samples only, in seconds (the blocks alternated with the engine's own first tokens)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
     if args.ttft_only:
-        print(json.dumps(asyncio.run(ttft(args.url, args.api_key or None, args.trials))))
+        measure = warm_ttft if args.warm_only else ttft
+        print(json.dumps(asyncio.run(measure(args.url, args.api_key or None, args.trials))))
         return 0
     if args.quick:
         args.tokens, args.trials, args.concurrency = 32, 3, 4
@@ -286,11 +300,19 @@ def main(argv: list[str] | None = None) -> int:
     bar.set_description(steps[-1])
     engines = direct(args.tokens, 3, args.concurrency, rounds=CEILING_ROUNDS if not args.quick else 1,
                      compile=not args.quick,
-                     served_aggregate=lambda: ws_aggregate(args.url, args.api_key, args.tokens, args.concurrency))
+                     served_aggregate=lambda: ws_aggregate(args.url, args.api_key, args.tokens, args.concurrency),
+                     served_ttft=lambda n: client_trio(args.url, args.api_key, n, warm_only=True))
     bar.update()
     bar.close()
     ref = {"fast": engines["sharded_fast"], "standard": engines["vllm_full"]}
     engine_ttft_ms = 1e3 * engines["sharded_fast_ttft_s"]
+    served_warm_ms = sorted(1e3 * x for x in engines["served_ttft_samples_s"])
+    alternated = {"rounds": TTFT_ROUNDS, "samples_per_side": len(served_warm_ms),
+                  "warm_websocket": {"p50": statistics.median(served_warm_ms),
+                                     "p90": served_warm_ms[int(0.9 * (len(served_warm_ms) - 1))]},
+                  "engine_ttft_ms": engine_ttft_ms,
+                  "physical_limit_ms": loop_rtt_ms + engine_ttft_ms}
+    alternated["ratio"] = alternated["warm_websocket"]["p50"] / alternated["physical_limit_ms"]
     for net in networks:  # one round trip (as measured through the emulated network) plus the engine's own TTFT
         net["physical_limit_ms"] = net["measured_rtt_ms"] + engine_ttft_ms
         net["physical_limit_nominal_rtt_ms"] = net["rtt_ms"] + engine_ttft_ms
@@ -300,7 +322,8 @@ def main(argv: list[str] | None = None) -> int:
               "overhead_ms_per_token": {lane: 1e3 / served["decode_tokens_per_s"][lane] - 1e3 / ref[lane]
                                         for lane in LANES},
               "engine_ttft_ms": engine_ttft_ms, "loopback_rtt_ms": loop_rtt_ms,
-              "loopback_physical_limit_ms": loop_rtt_ms + engine_ttft_ms, "emulated_network": networks,
+              "loopback_physical_limit_ms": loop_rtt_ms + engine_ttft_ms, "loopback_warm_alternated": alternated,
+              "emulated_network": networks,
               "emulated_network_skipped": skipped}
     if args.concurrency:
         pairs = list(zip(engines["served_aggregates"], engines["vllm_full_aggregates"], strict=True))
@@ -321,6 +344,9 @@ def main(argv: list[str] | None = None) -> int:
             [(f"{n['rtt_ms']:g} ms RTT", n["ttft_ms"], n["physical_limit_ms"]) for n in networks]:
         print(f"time to first token, {label} (physical limit {limit:.1f} ms): " + ", ".join(
             f"{name} p50 {t['p50']:.1f} ms" for name, t in trio.items()))
+    print(f"warm WebSocket first token on loopback, {TTFT_ROUNDS} blocks alternated with the engine's own: "
+          f"p50 {alternated['warm_websocket']['p50']:.2f} ms against {alternated['physical_limit_ms']:.2f} ms "
+          f"({alternated['ratio']:.2f}x)")
     for n in networks:
         print(f"  {n['rtt_ms']:g} ms RTT emulated by: {n['method']}")
     if args.json:

@@ -23,9 +23,14 @@ from cluster import cpus
 
 LANES = {"fast": ("fastmode-fast", None), "priority": ("fastmode-full", "priority"),
          "standard": ("fastmode-full", "default")}
-TTFT_TRIALS = 20
+TTFT_TRIALS = 40
 """First tokens the fast executor's own time to first token is the median of (the physical limit
-``fastmode bench gateway`` holds the served first token against; 5 until 2026-11-27)."""
+``fastmode bench gateway`` holds the served first token against; 5 until 2026-11-27, then 20)."""
+TTFT_ROUNDS = 4
+"""With a served side to compare (``direct(served_ttft=...)``), the trials run in this many blocks
+of each, alternating (A B, B A, ...)."""
+TTFT_PROMPT = "class Parser:\n"
+"""The prompt of every first-token measurement, in process and served (``bench.gateway.PROMPT``)."""
 
 
 def one(client: httpx.Client, model: str, tier: str | None, tokens: int) -> dict:
@@ -52,13 +57,15 @@ def one(client: httpx.Client, model: str, tier: str | None, tokens: int) -> dict
 
 def direct(tokens: int, runs: int, concurrency: int = 0,
            served_aggregate: Callable[[], Awaitable[float]] | None = None, rounds: int = 1,
-           compile: bool = True) -> dict:
+           compile: bool = True, served_ttft: Callable[[int], list[float]] | None = None) -> dict:
     """The lanes' engines without serving: vLLM AsyncLLM on the full model (the standard lane's
-    config) and the fast model as the default pp=2 pipeline over chip actors (actor calls).
+    config) and the fast model's ring with the fast lane's layout and options (``ring_options``:
+    slots, spin, prefix cache, packed weights), driven by its own blocking client.
 
-    Single-stream decode tokens/s of each (``vllm_full``, ``sharded_fast``), the fast pipeline's
-    time to first token for a 3-token prompt (``sharded_fast_ttft_s``: prefill and one token,
-    median of ``TTFT_TRIALS``), and with ``concurrency`` the aggregate tokens/s of vLLM serving that many
+    Single-stream decode tokens/s of each (``vllm_full``, ``sharded_fast``), the ring's time to
+    first token for ``TTFT_PROMPT`` (``sharded_fast_ttft_s``: prefill and one token, median of
+    ``TTFT_TRIALS``, after the prompt's first two runs, so its prefix is cached as it is on the lane
+    after one request), and with ``concurrency`` the aggregate tokens/s of vLLM serving that many
     ``tokens``-token requests at once (``vllm_full_aggregate``, the median of ``rounds``).
 
     ``compile``: the fast model as the lane runs it (``lanes.fast.compile``); ``False`` keeps it eager
@@ -68,7 +75,9 @@ def direct(tokens: int, runs: int, concurrency: int = 0,
     ``served_aggregate``, awaited once per round, measures the same load on the served lane: the
     rounds alternate it with the engine in process (A B, B A, ...), so that slow drift of the
     machine's speed hits both alike; its figures come back as ``served_aggregates``, in order with
-    ``vllm_full_aggregates``."""
+    ``vllm_full_aggregates``. ``served_ttft(n)`` likewise returns ``n`` served first tokens (seconds):
+    ``TTFT_ROUNDS`` blocks of it alternate with blocks of the ring's own (``served_ttft_samples_s``,
+    ``sharded_fast_ttft_samples_s``)."""
     import asyncio
 
     from models import FULL
@@ -122,29 +131,33 @@ def direct(tokens: int, runs: int, concurrency: int = 0,
     # Placed as the application places its engines by default (cluster/cpus.py; FASTMODE_CPUS=auto:
     # this process and vLLM's scheduler on the serving CPUs, vLLM's worker and the chips on the others).
     with patch.dict(os.environ, {cpus.ENV: os.environ.get(cpus.ENV, AppConfig().cpus)}), cpus.placed("serving"):
-        out |= _engines(tokens, runs, vllm_runs, compile)
+        out |= _engines(tokens, runs, vllm_runs, compile, served_ttft)
     print(f"direct    vLLM AsyncLLM, full model {out['vllm_full']:6.0f} tok/s   fastmode executor, fast model "
           f"{out['layout']} {out['sharded_fast']:6.0f} tok/s", flush=True)
     return out
 
 
-def _engines(tokens: int, runs: int, vllm_runs, compile: bool = True) -> dict:
+def _engines(tokens: int, runs: int, vllm_runs, compile: bool = True,
+             served_ttft: Callable[[int], list[float]] | None = None) -> dict:
     import asyncio
 
     import ray
+    from tokenizers import Tokenizer
 
     from models import FAST
     from serve.config import FastLaneConfig
-    from serve.lanes.sharded_engine import resolve_layout
+    from serve.lanes.sharded_engine import resolve_layout, ring_options
     from sharding.pipeline import ShardedModel
     from sharding.sampling import SamplingParams
 
     out = {"vllm_full": statistics.median(asyncio.run(vllm_runs()))}
     cfg = FastLaneConfig()
     tp, pp, _ = resolve_layout(FAST, cfg, os.cpu_count() or 1)  # what fastmode up deploys here
+    options = ring_options(cfg) | {"compile": cfg.compile and compile}  # the ring as the lane runs it
+    prompt = Tokenizer.from_file(str(FAST / "tokenizer.json")).encode(TTFT_PROMPT).ids
     ray.init(address="local", resources={"chip": tp * pp}, include_dashboard=False, log_to_driver=False)
     try:
-        with ShardedModel.from_pretrained(FAST, tp=tp, pp=pp, compile=cfg.compile and compile) as m:
+        with ShardedModel.from_pretrained(FAST, tp=tp, pp=pp, **options) as m:
             m.warmup()
             m.generate([[0, 100, 200]], SamplingParams(temperature=0, max_tokens=8))
             rates = []
@@ -153,16 +166,31 @@ def _engines(tokens: int, runs: int, vllm_runs, compile: bool = True) -> dict:
                 m.generate([[0, 100, 200]], SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True))
                 rates.append(tokens / (time.perf_counter() - t))
             out["sharded_fast"] = statistics.median(rates)
-            ttft = []
-            for _ in range(TTFT_TRIALS):
-                t = time.perf_counter()
-                m.generate([[0, 100, 200]], SamplingParams(temperature=0, max_tokens=1))
-                ttft.append(time.perf_counter() - t)
-            out["sharded_fast_ttft_s"] = statistics.median(ttft)
+
+            def engine_ttft(n: int) -> list[float]:
+                xs = []
+                for _ in range(n):
+                    t = time.perf_counter()
+                    m.generate([prompt], SamplingParams(temperature=0, max_tokens=1))
+                    xs.append(time.perf_counter() - t)
+                return xs
+
+            engine_ttft(2)  # the prompt's first run (its prefix is cached from then on, as on the lane)
+            if served_ttft is None:
+                out["sharded_fast_ttft_s"] = statistics.median(engine_ttft(TTFT_TRIALS))
+            else:  # alternate blocks of the two, so that the machine's drift hits both alike
+                ours, served = [], []
+                sides = [(served, served_ttft), (ours, engine_ttft)]
+                for r in range(TTFT_ROUNDS):
+                    for figures, measure in round_order(sides, r):
+                        figures.extend(measure(TTFT_TRIALS // TTFT_ROUNDS))
+                out["sharded_fast_ttft_s"] = statistics.median(ours)
+                out["sharded_fast_ttft_samples_s"], out["served_ttft_samples_s"] = ours, served
     finally:
         ray.shutdown()
     out["layout"] = f"tp={tp} x pp={pp} ({cfg.transport})"
-    out["sharded_fast_compiled"] = cfg.compile and compile
+    out["sharded_fast_compiled"] = options["compile"]
+    out["sharded_fast_options"] = {k: str(v) for k, v in options.items()}
     return out
 
 

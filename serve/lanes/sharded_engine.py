@@ -47,6 +47,15 @@ def resolve_layout(path: str | Path, config: FastLaneConfig, chips: int) -> tupl
     return best.tp, best.pp, f"auto: the planner's pick on {n} chip(s), see fastmode plan"
 
 
+def ring_options(config: FastLaneConfig) -> dict[str, Any]:
+    """``ShardedModel``'s options (all but ``tp``/``pp``) for the ring the fast lane runs with ``config``
+    (also what ``fastmode bench gateway`` builds in process as the engine's own reference)."""
+    return {"num_slots": config.num_slots, "max_len": config.max_len, "dtype": getattr(torch, config.dtype),
+            "device": config.device, "compile": config.compile, "threads_per_chip": config.threads_per_chip,
+            "spin_s": config.spin_us / 1e6, "prefix_cache": config.prefix_cache,
+            "packed_weights": config.packed_weights}
+
+
 class ShardedLaneEngine(HeadClient):
     """The fast model, ``tp x pp`` over chips that decode in a ring.
 
@@ -60,11 +69,7 @@ class ShardedLaneEngine(HeadClient):
     def __init__(self, path: str | Path, config: FastLaneConfig, tokenizer: Tokenizer,
                  telemetry: TelemetryConfig | None = None) -> None:
         self.tp, self.pp, self.layout_reason = resolve_layout(path, config, cluster_chips())
-        self.model = ShardedModel.from_pretrained(
-            path, tp=self.tp, pp=self.pp, num_slots=config.num_slots, max_len=config.max_len,
-            dtype=getattr(torch, config.dtype), device=config.device, compile=config.compile,
-            threads_per_chip=config.threads_per_chip, spin_s=config.spin_us / 1e6, prefix_cache=config.prefix_cache,
-            packed_weights=config.packed_weights)
+        self.model = ShardedModel.from_pretrained(path, tp=self.tp, pp=self.pp, **ring_options(config))
         try:
             self.model.warmup()  # compile now, not on a user's request
             self.model.close_client()  # the warm-up's blocking client; the lane reads asynchronously

@@ -83,6 +83,13 @@ def test_gateway(quick_run):
     # Loopback's limit: its round trip, measured as an emulated one is, plus the engine's first token.
     assert 0 < doc["loopback_rtt_ms"] < 20
     assert doc["loopback_physical_limit_ms"] == pytest.approx(doc["loopback_rtt_ms"] + doc["engine_ttft_ms"])
+    # The warm WebSocket's first token against the engine's own, in alternating blocks of each.
+    alt, direct = doc["loopback_warm_alternated"], doc["in_process"]
+    assert len(direct["served_ttft_samples_s"]) == len(direct["sharded_fast_ttft_samples_s"]) == alt["samples_per_side"]
+    assert alt["samples_per_side"] >= alt["rounds"] > 1
+    assert alt["physical_limit_ms"] == pytest.approx(doc["loopback_physical_limit_ms"])
+    assert alt["ratio"] == pytest.approx(alt["warm_websocket"]["p50"] / alt["physical_limit_ms"])
+    assert direct["sharded_fast_options"]["prefix_cache"] == "True"  # the ring as the lane runs it
     assert doc["throughput_ceiling"]["concurrency"] == 4 and doc["throughput_ceiling"]["ratio"] > 0
     if can_emulate() is None:  # root: the namespace was built and the 20 ms round trip is visible
         (net,) = doc["emulated_network"]
