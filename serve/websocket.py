@@ -146,7 +146,8 @@ class Session:
                     continue
                 return CLOSE_NORMAL  # idle: nothing in flight and nothing received
             try:
-                msg = await asyncio.wait_for(self.ws.receive(), timeout)
+                async with asyncio.timeout(None if math.isinf(timeout) else timeout):  # no task per frame
+                    msg = await self.ws.receive()
             except TimeoutError:
                 continue
             if msg["type"] == "websocket.disconnect":

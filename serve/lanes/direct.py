@@ -21,6 +21,7 @@ discovery; meanwhile requests go through the replica's link.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +32,13 @@ from sharding.config import ModelConfig
 from ..config import TelemetryConfig
 from .head_client import HeadClient
 from .lane import FAST, Lane
-from .link import LinkStream, _picklable
+from .link import _picklable
 
 
 class HeadConn:
     """A front door's own fast lane on one replica's ring: ``start(request)`` streams a
-    ``LaneRequest``'s events as the replica's link would (``serve.lanes.link.LinkStream``).
+    ``LaneRequest``'s events as the replica's link would (the interface of
+    ``serve.lanes.link.LinkStream``).
 
     Args:
         replica: the lane replica that owns the ring.
@@ -45,8 +47,7 @@ class HeadConn:
 
     def __init__(self, replica: str, lane: Lane) -> None:
         self.replica, self.lane = replica, lane
-        self.streams: dict[int, LinkStream] = {}
-        self._tasks: dict[int, asyncio.Task] = {}
+        self.streams: dict[int, HeadStream] = {}
         self._next = 0
 
     @classmethod
@@ -68,33 +69,52 @@ class HeadConn:
     def alive(self) -> bool:
         return self.lane.engine.failure() is None
 
-    def start(self, request: Any) -> LinkStream:
+    def start(self, request: Any) -> HeadStream:
         self._next += 1
-        cid = self._next
-        stream = self.streams[cid] = LinkStream(self, cid)
-        self._tasks[cid] = asyncio.create_task(self._pump(cid, stream, request))
+        stream = self.streams[self._next] = HeadStream(self, self._next, self.lane.generate(request))
         return stream
 
-    async def _pump(self, cid: int, stream: LinkStream, request: Any) -> None:
-        events = self.lane.generate(request)
-        try:
-            async for event in events:
-                stream._queue.put_nowait(event)
-            stream._queue.put_nowait(None)
-        except Exception as e:  # noqa: BLE001 - the stream's typed end, raised to its reader
-            stream._queue.put_nowait(_picklable(e))
-        finally:
-            self._tasks.pop(cid, None)
-            await events.aclose()
-
-    def cancel(self, cid: int) -> None:
-        """The caller went away: end the stream here (the head frees the sequence at its next step)."""
-        self.streams.pop(cid, None)
-        task = self._tasks.pop(cid, None)
-        if task is not None:
-            task.cancel()
-
     def close(self) -> None:
-        for task in self._tasks.values():
-            task.cancel()
+        """Close the link to the head: every open stream ends with ``lane_unavailable``."""
         self.lane.engine.close()
+
+
+class HeadStream:
+    """One request's events from a front door's own fast lane: the ``Lane``'s generator, iterated by
+    the caller's task itself (no task or queue in between: each is a loop turn on the way to the first
+    token). ``__anext__`` raises the lane's typed exception; ``cancel()`` closes the generator, which
+    aborts the sequence at the head."""
+
+    def __init__(self, conn: HeadConn, cid: int, events: AsyncIterator[dict[str, Any]]) -> None:
+        self._conn, self._cid, self._events = conn, cid, events
+        self._ended = False
+        self._closing: asyncio.Future | None = None
+
+    def __aiter__(self) -> HeadStream:
+        return self
+
+    async def __anext__(self) -> dict[str, Any]:
+        if self._ended:
+            raise StopAsyncIteration
+        try:
+            return await self._events.__anext__()
+        except StopAsyncIteration:
+            self._end()
+            raise
+        except Exception as e:
+            self._end()
+            raise _picklable(e) from e
+        except BaseException:  # cancelled while it waited: the generator has closed itself
+            self._end()
+            raise
+
+    def _end(self) -> None:
+        self._ended = True
+        self._conn.streams.pop(self._cid, None)
+
+    def cancel(self) -> None:
+        """Stop the stream (idempotent): the lane's cleanup runs, and the head frees the sequence."""
+        if not self._ended:
+            self._end()
+        if self._closing is None and not self._events.ag_running:
+            self._closing = asyncio.ensure_future(self._events.aclose())

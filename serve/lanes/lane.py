@@ -233,9 +233,18 @@ class Lane:
 
     async def _outputs(self, engine_request: EngineRequest) -> AsyncIterator[list[EngineOutput]]:
         """The engine's coalesced outputs; a dead engine's failure becomes ``lane_unavailable``
-        (retryable) and starts the engine's rebuild."""
+        (retryable) and starts the engine's rebuild.
+
+        A front door's own lane (an engine it does not own: ``serve.lanes.direct``) passes each output
+        on as it comes: its events cross no process (no Serve item, no link frame) on their way to the
+        caller, and the head already bundles a request's tokens per message (``sharding.ring.FLUSH_S``),
+        so coalescing would buy nothing but a task and a queue between the head and the first token."""
         engine = self.engine
         try:
+            if not self.owns_engine:
+                async for out in engine.generate(engine_request):
+                    yield [out]
+                return
             async for outs in coalesce(engine.generate(engine_request), self.config.stream_interval_ms / 1e3,
                                        min_interval_s=MIN_STREAM_INTERVAL_S, final=_is_last):
                 yield outs
