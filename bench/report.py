@@ -280,13 +280,6 @@ def turns_section(doc: dict | None) -> list[str]:
                    "cached, last turn", "wall (s)", "wall vs re-send"], rows) + [""]
     for net, how, _ in nets[1:]:
         out += [f"{net} emulated by: {how}.", ""]
-    if doc.get("loopback_warm_alternated"):
-        a = doc["loopback_warm_alternated"]
-        out += [f"The warm WebSocket on loopback measured again in {a['rounds']} blocks alternated with the engine's "
-                f"own first tokens (A B, B A, ...; {a['samples_per_side']} of each, so that the machine's drift "
-                f"hits both alike): p50 {a['warm_websocket']['p50']:.2f} ms against {a['physical_limit_ms']:.2f} ms, "
-                f"**{a['ratio']:.2f}x** the physical limit. The engine in process is the fast lane's ring with the "
-                "lane's options (spin, prefix cache, packed weights) and its blocking client, on the same prompt.", ""]
     if doc.get("emulated_network_skipped"):
         out += [f"Emulated network: {doc['emulated_network_skipped']}.", ""]
     return out
