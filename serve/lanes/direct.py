@@ -97,7 +97,11 @@ class HeadStream:
         if self._ended:
             raise StopAsyncIteration
         try:
-            return await self._events.__anext__()
+            event = await self._events.__anext__()
+            if event.get("type") == "done":  # the caller stops here: run the lane's cleanup now
+                self._end()
+                await self._events.aclose()
+            return event
         except StopAsyncIteration:
             self._end()
             raise
