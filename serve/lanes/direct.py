@@ -102,14 +102,10 @@ class HeadStream:
                 self._end()
                 await self._events.aclose()
             return event
-        except StopAsyncIteration:
+        except BaseException as e:  # its end, its typed error, or cancelled while it waited
             self._end()
-            raise
-        except Exception as e:
-            self._end()
-            raise _picklable(e) from e
-        except BaseException:  # cancelled while it waited: the generator has closed itself
-            self._end()
+            if isinstance(e, Exception) and not isinstance(e, StopAsyncIteration):
+                raise _picklable(e) from e
             raise
 
     def _end(self) -> None:
