@@ -36,6 +36,12 @@ FIRST_REQUESTS = {"fast": {"model": "fastmode-fast"}, "priority": {"model": "fas
 """The request each lane gets first (``App.probe_first_requests``)."""
 
 
+USER_RAY_AUTH_MODE = {k: v for k, v in os.environ.items() if k == "RAY_AUTH_MODE"}
+"""``RAY_AUTH_MODE`` as the user set it when the tests started. A local ``ray.init`` in this process
+(earlier tests') sets it to ``token`` in ``os.environ``; the apps start from the user's environment,
+so that ``fastmode up`` meets Ray's default for a new local cluster as a user's would."""
+
+
 class App:
     """A ``fastmode up`` process and an HTTP client for it. ``ca_file``: the app serves TLS with a
     certificate this file trusts (https, wss)."""
@@ -48,8 +54,8 @@ class App:
         self.ws_url = f"{ws}://127.0.0.1:{self.port}/v1/responses"
         self.key = API_KEY
         self.ca_file = ca_file
-        env = ({k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-               | {"FASTMODE_API_KEYS": f"{API_KEY},sk-other", "RAY_metrics_report_interval_ms": "1000"} | (env or {}))
+        env = ({k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE")}
+               | USER_RAY_AUTH_MODE | {"FASTMODE_API_KEYS": f"{API_KEY},sk-other", "RAY_metrics_report_interval_ms": "1000"} | (env or {}))
         self.grpc_port = free_port()
         self.metrics_url = f"http://127.0.0.1:{(metrics_port := free_port())}/metrics"
         self.grpc_target = f"127.0.0.1:{self.grpc_port}"
