@@ -9,11 +9,13 @@ Usage: python -m bench.lanes_quick [--url http://127.0.0.1:8000] [--tokens 256] 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
 import time
-from typing import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Iterator
 from unittest.mock import patch
 
 import httpx
@@ -137,10 +139,25 @@ def direct(tokens: int, runs: int, concurrency: int = 0,
     return out
 
 
-def _engines(tokens: int, runs: int, vllm_runs, compile: bool = True,
-             served_ttft: Callable[[int], list[float]] | None = None) -> dict:
-    import asyncio
+@dataclass
+class FastRing:
+    """The fast lane's ring in this process (``fast_ring``)."""
 
+    model: Any
+    """The ``sharding.pipeline.ShardedModel``, warmed up, its ``tokenizer`` set."""
+    prompt: list[int]
+    """``TTFT_PROMPT``'s token ids."""
+    layout: str
+    """``tp=.. x pp=.. (transport)``."""
+    options: dict
+    """``ShardedModel.from_pretrained``'s options (the lane's ``ring_options``)."""
+
+
+@contextlib.contextmanager
+def fast_ring(compile: bool = True) -> Iterator[FastRing]:
+    """The fast lane's ring built in this process as ``fastmode up`` deploys it on this machine: its
+    layout (``resolve_layout``) and options (``ring_options``), on a local Ray of its own (shut down
+    on exit). ``compile=False``: eager, whatever the lane's config says (smoke runs)."""
     import ray
     from tokenizers import Tokenizer
 
@@ -148,49 +165,60 @@ def _engines(tokens: int, runs: int, vllm_runs, compile: bool = True,
     from serve.config import FastLaneConfig
     from serve.lanes.sharded_engine import resolve_layout, ring_options
     from sharding.pipeline import ShardedModel
-    from sharding.sampling import SamplingParams
 
-    out = {"vllm_full": statistics.median(asyncio.run(vllm_runs()))}
     cfg = FastLaneConfig()
-    tp, pp, _ = resolve_layout(FAST, cfg, os.cpu_count() or 1)  # what fastmode up deploys here
-    options = ring_options(cfg) | {"compile": cfg.compile and compile}  # the ring as the lane runs it
-    prompt = Tokenizer.from_file(str(FAST / "tokenizer.json")).encode(TTFT_PROMPT).ids
+    tp, pp, _ = resolve_layout(FAST, cfg, os.cpu_count() or 1)
+    options = ring_options(cfg) | {"compile": cfg.compile and compile}
+    tokenizer = Tokenizer.from_file(str(FAST / "tokenizer.json"))
     ray.init(address="local", resources={"chip": tp * pp}, include_dashboard=False, log_to_driver=False)
     try:
         with ShardedModel.from_pretrained(FAST, tp=tp, pp=pp, **options) as m:
             m.warmup()
-            m.generate([[0, 100, 200]], SamplingParams(temperature=0, max_tokens=8))
-            rates = []
-            for _ in range(runs):
-                t = time.perf_counter()
-                m.generate([[0, 100, 200]], SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True))
-                rates.append(tokens / (time.perf_counter() - t))
-            out["sharded_fast"] = statistics.median(rates)
-
-            def engine_ttft(n: int) -> list[float]:
-                xs = []
-                for _ in range(n):
-                    t = time.perf_counter()
-                    m.generate([prompt], SamplingParams(temperature=0, max_tokens=1))
-                    xs.append(time.perf_counter() - t)
-                return xs
-
-            engine_ttft(2)  # the prompt's first run (its prefix is cached from then on, as on the lane)
-            if served_ttft is None:
-                out["sharded_fast_ttft_s"] = statistics.median(engine_ttft(TTFT_TRIALS))
-            else:  # alternate blocks of the two, so that the machine's drift hits both alike
-                ours, served = [], []
-                sides = [(served, served_ttft), (ours, engine_ttft)]
-                for r in range(TTFT_ROUNDS):
-                    for figures, measure in round_order(sides, r):
-                        figures.extend(measure(TTFT_TRIALS // TTFT_ROUNDS))
-                out["sharded_fast_ttft_s"] = statistics.median(ours)
-                out["sharded_fast_ttft_samples_s"], out["served_ttft_samples_s"] = ours, served
+            m.tokenizer = tokenizer
+            yield FastRing(m, tokenizer.encode(TTFT_PROMPT).ids, f"tp={tp} x pp={pp} ({cfg.transport})", options)
     finally:
         ray.shutdown()
-    out["layout"] = f"tp={tp} x pp={pp} ({cfg.transport})"
-    out["sharded_fast_compiled"] = options["compile"]
-    out["sharded_fast_options"] = {k: str(v) for k, v in options.items()}
+
+
+def _engines(tokens: int, runs: int, vllm_runs, compile: bool = True,
+             served_ttft: Callable[[int], list[float]] | None = None) -> dict:
+    import asyncio
+
+    from sharding.sampling import SamplingParams
+
+    out = {"vllm_full": statistics.median(asyncio.run(vllm_runs()))}
+    with fast_ring(compile) as ring:
+        m, prompt = ring.model, ring.prompt
+        m.generate([[0, 100, 200]], SamplingParams(temperature=0, max_tokens=8))
+        rates = []
+        for _ in range(runs):
+            t = time.perf_counter()
+            m.generate([[0, 100, 200]], SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True))
+            rates.append(tokens / (time.perf_counter() - t))
+        out["sharded_fast"] = statistics.median(rates)
+
+        def engine_ttft(n: int) -> list[float]:
+            xs = []
+            for _ in range(n):
+                t = time.perf_counter()
+                m.generate([prompt], SamplingParams(temperature=0, max_tokens=1))
+                xs.append(time.perf_counter() - t)
+            return xs
+
+        engine_ttft(2)  # the prompt's first run (its prefix is cached from then on, as on the lane)
+        if served_ttft is None:
+            out["sharded_fast_ttft_s"] = statistics.median(engine_ttft(TTFT_TRIALS))
+        else:  # alternate blocks of the two, so that the machine's drift hits both alike
+            ours, served = [], []
+            sides = [(served, served_ttft), (ours, engine_ttft)]
+            for r in range(TTFT_ROUNDS):
+                for figures, measure in round_order(sides, r):
+                    figures.extend(measure(TTFT_TRIALS // TTFT_ROUNDS))
+            out["sharded_fast_ttft_s"] = statistics.median(ours)
+            out["sharded_fast_ttft_samples_s"], out["served_ttft_samples_s"] = ours, served
+    out["layout"] = ring.layout
+    out["sharded_fast_compiled"] = ring.options["compile"]
+    out["sharded_fast_options"] = {k: str(v) for k, v in ring.options.items()}
     return out
 
 

@@ -20,15 +20,13 @@ Usage: python -m bench.ttft_layers [--rounds 6] [--per-block 20] [--tokens 4] [-
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-import os
 import statistics
 import sys
 import time
 from pathlib import Path
 
-from bench.lanes_quick import TTFT_PROMPT
+from bench.lanes_quick import TTFT_PROMPT, fast_ring
 
 
 async def _layers(m, prompt: list[int], tokens: int, rounds: int, per_block: int) -> dict[str, list[float]]:
@@ -100,29 +98,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
 
-    import ray
     import uvloop
-    from tokenizers import Tokenizer
 
-    from models import FAST
-    from serve.config import FastLaneConfig
-    from serve.lanes.sharded_engine import resolve_layout, ring_options
-    from sharding.pipeline import ShardedModel
-
-    cfg = FastLaneConfig()
-    tp, pp, _ = resolve_layout(FAST, cfg, os.cpu_count() or 1)
-    options = ring_options(cfg) | {"compile": cfg.compile and args.compile}
-    tokenizer = Tokenizer.from_file(str(FAST / "tokenizer.json"))
-    prompt = tokenizer.encode(TTFT_PROMPT).ids
     started = time.strftime("%Y-%m-%d %H:%M")
-    ray.init(address="local", resources={"chip": tp * pp}, include_dashboard=False, log_to_driver=False)
-    try:
-        with ShardedModel.from_pretrained(FAST, tp=tp, pp=pp, **options) as m:
-            m.warmup()
-            m.tokenizer = tokenizer
-            samples = uvloop.run(_layers(m, prompt, args.tokens, args.rounds, args.per_block))
-    finally:
-        ray.shutdown()
+    with fast_ring(args.compile) as ring:
+        samples = uvloop.run(_layers(ring.model, ring.prompt, args.tokens, args.rounds, args.per_block))
     p50 = {name: statistics.median(xs) * 1e3 for name, xs in samples.items()}
     for name, ms in p50.items():
         print(f"{name:<15} first token p50 {ms:6.3f} ms ({len(samples[name])} requests)")
@@ -130,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(
             {"date": started, "command": "python -m bench.ttft_layers " + " ".join(argv),
-             "layout": f"tp={tp} x pp={pp}", "options": {k: str(v) for k, v in options.items()},
+             "layout": ring.layout, "options": {k: str(v) for k, v in ring.options.items()},
              "tokens": args.tokens, "rounds": args.rounds, "per_block": args.per_block, "p50_ms": p50,
              "samples_s": samples}, indent=2) + "\n")
     return 0
