@@ -5,8 +5,9 @@ required) and ``response.cancel`` {id}. Server -> client: ``response.created``,
 ``response.output_text.delta`` (``seq`` counts this response's deltas from 0),
 ``response.completed``, ``response.cancelled``, ``error``. ``docs/protocol.md`` is the contract.
 
-One task per request reads the router's stream; one sender task writes frames. Bad input gets an
-``error`` event and the connection lives on. A connection may send ``gateway.frames_per_s`` frames a
+One task per request reads the router's stream and writes its deltas itself while nothing is
+queued (no loop turn on the way to the client); one sender task writes every other frame, in order.
+Bad input gets an ``error`` event and the connection lives on. A connection may send ``gateway.frames_per_s`` frames a
 second (``frame_burst`` at once): a frame over that budget is answered ``rate_limited`` and not
 handled, and a client that sends on regardless is closed with 1008 (``FrameBudget``). A slow
 reader never makes the gateway buffer without bound: the send queue is bounded, a request's deltas
@@ -94,6 +95,8 @@ class Session:
         self.budget = FrameBudget(config.frames_per_s, config.frame_burst)
         self.owner = owner
         """``serve.auth.owner_of`` this connection's API key (stored responses are found by it)."""
+        self._sending = asyncio.Lock()
+        """Held while a frame is being written (by the send loop, or a response's own task: ``_send_now``)."""
         self.history = ResponseStore(config.responses_per_connection, config.response_bytes_per_connection)
         """This connection's completed responses, for ``previous_response_id`` (``serve.conversation``)."""
 
@@ -235,7 +238,11 @@ class Session:
                     else:  # the reader is behind: merge into the delta still waiting
                         pending["delta"] += ev["text"]
                         pending["tokens"] += ev["tokens"]
-                    if not self.out.full():
+                    if self._idle():  # nothing queued, no send running: write it from this task
+                        pending["seq"], seq = seq, seq + 1
+                        await self._send_now(pending)
+                        pending = None
+                    elif not self.out.full():
                         pending["seq"], seq = seq, seq + 1
                         self.out.put_nowait(pending)
                         pending = None
@@ -277,7 +284,25 @@ class Session:
         finally:
             self.tasks.pop(rid, None)
 
+    def _idle(self) -> bool:
+        return self.out.empty() and not self._sending.locked() and not self.gone
+
+    async def _send_now(self, event: dict[str, Any]) -> None:
+        """Send ``event`` from the caller's task (``_idle`` held): a delta reaches the socket without a
+        turn of the event loop for the send loop. A reader that does not take it within
+        ``slow_reader_timeout_s`` is a slow consumer, as through the queue."""
+        try:
+            async with self._sending, asyncio.timeout(self.config.slow_reader_timeout_s):
+                await self.ws.send_text(json.dumps(event))
+        except TimeoutError:
+            raise SlowConsumer from None
+        except Exception:  # noqa: BLE001 - the client is gone (see _send_loop)
+            self.gone = True
+
     async def _put(self, event: dict[str, Any]) -> None:
+        if not self.out.full():  # no task (wait_for makes one) and no loop turn before the request goes on
+            self.out.put_nowait(event)
+            return
         try:
             await asyncio.wait_for(self.out.put(event), self.config.slow_reader_timeout_s)
         except TimeoutError:
@@ -308,7 +333,8 @@ class Session:
             event = await self.out.get()
             if not self.gone:
                 try:
-                    await self.ws.send_text(json.dumps(event))
+                    async with self._sending:
+                        await self.ws.send_text(json.dumps(event))
                 except Exception:  # noqa: BLE001 - the client is gone (or the socket broke)
                     # From now on events are dropped, so nothing waits for room in the queue: a
                     # receive loop blocked in _put would otherwise wait slow_reader_timeout_s per

@@ -254,6 +254,54 @@ def test_a_reader_too_far_behind_is_cancelled_with_slow_consumer_and_memory_stay
     assert router.logs["a"] == ["cancelled"]
 
 
+def test_a_delta_is_written_by_its_responses_own_task_when_nothing_is_queued():
+    """``Session._send_now``: with the send loop idle, a delta goes to the socket from the task that
+    read it (no loop turn for the send loop); ``created`` and ``completed`` go through the send loop."""
+    writers = []
+
+    class Recording(FakeSocket):
+        async def send_text(self, text: str) -> None:
+            writers.append((json.loads(text)["type"], asyncio.current_task().get_coro().__qualname__))
+            await super().send_text(text)
+
+    ws = Recording()
+
+    async def script(ws):
+        ws.client_sends({"type": "response.create", "id": "a", "model": "m", "input": "x"})
+        await until(lambda: any(e["type"] == "response.completed" for e in ws.sent))
+        ws.client_leaves()
+
+    run_session(ws, FakeRouter(n=3, every_s=0.01), script)
+    assert writers == [("response.created", "Session._send_loop")] + [
+        ("response.output_text.delta", "Session._respond")] * 3 + [("response.completed", "Session._send_loop")]
+    assert [e["seq"] for e in ws.of("a")[1:-1]] == [0, 1, 2]
+
+
+def test_a_delta_written_directly_to_a_reader_that_never_reads_ends_in_slow_consumer():
+    """A direct write that the socket does not take within ``slow_reader_timeout_s`` ends the response
+    with ``slow_consumer``, as a full queue does; the connection lives on."""
+    class Stalled(FakeSocket):
+        async def send_text(self, text: str) -> None:
+            if json.loads(text)["type"] == "response.output_text.delta" and not self.sent_one:
+                self.sent_one = True
+                await asyncio.sleep(3600)  # a client that stopped reading
+            await super().send_text(text)
+
+    ws = Stalled()
+    ws.sent_one = False
+    router = FakeRouter(n=3, every_s=0.01)
+
+    async def script(ws):
+        ws.client_sends({"type": "response.create", "id": "a", "model": "m", "input": "x"})
+        await until(lambda: any(e.get("code") == "slow_consumer" for e in ws.sent))
+        ws.client_sends({"type": "response.create", "id": "b", "model": "m", "input": "x"})
+        await until(lambda: any(e["type"] == "response.completed" for e in ws.of("b")))
+        ws.client_leaves()
+
+    run_session(ws, router, script, slow_reader_timeout_s=0.3)
+    assert router.logs["a"] == ["cancelled"] and router.logs["b"] == ["finished"]
+
+
 async def _watch(session: Session, peak: list) -> None:
     while True:
         peak.append(session.out.qsize())
