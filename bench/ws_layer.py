@@ -5,7 +5,8 @@ Starts one server process per uvicorn WebSocket implementation (``--impls``), ea
 (``created``, one delta, ``completed``), on uvloop as the gateway's replica runs. One client process
 times ``response.create`` -> first delta on a warm connection to each, in alternated blocks
 (``--rounds`` of ``--per-block`` requests; the first round warms up). The gateway listens with
-``websockets-sansio`` (``serve.listen``); ``websockets`` is uvicorn's older implementation.
+uvicorn's ``websockets`` implementation (``serve.listen``; why not ``websockets-sansio``:
+docs/serving.md, "The front door's own part, profiled").
 
 Usage: python -m bench.ws_layer [--impls websockets-sansio,websockets] [--rounds 6] [--per-block 200]
                                 [--json FILE]

@@ -167,7 +167,7 @@ async def listen(app: Any, host: str, port: int, *, ws_max_size: int, keep_alive
                                                    "body_timeout_s": body_timeout_s,
                                                    "max_body_bytes": max_body_bytes})
     server = _Server(uvicorn.Config(app, lifespan="off", access_log=False, log_config=None, http=protocol,
-                                    ws="websockets-sansio", ws_max_size=ws_max_size, ws_per_message_deflate=False,
+                                    ws="websockets", ws_max_size=ws_max_size, ws_per_message_deflate=False,
                                     timeout_keep_alive=keep_alive_s, ssl_certfile=tls_certfile,
                                     ssl_keyfile=tls_keyfile))
     task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
