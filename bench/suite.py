@@ -17,8 +17,9 @@ and nothing else runs beside a stage; only ``--quick`` starts the app while stag
    and clients that vanish mid-stream (how soon their sequences are freed).
 7. ``fuzz``: hostile input at every front door, run long, once the app above has stopped (the fuzz
    tests start their own).
-8. The report: ``bench/report.py`` writes ``docs/benchmarks.md`` (with ``--quick``:
-   ``bench/results/quick/benchmarks.md``; quick results never replace the published ones).
+8. The report: ``bench/report.py`` writes ``docs/benchmarks.md`` from a full run into
+   ``bench/results``; any other run (``--quick``, ``--out``, ``--only``, ``--skip``) writes
+   ``OUT/benchmarks.md``, so that a partial run never replaces the published report.
 
 ``suite.json`` records the command, date, machine, commit and each stage's time and exit code.
 
@@ -105,6 +106,14 @@ def _names(s: str) -> list[str]:
     return names
 
 
+def report_path(args: argparse.Namespace, out: Path) -> Path:
+    """Where the report goes by default: the published ``docs/benchmarks.md`` only from a full run
+    (every stage, not ``--quick``, into ``bench/results``); any other run reports beside its results
+    (``out``), so that it never replaces the published report with a partial one."""
+    full = not (args.quick or args.out or args.only or args.skip)
+    return REPO / "docs/benchmarks.md" if full else out / "benchmarks.md"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
     ap = argparse.ArgumentParser(prog="fastmode bench all", description=__doc__.split("\n\n")[0])
@@ -114,10 +123,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", type=_names, help=f"run only these stages ({', '.join(STAGES)})")
     ap.add_argument("--skip", type=_names, default=[], help="skip these stages")
     ap.add_argument("--out", type=Path, help="results directory (default bench/results, --quick bench/results/quick)")
-    ap.add_argument("--docs", type=Path, help="the report (default docs/benchmarks.md, --quick OUT/benchmarks.md)")
+    ap.add_argument("--docs", type=Path, help="the report (default docs/benchmarks.md for a full run into "
+                    "bench/results; with --quick, --out, --only or --skip: OUT/benchmarks.md)")
     args = ap.parse_args(argv)
     out = args.out or (REPO / "bench/results" / ("quick" if args.quick else ""))
-    docs = args.docs or (out / "benchmarks.md" if args.quick else REPO / "docs/benchmarks.md")
+    docs = args.docs or report_path(args, out)
     out.mkdir(parents=True, exist_ok=True)
     stages = [s for s in (args.only or STAGES) if s not in args.skip]
     started, t0 = datetime.now(timezone.utc), time.perf_counter()

@@ -144,3 +144,18 @@ def test_bad_stage_name(capsys):
     with pytest.raises(SystemExit):
         main(["--only", "lanes,nope"])
     assert "unknown stage(s) ['nope']" in capsys.readouterr().err
+
+
+def test_only_a_full_run_into_bench_results_replaces_the_published_report(tmp_path):
+    """A partial run (``--only``, ``--skip``, ``--out``, ``--quick``) writes its report beside its
+    results, never over ``docs/benchmarks.md``."""
+    from argparse import Namespace
+
+    from bench.suite import REPO, report_path
+
+    def where(quick=False, out=None, only=None, skip=()):
+        return report_path(Namespace(quick=quick, out=out, only=only, skip=list(skip)), out or tmp_path / "default")
+
+    assert where() == REPO / "docs/benchmarks.md"
+    assert where(out=tmp_path) == where(out=tmp_path, only=["gateway", "turns"]) == tmp_path / "benchmarks.md"
+    assert where(skip=["fuzz"]) == where(only=["gateway"]) == where(quick=True) == tmp_path / "default/benchmarks.md"
