@@ -7,13 +7,13 @@ required) and ``response.cancel`` {id}. Server -> client: ``response.created``,
 
 One task per request reads the router's stream and writes its deltas itself while nothing is
 queued (no loop turn on the way to the client); one sender task writes every other frame, in order.
-Bad input gets an ``error`` event and the connection lives on. A connection may send ``gateway.frames_per_s`` frames a
-second (``frame_burst`` at once): a frame over that budget is answered ``rate_limited`` and not
-handled, and a client that sends on regardless is closed with 1008 (``FrameBudget``). A slow
-reader never makes the gateway buffer without bound: the send queue is bounded, a request's deltas
-merge while it is full, and a request whose reader stays behind for ``slow_reader_timeout_s`` is
-cancelled with ``slow_consumer``. A disconnect cancels every request of the connection, which frees their
-engine sequences.
+Bad input gets an ``error`` event and the connection lives on. A connection may send
+``gateway.frames_per_s`` frames a second (``frame_burst`` at once): a frame over that budget is
+answered ``rate_limited`` and not handled, and a client that sends on regardless is closed with
+1008 (``FrameBudget``). A slow reader never makes the gateway buffer without bound: the send queue
+is bounded, a request's deltas merge while it is full, and a request whose reader stays behind for
+``slow_reader_timeout_s`` is cancelled with ``slow_consumer``. A disconnect cancels every request of
+the connection, which frees their engine sequences.
 
 Multi-turn: a completed response is kept by its connection (bounded, ``serve.conversation``);
 ``response.create`` with ``previous_response_id`` sends only the new input.
@@ -238,14 +238,13 @@ class Session:
                     else:  # the reader is behind: merge into the delta still waiting
                         pending["delta"] += ev["text"]
                         pending["tokens"] += ev["tokens"]
-                    if self._idle():  # nothing queued, no send running: write it from this task
+                    if not self.out.full():
                         pending["seq"], seq = seq, seq + 1
-                        await self._send_now(pending)
-                        pending = None
-                    elif not self.out.full():
-                        pending["seq"], seq = seq, seq + 1
-                        self.out.put_nowait(pending)
-                        pending = None
+                        event, pending = pending, None
+                        if self._idle():  # nothing queued, no send running: write it from this task
+                            await self._send_now(event)
+                        else:
+                            self.out.put_nowait(event)
                     elif len(pending["delta"]) > self.config.max_pending_chars:
                         raise SlowConsumer
                     continue
