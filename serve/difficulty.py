@@ -23,12 +23,15 @@ from tokenizers import Tokenizer
 
 from sharding.engine import Engine
 
+from .lanes.prompt_ids import PromptIds
+
 
 class DifficultyScorer:
     """Scores prompts with the fast model, in this process (thread-safe; one prompt at a time)."""
 
     def __init__(self, path: str | Path, max_tokens: int = 128) -> None:
         self.tokenizer = Tokenizer.from_file(str(Path(path) / "tokenizer.json"))
+        self.prompt_ids = PromptIds(self.tokenizer)  # a conversation's next turn: only its new text
         self.max_tokens = max_tokens
         # One small prefill per request: more intra-op threads would only contend with the
         # engines' processes for the same cores.
@@ -38,7 +41,8 @@ class DifficultyScorer:
 
     def score(self, prompt: str) -> float:
         """Mean loss in nats per token of the prompt's last ``max_tokens`` tokens (0 if too short)."""
-        ids = self.tokenizer.encode(prompt).ids
+        with self._lock:
+            ids = self.prompt_ids.encode(prompt)
         if len(ids) > self.max_tokens:  # keep <|bos|>, then the tail
             ids = ids[:1] + ids[len(ids) - self.max_tokens + 1:]
         if len(ids) < 2:

@@ -28,6 +28,7 @@ from ..request import LaneRequest
 from ..stream import coalesce
 from .engine import EngineOutput, EngineRequest, LaneEngine
 from .link import LinkServer
+from .prompt_ids import PromptIds
 
 FAST = "fast"
 PRIORITY = "priority"
@@ -70,6 +71,8 @@ class Lane:
             telemetry.setup(f"{lane}-lane")
         self.lane, self.model_id = lane, model_id
         self.tokenizer = Tokenizer.from_file(str(Path(model_path) / "tokenizer.json"))
+        self.prompt_ids = PromptIds(self.tokenizer)
+        """Tokenizes prompts; a conversation's next turn only its new text (``serve.lanes.prompt_ids``)."""
         self.config: FastLaneConfig | VLLMLaneConfig = LANE_CONFIGS[lane].model_validate(config)
         self._engine_args = (model_path, TelemetryConfig.model_validate(telemetry_config or {}), draft_path)
         self.owns_engine = engine is None
@@ -180,7 +183,7 @@ class Lane:
         if self.cap is not None and self.in_flight >= self.cap:
             raise Overloaded(f"the {self.lane} lane's batch is full ({self.cap} sequences)",
                              retry_after=self.config.retry_after_s)
-        ids = self.tokenizer.encode(request.prompt).ids
+        ids = self.prompt_ids.encode(request.prompt)
         n_prompt = len(ids)
         max_tokens = request.max_output_tokens or self.engine.max_len - n_prompt
         if n_prompt + max_tokens > self.engine.max_len or max_tokens < 1:
