@@ -15,7 +15,7 @@ import os
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Iterator
+from typing import Any, Awaitable, Callable, Iterator, Sequence
 from unittest.mock import patch
 
 import httpx
@@ -59,7 +59,8 @@ def one(client: httpx.Client, model: str, tier: str | None, tokens: int) -> dict
 
 def direct(tokens: int, runs: int, concurrency: int = 0,
            served_aggregate: Callable[[], Awaitable[float]] | None = None, rounds: int = 1,
-           compile: bool = True, served_ttft: Callable[[int], list[float]] | None = None) -> dict:
+           compile: bool = True, served_ttft: Callable[[int], list[float]] | None = None,
+           idle_s: Sequence[float] = ()) -> dict:
     """The lanes' engines without serving: vLLM AsyncLLM on the full model (the standard lane's
     config) and the fast model's ring with the fast lane's layout and options (``ring_options``:
     slots, spin, prefix cache, packed weights), driven by its own blocking client.
@@ -79,7 +80,13 @@ def direct(tokens: int, runs: int, concurrency: int = 0,
     machine's speed hits both alike; its figures come back as ``served_aggregates``, in order with
     ``vllm_full_aggregates``. ``served_ttft(n)`` likewise returns ``n`` served first tokens (seconds):
     ``TTFT_ROUNDS`` blocks of it alternate with blocks of the ring's own (``served_ttft_samples_s``,
-    ``sharded_fast_ttft_samples_s``)."""
+    ``sharded_fast_ttft_samples_s``).
+
+    ``idle_s``: for each, the ring's time to first token when it has been idle that long before each
+    request (``sharded_fast_ttft_after_idle_s``, keyed by the seconds as a string; median of
+    ``TTFT_TRIALS // 2``). A client that sends its next request once it has seen the last one end
+    leaves the ring idle for at least one network round trip; on this VM a first token after a few
+    milliseconds idle costs about twice one sent back to back (docs/serving.md)."""
     import asyncio
 
     from models import FULL
@@ -133,7 +140,7 @@ def direct(tokens: int, runs: int, concurrency: int = 0,
     # Placed as the application places its engines by default (cluster/cpus.py; FASTMODE_CPUS=auto:
     # this process and vLLM's scheduler on the serving CPUs, vLLM's worker and the chips on the others).
     with patch.dict(os.environ, {cpus.ENV: os.environ.get(cpus.ENV, AppConfig().cpus)}), cpus.placed("serving"):
-        out |= _engines(tokens, runs, vllm_runs, compile, served_ttft)
+        out |= _engines(tokens, runs, vllm_runs, compile, served_ttft, idle_s)
     print(f"direct    vLLM AsyncLLM, full model {out['vllm_full']:6.0f} tok/s   fastmode executor, fast model "
           f"{out['layout']} {out['sharded_fast']:6.0f} tok/s", flush=True)
     return out
@@ -181,7 +188,7 @@ def fast_ring(compile: bool = True) -> Iterator[FastRing]:
 
 
 def _engines(tokens: int, runs: int, vllm_runs, compile: bool = True,
-             served_ttft: Callable[[int], list[float]] | None = None) -> dict:
+             served_ttft: Callable[[int], list[float]] | None = None, idle_s: Sequence[float] = ()) -> dict:
     import asyncio
 
     from sharding.sampling import SamplingParams
@@ -197,9 +204,11 @@ def _engines(tokens: int, runs: int, vllm_runs, compile: bool = True,
             rates.append(tokens / (time.perf_counter() - t))
         out["sharded_fast"] = statistics.median(rates)
 
-        def engine_ttft(n: int) -> list[float]:
+        def engine_ttft(n: int, idle: float = 0.0) -> list[float]:
             xs = []
             for _ in range(n):
+                if idle:
+                    time.sleep(idle)
                 t = time.perf_counter()
                 m.generate([prompt], SamplingParams(temperature=0, max_tokens=1))
                 xs.append(time.perf_counter() - t)
@@ -216,6 +225,9 @@ def _engines(tokens: int, runs: int, vllm_runs, compile: bool = True,
                     figures.extend(measure(TTFT_TRIALS // TTFT_ROUNDS))
             out["sharded_fast_ttft_s"] = statistics.median(ours)
             out["sharded_fast_ttft_samples_s"], out["served_ttft_samples_s"] = ours, served
+        if idle_s:
+            out["sharded_fast_ttft_after_idle_s"] = {
+                str(idle): statistics.median(engine_ttft(TTFT_TRIALS // 2, idle)) for idle in idle_s}
     out["layout"] = ring.layout
     out["sharded_fast_compiled"] = ring.options["compile"]
     out["sharded_fast_options"] = {k: str(v) for k, v in ring.options.items()}

@@ -243,6 +243,16 @@ def gateway_section(doc: dict | None) -> list[str]:
                 f"hits both alike): p50 {a['warm_websocket']['p50']:.2f} ms against {a['physical_limit_ms']:.2f} ms, "
                 f"**{a['ratio']:.2f}x** the physical limit. The engine in process is the fast lane's ring with the "
                 "lane's options (spin, prefix cache, packed weights) and its blocking client, on the same prompt.", ""]
+    for n in doc.get("emulated_network", []):
+        if "physical_limit_engine_idle_ms" in n:
+            w = n["ttft_ms"]["warm_websocket"]["p50"]
+            out += [f"At {n['rtt_ms']:g} ms round trip a client that sends each request once it has seen the last "
+                    f"one end leaves the ring idle {n['rtt_ms']:g} ms at least; the engine's first token after that "
+                    f"long idle, in process: {n['engine_ttft_after_idle_ms']:.2f} ms (back to back: "
+                    f"{doc['engine_ttft_ms']:.2f}). With it the physical limit is "
+                    f"{n['physical_limit_engine_idle_ms']:.1f} ms and the warm WebSocket "
+                    f"**{w / n['physical_limit_engine_idle_ms']:.2f}x** of it "
+                    f"({w / n['physical_limit_ms']:.2f}x of the limit with the engine back to back).", ""]
     if doc.get("emulated_network_skipped"):
         out += [f"Emulated network: {doc['emulated_network_skipped']}.", ""]
     return out

@@ -96,6 +96,11 @@ def test_gateway(quick_run):
         assert net["rtt_ms"] == 20 and 20 <= net["measured_rtt_ms"] < 40  # the echo crosses the emulated delay
         assert net["physical_limit_ms"] == pytest.approx(net["measured_rtt_ms"] + doc["engine_ttft_ms"])
         assert net["physical_limit_nominal_rtt_ms"] == pytest.approx(20 + doc["engine_ttft_ms"])
+        # ... and with the engine's first token after the ring idled one round trip (20 ms before each)
+        assert net["engine_ttft_after_idle_ms"] == pytest.approx(1e3 * direct["sharded_fast_ttft_after_idle_s"]["0.02"])
+        assert net["physical_limit_engine_idle_ms"] == pytest.approx(net["measured_rtt_ms"]
+                                                                     + net["engine_ttft_after_idle_ms"])
+        assert "after that long idle" in (out / "benchmarks.md").read_text()
         assert net["ttft_ms"]["health_round_trip"]["p50"] >= 20
         assert net["ttft_ms"]["warm_websocket"]["p50"] >= 20
         assert net["ttft_ms"]["fresh_websocket"]["p50"] >= 40  # connect + upgrade: at least two round trips
