@@ -265,8 +265,7 @@ def turns_section(doc: dict | None) -> list[str]:
     s = doc["settings"]
     out += [f"`{doc['command']}` ({doc['date']}; a run of its own when its date is not the suite's).", ""]
     out += [f"An agent loop: {s['turns']} turns per conversation (one held-out source line in, {s['tokens']} greedy "
-            "tokens out), several conversations at once per lane (up to its batch cap), each started once the one "
-            "before has its first text (out of step, as independent users are). `websocket`: one persistent "
+            "tokens out), several conversations at once per lane (up to its batch cap). `websocket`: one persistent "
             "WebSocket per conversation, each turn only its new line with `previous_response_id`; `http_resend`: "
             "each turn a fresh HTTP connection to `/v1/chat/completions` re-sending the whole history. "
             + (f"The loop runs {s['repeats']} times per way, ways alternating, each time on other conversations; "

@@ -7,10 +7,7 @@
   WebSocket does.
 
 Several conversations run at once per lane (at most the lane's batch cap, so a capped lane never
-refuses one), started one after another, each once the one before has its first text (as
-independent users' loops are, out of step: started in lockstep, every conversation's first turn
-shared one batched prefill with nothing decoding beside it, which no later turn gets, so turn 1
-was the fastest for a reason that has nothing to do with its history); each has ``--turns`` turns of one held-out source line in and ``--tokens`` greedy
+refuses one); each has ``--turns`` turns of one held-out source line in and ``--tokens`` greedy
 tokens out. The whole loop runs ``--repeats`` times per way, ways alternating, each repeat on other
 held-out files (so no repeat finds an earlier one's prefix cached). Per lane and way: time to first
 token per turn (client clock, send to first text; median over every conversation of every repeat),
@@ -28,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import platform
@@ -37,7 +33,6 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -66,41 +61,14 @@ def conversation_inputs(conversations: int, turns: int) -> list[list[str]]:
     raise RuntimeError(f"the held-out corpus has fewer than {conversations} files of {turns} lines")
 
 
-@dataclass
-class Stagger:
-    """When a conversation starts: after ``after`` is set (the previous conversation's first text),
-    and it sets ``started`` at its own first text (or when it ends, whatever happened)."""
-
-    after: asyncio.Event | None
-    started: asyncio.Event
-
-
-def staggers(n: int) -> list[Stagger]:
-    """``n`` conversations started one after another, each once the one before has its first text."""
-    events = [asyncio.Event() for _ in range(n)]
-    return [Stagger(events[i - 1] if i else None, events[i]) for i in range(n)]
-
-
-@contextlib.asynccontextmanager
-async def _staggered(start: Stagger | None):
-    if start is not None and start.after is not None:
-        await start.after.wait()
-    try:
-        yield
-    finally:
-        if start is not None:
-            start.started.set()  # never leave the next conversation waiting
-
-
-async def ws_conversation(url: str, key: str | None, lane: str, inputs: list[str], tokens: int,
-                          start: Stagger | None = None) -> list[dict]:
+async def ws_conversation(url: str, key: str | None, lane: str, inputs: list[str], tokens: int) -> list[dict]:
     """The turns of one conversation on one WebSocket, each continuing the last."""
     from websockets.asyncio.client import connect
 
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     ws_url = "ws" + url[4:] + "/v1/responses"
     turns, previous = [], None
-    async with connect(ws_url, additional_headers=headers, max_size=None) as ws, _staggered(start):
+    async with connect(ws_url, additional_headers=headers, max_size=None) as ws:
         for k, text in enumerate(inputs):
             rid = f"turn-{lane}-{id(inputs)}-{k}"
             body = {"type": "response.create", "id": rid, **LANE_PARAMS[lane], "input": text, "temperature": 0,
@@ -113,8 +81,6 @@ async def ws_conversation(url: str, key: str | None, lane: str, inputs: list[str
                 e = json.loads(await ws.recv())
                 if e["type"] == "response.output_text.delta" and first is None:
                     first = time.perf_counter()
-                    if start is not None:
-                        start.started.set()
                 elif e["type"] == "error":
                     raise RuntimeError(f"turn {k} of a {lane} conversation failed: {e['code']}: {e['message']}")
                 elif e["type"] == "response.completed":
@@ -126,45 +92,36 @@ async def ws_conversation(url: str, key: str | None, lane: str, inputs: list[str
     return turns
 
 
-async def http_conversation(url: str, key: str | None, lane: str, inputs: list[str], tokens: int,
-                            start: Stagger | None = None) -> list[dict]:
+async def http_conversation(url: str, key: str | None, lane: str, inputs: list[str], tokens: int) -> list[dict]:
     """The same conversation, each turn a fresh HTTP connection re-sending the whole history."""
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     messages: list[dict[str, str]] = []
     turns = []
-    async with _staggered(start):
-        for k, text in enumerate(inputs):
-            turns.append(await _http_turn(url, headers, lane, messages, k, text, tokens, start))
+    for k, text in enumerate(inputs):
+        messages.append({"role": "user", "content": text})
+        body = {**LANE_PARAMS[lane], "messages": messages, "temperature": 0, "max_tokens": tokens,
+                "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+        sent, first, reply, usage = time.perf_counter(), None, [], None
+        async with httpx.AsyncClient(base_url=url, headers=headers, timeout=120) as client:  # a new connection
+            async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+                if r.status_code != 200:
+                    raise RuntimeError(f"turn {k} of a {lane} conversation failed: {r.status_code} {await r.aread()!r}")
+                async for line in r.aiter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    chunk = json.loads(line[6:])
+                    if chunk.get("usage"):
+                        usage = chunk["usage"]
+                    for choice in chunk.get("choices", []):
+                        piece = choice.get("delta", {}).get("content")
+                        if piece:
+                            first = first or time.perf_counter()
+                            reply.append(piece)
+        turns.append({"ttft_s": (first or time.perf_counter()) - sent, "total_s": time.perf_counter() - sent,
+                      "input_tokens": usage["prompt_tokens"] if usage else None,
+                      "cached_tokens": (usage or {}).get("prompt_tokens_details", {}).get("cached_tokens")})
+        messages.append({"role": "assistant", "content": "".join(reply)})
     return turns
-
-
-async def _http_turn(url: str, headers: dict, lane: str, messages: list[dict[str, str]], k: int, text: str,
-                     tokens: int, start: Stagger | None) -> dict:
-    messages.append({"role": "user", "content": text})
-    body = {**LANE_PARAMS[lane], "messages": messages, "temperature": 0, "max_tokens": tokens,
-            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
-    sent, first, reply, usage = time.perf_counter(), None, [], None
-    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=120) as client:  # a new connection
-        async with client.stream("POST", "/v1/chat/completions", json=body) as r:
-            if r.status_code != 200:
-                raise RuntimeError(f"turn {k} of a {lane} conversation failed: {r.status_code} {await r.aread()!r}")
-            async for line in r.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[6:])
-                if chunk.get("usage"):
-                    usage = chunk["usage"]
-                for choice in chunk.get("choices", []):
-                    piece = choice.get("delta", {}).get("content")
-                    if piece:
-                        if first is None and start is not None:
-                            start.started.set()
-                        first = first or time.perf_counter()
-                        reply.append(piece)
-    messages.append({"role": "assistant", "content": "".join(reply)})
-    return {"ttft_s": (first or time.perf_counter()) - sent, "total_s": time.perf_counter() - sent,
-            "input_tokens": usage["prompt_tokens"] if usage else None,
-            "cached_tokens": (usage or {}).get("prompt_tokens_details", {}).get("cached_tokens")}
 
 
 async def measure(url: str, key: str | None, lanes: list[str], conversations: int, turns: int,
@@ -187,8 +144,8 @@ async def measure(url: str, key: str | None, lanes: list[str], conversations: in
         for r in range(repeats):
             for way, run in ways.items():
                 start = time.perf_counter()
-                convs[way] += await asyncio.gather(*(run(url, key, lane, lines, tokens, at) for lines, at
-                                                     in zip(inputs[r * n:(r + 1) * n], staggers(n), strict=True)))
+                convs[way] += await asyncio.gather(*(run(url, key, lane, lines, tokens)
+                                                     for lines in inputs[r * n:(r + 1) * n]))
                 walls[way].append(time.perf_counter() - start)
         for way in ways:
             ttft = [statistics.median(c[k]["ttft_s"] for c in convs[way]) for k in range(turns)]
