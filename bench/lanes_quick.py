@@ -161,10 +161,11 @@ class FastRing:
 
 
 @contextlib.contextmanager
-def fast_ring(compile: bool = True) -> Iterator[FastRing]:
+def fast_ring(compile: bool = True, **config: Any) -> Iterator[FastRing]:
     """The fast lane's ring built in this process as ``fastmode up`` deploys it on this machine: its
     layout (``resolve_layout``) and options (``ring_options``), on a local Ray of its own (shut down
-    on exit). ``compile=False``: eager, whatever the lane's config says (smoke runs)."""
+    on exit). ``compile=False``: eager, whatever the lane's config says (smoke runs); ``config``:
+    fields of the lane's config (``FastLaneConfig``) other than their defaults."""
     import ray
     from tokenizers import Tokenizer
 
@@ -173,7 +174,7 @@ def fast_ring(compile: bool = True) -> Iterator[FastRing]:
     from serve.lanes.sharded_engine import resolve_layout, ring_options
     from sharding.pipeline import ShardedModel
 
-    cfg = FastLaneConfig()
+    cfg = FastLaneConfig(**config)
     tp, pp, _ = resolve_layout(FAST, cfg, os.cpu_count() or 1)
     options = ring_options(cfg) | {"compile": cfg.compile and compile}
     tokenizer = Tokenizer.from_file(str(FAST / "tokenizer.json"))

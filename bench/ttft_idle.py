@@ -83,17 +83,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--per-block", type=int, default=15)
     ap.add_argument("--tokens", type=int, default=4, help="output tokens per request")
     ap.add_argument("--no-compile", action="store_true", help="the ring eager (a smoke run)")
+    ap.add_argument("--spin-us", type=float, help="the lane's spin_us (default: its config's)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
     gaps_s = [float(g) / 1e3 for g in args.gaps.split(",") if g.strip()]
     started = time.strftime("%Y-%m-%d %H:%M")
-    with fast_ring(compile=not args.no_compile) as ring:
+    config = {} if args.spin_us is None else {"spin_us": args.spin_us}
+    with fast_ring(compile=not args.no_compile, **config) as ring:
         samples = asyncio.run(_measure(ring, gaps_s, args.rounds, args.per_block, args.tokens))
-        layout = ring.layout
+        layout, options = ring.layout, ring.options
     names = ("first_token", "send_to_step", "step", "step_compute", "step_end_to_client")
     rows = {gap: {name: 1e3 * statistics.median(col) for name, col in zip(names, zip(*xs, strict=True), strict=True)}
             for gap, xs in samples.items()}
     result = {"date": started, "command": "python -m bench.ttft_idle " + " ".join(argv), "layout": layout,
+              "options": {k: str(v) for k, v in options.items()},
               "tokens": args.tokens, "rounds": args.rounds, "per_block": args.per_block,
               "p50_ms_by_gap_s": rows}
     print(f"fast lane ring {layout}, p50 of {args.rounds * args.per_block} per gap (ms)")

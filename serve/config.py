@@ -113,7 +113,9 @@ class FastLaneConfig(LaneCommon):
         "later prompt that starts with its tokens (a conversation's next turn prefills only the new part; "
         "sharding/prefix_cache.py). Parked slots are given up, oldest first, when a new request needs one.")
     spin_us: float = Field(default=2000.0, ge=0, le=100000, description="A chip polls its link this long "
-        "before sleeping: waking a sleeping core costs more than a hop. An idle lane sleeps.")
+        "before sleeping, and the head its clients' links this long after its last step: waking a sleeping "
+        "core costs more than a hop, and a step after a sleep runs colder (bench/ttft_idle.py). An idle "
+        "lane sleeps.")
     packed_weights: PackedWeights = Field(default="auto", description=_PACKED + " Each chip decides for "
                                           "its own CPU.")
 

@@ -129,7 +129,7 @@ class ChipWorker:
             # Rank 0 of the last stage (the tokens) first.
             links["returns"] = [got[i] for i in sorted(expected["returns"])]
             chip = self.head = Head(role, self.runner, links, self._control, prefix_cache=prefix_cache,
-                                         secret=secret)
+                                    secret=secret, spin_s=self.spin_s)
             target = chip.lead
         else:
             links["prev"] = got[expected["prev"][0]]
