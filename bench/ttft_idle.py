@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from bench.lanes_quick import fast_ring
+from bench.load import round_order
 
 
 async def _measure(ring, gaps_s: list[float], rounds: int, per_block: int, tokens: int) -> dict[str, list[tuple]]:
@@ -67,7 +68,7 @@ async def _measure(ring, gaps_s: list[float], rounds: int, per_block: int, token
     out: dict[str, list[tuple]] = {str(g): [] for g in gaps_s}
     try:
         for r in range(rounds):
-            for gap in (gaps_s if r % 2 == 0 else gaps_s[::-1]):
+            for gap in round_order(gaps_s, r):
                 for _ in range(per_block):
                     out[str(gap)].append(await once(gap))
     finally:

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from bench.lanes_quick import TTFT_PROMPT, fast_ring
+from bench.load import round_order
 
 
 async def _layers(m, prompt: list[int], tokens: int, rounds: int, per_block: int) -> dict[str, list[float]]:
@@ -78,8 +79,7 @@ async def _layers(m, prompt: list[int], tokens: int, rounds: int, per_block: int
     out: dict[str, list[float]] = {name: [] for name in sides}
     try:
         for r in range(rounds):
-            order = list(sides) if r % 2 == 0 else list(sides)[::-1]
-            for name in order:
+            for name in round_order(list(sides), r):
                 for _ in range(per_block):
                     out[name].append(await sides[name]())
     finally:

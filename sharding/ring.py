@@ -30,7 +30,6 @@ plain socket messages (``sharding.transport``).
 from __future__ import annotations
 
 import hmac
-import os
 import select
 import socket
 import time
@@ -44,7 +43,7 @@ from .batch import Hop, Rows, StepBatch, StepResult
 from .kv_cache import SlotPool
 from .scheduler import Scheduler
 from .stage import StageRunner
-from .transport import Link, LinkClosed
+from .transport import Link, LinkClosed, poll
 
 TRANSPORT = "tcp"
 FLUSH_S = 0.010
@@ -307,18 +306,13 @@ class Head(Chip):
 
     def _wait(self, block: bool) -> list[socket.socket]:
         """The sockets with something to read: a new connection, a secret's bytes, a command."""
-        timeout = 0.0
-        if block and self.spin_s > 0:  # poll (yielding the core) until the window after the last step ends
-            watched, until = [self.server, *self._hellos, *self.clients], self._flushed + self.spin_s
-            while time.perf_counter() < until:
-                if select.select(watched, [], [], 0)[0]:
-                    block = False
-                    break
-                os.sched_yield()
+        watched, timeout = [self.server, *self._hellos, *self.clients], 0.0
+        if block and self.spin_s > 0 and poll(watched, self._flushed + self.spin_s):
+            block = False  # something came within the window after the last step
         if block:
             deadlines = [d for _, d in self._hellos.values()]
             timeout = None if not deadlines else max(0.0, min(deadlines) - time.monotonic())
-        ready = select.select([self.server, *self._hellos, *self.clients], [], [], timeout)[0]
+        ready = select.select(watched, [], [], timeout)[0]
         now = time.monotonic()
         for sock, (_, deadline) in list(self._hellos.items()):
             if deadline <= now and sock not in ready:

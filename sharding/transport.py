@@ -56,6 +56,18 @@ SPIN_S = 0.002
 """Default ``Link.spin_s``: how long a receiver polls before it sleeps in the kernel."""
 
 
+def poll(socks: list, deadline: float) -> bool:
+    """Whether any of ``socks`` has something to read before ``time.perf_counter()`` reaches
+    ``deadline``: polls (``select`` with a zero timeout), yielding the core between polls, never
+    sleeping (see ``Link``)."""
+    while True:
+        if select.select(socks, [], [], 0)[0]:
+            return True
+        if time.perf_counter() >= deadline:
+            return False
+        os.sched_yield()
+
+
 class Link:
     """One end of a connected socket: ``send(meta, tensors)`` / ``recv() -> (meta, tensors)``.
 
@@ -98,13 +110,7 @@ class Link:
 
     def poll(self, timeout_s: float) -> bool:
         """Whether a message has started to arrive within ``timeout_s`` (polling, never sleeping)."""
-        fd, deadline = [self.sock], time.perf_counter() + timeout_s
-        while True:
-            if select.select(fd, [], [], 0)[0]:
-                return True
-            if time.perf_counter() >= deadline:
-                return False
-            os.sched_yield()
+        return poll([self.sock], time.perf_counter() + timeout_s)
 
     def recv(self) -> tuple[Any, list[torch.Tensor]]:
         """Block until one whole message has arrived (polling for ``spin_s`` first); ``LinkClosed``
