@@ -93,8 +93,10 @@ def top_p_filter(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
 
     A token is kept if the mass of the tokens strictly more likely than it is below ``top_p``,
     so the most likely token always survives. Rows with ``top_p == 1`` are left whole (a cumsum
-    can round up to 1 before the tail).
+    can round up to 1 before the tail). A ``top_p`` too small for float32 (5e-324 is 0 there) is
+    raised to float32's smallest normal, so the most likely token survives every row.
     """
+    top_p = top_p.float().clamp_min(torch.finfo(torch.float32).tiny)
     sorted_probs, order = probs.sort(dim=-1, descending=True)
     mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
     drop = (mass_before >= top_p[:, None]) & (top_p[:, None] < 1)
@@ -114,8 +116,7 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
         return greedy
     device = logits.device
     temperature = torch.tensor([1.0 if p.greedy else p.temperature for p in params], device=device)
-    # A top_p too small for float32 would become 0 and drop even the most likely token.
-    top_p = torch.tensor([p.top_p for p in params], device=device).clamp_min(torch.finfo(torch.float32).tiny)
+    top_p = torch.tensor([p.top_p for p in params], device=device)
     probs = torch.softmax(logits.float() / temperature[:, None], dim=-1)
     if any(p.top_p < 1 for p in params):
         probs = top_p_filter(probs, top_p)

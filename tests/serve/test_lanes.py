@@ -74,6 +74,21 @@ def test_lane_streams_its_engines_greedy_text(app, references, lane):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("lane", LANES)
+def test_sampling_values_too_small_for_float32_give_the_greedy_text(app, references, lane):
+    """A denormal temperature is greedy (below vLLM's 1e-5) and a denormal top_p keeps only the most
+    likely token: either gives transformers' greedy text. The exact lane crashed on the top_p (it
+    kept no token, and ``torch.multinomial`` refused the NaNs), and was rebuilt: CI's fuzz found it."""
+    model = "fast" if lane == "fast" else "full"
+    tok = references[model, "tokenizer"]
+    want = tok.decode(references[model, "transformers"][0], skip_special_tokens=True)
+    for hostile in ({"temperature": 5e-324}, {"temperature": 1.0, "top_p": 5e-324}):
+        status, events = app().generate(**request(lane, PROMPTS[0], **hostile))
+        assert status == 200 and events[-1]["type"] == "done", (hostile, events[-3:])
+        assert events[-1]["lane"] == lane and text_of(events) == want, hostile
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lane", LANES)
 def test_stop_string_ends_the_text_as_vllm_does(app, references, lane):
     model = "fast" if lane == "fast" else "full"
     tok = references[model, "tokenizer"]

@@ -7,6 +7,7 @@ import torch
 
 from sharding.errors import InvalidSamplingParams
 from sharding.sampling import SamplingParams, make_generator, sample, top_p_filter
+from sharding.speculative import warp
 
 
 @pytest.mark.parametrize("kwargs", [
@@ -76,3 +77,14 @@ def test_sampling_values_too_small_for_float32_still_take_the_most_likely_token(
     logits = torch.zeros(1, 50)
     logits[0, 7] = 10.0
     assert sample(logits, [params], [make_generator(params)]).item() == 7
+
+
+@pytest.mark.parametrize("top_p", [5e-324, 1e-300, 1e-45])
+def test_top_p_too_small_for_float32_keeps_the_most_likely_token(top_p):
+    """A top_p that is 0 in float32 kept no token (the speculative engine's warp then divided 0 by 0 and
+    ``torch.multinomial`` refused the NaNs: CI's fuzz found it on the exact lane)."""
+    probs = torch.softmax(torch.randn(3, 50, generator=torch.Generator().manual_seed(0)), dim=-1)
+    kept = top_p_filter(probs, torch.tensor([top_p] * 3))
+    assert torch.equal(kept.nonzero()[:, 1], probs.argmax(dim=-1))
+    warped = warp(probs.log(), SamplingParams(temperature=1.0, top_p=top_p))
+    assert torch.equal(warped, torch.nn.functional.one_hot(probs.argmax(dim=-1), 50).float())

@@ -65,6 +65,16 @@ def test_stops_at_max_tokens_and_eos_like_the_engine(pair):
         assert all(t not in eos for t in o[:-1])
 
 
+@pytest.mark.parametrize("params", [SamplingParams(temperature=5e-324, max_tokens=24, ignore_eos=True),
+                                    SamplingParams(temperature=1.0, top_p=5e-324, max_tokens=24, ignore_eos=True)])
+def test_values_too_small_for_float32_decode_the_targets_greedy_output(pair, params):
+    """A denormal temperature is greedy; a denormal top_p keeps one token per position, so drafting
+    and the rejection rule give the target's greedy output too (it crashed the engine before)."""
+    full, fast, prompts = pair
+    engine = SpeculativeEngine.from_pretrained(full, fast, num_slots=2, k=3, adaptive=False)
+    assert engine.generate(prompts[:2], params) == [hf_greedy(full, ids, 24) for ids in prompts[:2]]
+
+
 def test_sampled_output_is_seeded_and_within_the_vocabulary(pair):
     full, fast, prompts = pair
     # A fixed k: the draws a seed makes depend on how many drafts each round has (see the module).
