@@ -1,15 +1,16 @@
 """What a prompt token costs a vLLM lane's first token, on an idle engine in process.
 
 A turn continued with ``previous_response_id`` prefills what vLLM's prefix cache does not hold:
-the history's tail that fills no KV block, the previous turn's output (joined after a newline, so
-its keys and values from generation do not apply) and the new input. Whether that can keep turn
+the history's tail that fills no KV block, the previous turn's output where the join does not follow
+the text it was generated after (it does when that output starts with a line break:
+``serve.request.join_messages``) and the new input. Whether that can keep turn
 20's first token within 1.2x of turn 1's depends on what each prefilled token costs against the
 fixed cost of a step. This starts the lane's own engine (``VLLMLaneEngine``, the lane's config)
 and times first tokens of fresh prompts of several lengths, interleaved, skipping the first
 rounds; prints the median per length and the least-squares slope (ms per prompt token).
 
 ``--replay N`` then replays ``fastmode bench turns``' conversations (the same held-out lines, 20
-turns, 8 greedy tokens, the history joined one message per line as the router joins it) one at a
+turns, 8 greedy tokens, the history joined as the router joins it) one at a
 time on the same engine: each turn's first token and the prompt tokens it prefilled (those the
 prefix cache did not hold). Without the serving path and with one conversation at a time, it shows
 what the history itself costs a later turn.
@@ -31,6 +32,7 @@ from pathlib import Path
 
 from models import FULL
 from serve.config import LANE_CONFIGS
+from serve.request import join_messages
 
 WARM_ROUNDS = 2
 
@@ -77,12 +79,12 @@ async def _replay(engine, conversations: int, turns: int = 20, tokens: int = 8) 
     ms: list[list[float]] = [[] for _ in range(turns)]
     prefilled: list[list[int]] = [[] for _ in range(turns)]
     for c, lines in enumerate(conversation_inputs(conversations, turns)):
-        messages: list[str] = []
+        messages: list[tuple[str, str]] = []
         for k, line in enumerate(lines):
-            messages.append(line)
-            ids = tokenizer.encode("\n".join(messages)).ids  # as serve.request.GenerateRequest.prompt joins
+            messages.append(("user", line))
+            ids = tokenizer.encode(join_messages(messages)).ids  # as the router joins a conversation
             t, cached, text = await _first_token(engine, f"c{c}-{k}", ids, tokens)
-            messages.append(text)
+            messages.append(("assistant", text))
             ms[k].append(t)
             prefilled[k].append(len(ids) - cached)
     per_turn = [statistics.median(v) for v in ms]

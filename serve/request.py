@@ -13,6 +13,7 @@ Every stream ends with exactly one ``done`` or ``error``.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -96,14 +97,28 @@ class GenerateRequest(BaseModel):
 
     @property
     def prompt(self) -> str:
-        """The text the model continues: the input string, or the messages' contents one per line."""
+        """The text the model continues: the input string, or the messages joined (``join_messages``)."""
         if isinstance(self.input, str):
             text = self.input
         else:
-            text = "\n".join(m.content for m in self.input)
+            text = join_messages((m.role, m.content) for m in self.input)
         if not text:
             raise InvalidRequest("input: the prompt is empty")
         return text
+
+
+def join_messages(messages: Iterable[tuple[str, str]]) -> str:
+    """The text ``(role, content)`` messages make for a model without a chat template: one message
+    per line, but an ``assistant`` message that starts with a line break follows the message before
+    it directly. That message is what the model continued the text before it with (a completion
+    model's turn: a line's code, then ``"\\n    return x"``); another line break would put a blank
+    line into the model's own text on the next turn, and make the lane prefill the previous
+    output again instead of reusing its keys and values."""
+    text = ""
+    for i, (role, content) in enumerate(messages):
+        glued = i == 0 or (role == "assistant" and content.startswith("\n"))
+        text += content if glued else "\n" + content
+    return text
 
 
 def _not_unicode(value: Any, where: str = "") -> str | None:

@@ -2,7 +2,7 @@
 continues one of them (the next turn of a conversation) tokenizes only what is new.
 
 Why: a conversation's turn ``n + 1`` is turn ``n``'s prompt, its output and the new input, joined
-by line breaks (``serve.request.GenerateRequest.prompt``; the router joins the history kept for
+at line breaks (``serve.request.join_messages``; the router joins the history kept for
 ``previous_response_id`` the same way). Tokenizing the whole history again costs about a
 microsecond a token here (~0.45 ms at 400 tokens): the longer the conversation, the later its
 first token, although the lane's prefix cache already holds the history's keys and values.

@@ -215,6 +215,16 @@ def references():
     return greedy
 
 
+def resent_text(conversation: list[dict[str, str]]) -> str:
+    """The protocol's join (docs/protocol.md), written out here: a line break before each message but
+    the first and an assistant message that starts with one."""
+    text = conversation[0]["content"]
+    for m in conversation[1:]:
+        glued = m["role"] == "assistant" and m["content"].startswith("\n")
+        text += m["content"] if glued else "\n" + m["content"]
+    return text
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("lane", list(LANE_REQUESTS))
 def test_ten_turns_equal_transformers_and_a_full_resend(app, references, lane):
@@ -224,22 +234,27 @@ def test_ten_turns_equal_transformers_and_a_full_resend(app, references, lane):
     url = a.base.replace("http", "ws", 1)
     params = {**LANE_REQUESTS[lane], "temperature": 0, "max_output_tokens": TOKENS, "ignore_eos": True}
     conversation: list[dict[str, str]] = []
-    cached = []
+    cached, inputs = [], []
     with Client(url, api_key=a.key) as client, Client(url, api_key=a.key) as resend:
         previous = None
         for k, text in enumerate(INPUTS[:TURNS]):
             r = client.responses.create(**params, input=text, previous_response_id=previous)
             conversation.append({"role": "user", "content": text})
             full = resend.responses.create(**params, input=list(conversation))  # another connection
-            want, n_input = references("fast" if lane == "fast" else "full",
-                                       "\n".join(m["content"] for m in conversation))
+            want, n_input = references("fast" if lane == "fast" else "full", resent_text(conversation))
             assert r.lane == full.lane == lane and r.text == full.text == want, (k, r.text, full.text, want)
             assert r.usage.input_tokens == full.usage.input_tokens == n_input, k
             cached.append(r.usage.cached_tokens)
+            inputs.append(n_input)
             conversation.append({"role": "assistant", "content": r.text})
             previous = r.id
+    glued = [k for k in range(1, TURNS) if conversation[2 * k - 1]["content"].startswith("\n")]
+    assert glued, "no output started with a line break: the join's other case is untested"
     if lane == "fast":  # the executor's prefix cache: every turn after the first reuses its history
         assert all(c > 0 for c in cached[1:]), cached
+        # After an output that follows its prompt directly, the turn reuses more than that prompt:
+        # the output's own keys and values from generation.
+        assert all(cached[k] > inputs[k - 1] + 1 for k in glued), (glued, cached, inputs)
     else:  # vLLM's automatic prefix caching reuses whole blocks of the history once there is one
         assert any(c > 0 for c in cached[1:]), cached
 

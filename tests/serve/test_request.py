@@ -16,6 +16,20 @@ def test_defaults_and_prompt_forms():
     assert chat.prompt == "a\nb" and chat.stop_list == ["x"]
 
 
+@pytest.mark.parametrize("messages,text", [
+    # an output that starts with a line break follows its prompt as the model generated it
+    ([("user", "def f(x):"), ("assistant", "\n    return x"), ("user", "def g():")],
+     "def f(x):\n    return x\ndef g():"),
+    # one that continues the line, and any other message, start a line of their own
+    ([("user", "x = f("), ("assistant", "1)"), ("user", "\ny")], "x = f(\n1)\n\ny"),
+    ([("system", "s"), ("assistant", "\na"), ("assistant", "\n\nb")], "s\na\n\nb"),
+    ([("assistant", "\nfirst")], "\nfirst"),
+])
+def test_messages_are_joined_one_per_line_and_outputs_follow_their_prompts(messages, text):
+    r = GenerateRequest.parse({"model": "m", "input": [{"role": role, "content": c} for role, c in messages]})
+    assert r.prompt == text
+
+
 @pytest.mark.parametrize("body,field", [
     ("not a dict", "JSON object"),
     ({"input": "x"}, "model"),
