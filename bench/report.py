@@ -265,13 +265,16 @@ def turns_section(doc: dict | None) -> list[str]:
     s = doc["settings"]
     out += [f"`{doc['command']}` ({doc['date']}; a run of its own when its date is not the suite's).", ""]
     out += [f"An agent loop: {s['turns']} turns per conversation (one held-out source line in, {s['tokens']} greedy "
-            "tokens out), several conversations at once per lane (up to its batch cap). `websocket`: one persistent "
+            "tokens out), several conversations at once per lane (up to its batch cap), in steady state: each "
+            "slot runs conversations back to back, the slots started a fraction of a conversation apart, and each "
+            "slot's second conversation is measured while the others go on around it, so turn 1 meets the same load "
+            "as turn 20 (`bench/turns.py` says why). `websocket`: one persistent "
             "WebSocket per conversation, each turn only its new line with `previous_response_id`; `http_resend`: "
             "each turn a fresh HTTP connection to `/v1/chat/completions` re-sending the whole history. "
             + (f"The loop runs {s['repeats']} times per way, ways alternating, each time on other conversations; "
                if s.get("repeats", 1) > 1 else "") +
-            "time to first token is the client's, median over the conversations (of every run); wall time the "
-            "median run's; `cached` is the input tokens the lane "
+            "time to first token is the client's, median over the measured conversations (of every run); wall time "
+            "a measured conversation's (median); `cached` is the input tokens the lane "
             "reused from earlier turns on the last turn (of its input tokens). Goals: the last turn's time to first "
             f"token within {doc['goals']['ttft_last_over_first_at_most']}x of the first's, and the WebSocket's wall "
             f"time at most {doc['goals']['wall_ratio_at_most']}x the re-send's.", ""]

@@ -7,14 +7,22 @@
   WebSocket does.
 
 Several conversations run at once per lane (at most the lane's batch cap, so a capped lane never
-refuses one); each has ``--turns`` turns of one held-out source line in and ``--tokens`` greedy
-tokens out. The whole loop runs ``--repeats`` times per way, ways alternating, each repeat on other
-held-out files (so no repeat finds an earlier one's prefix cached). Per lane and way: time to first
-token per turn (client clock, send to first text; median over every conversation of every repeat),
-the wall time of all conversations (median over repeats), the input tokens the server reused
-(``cached_tokens``), and the two goals: turn ``N``'s time to first token within 1.2x of turn
-1's (the history is not re-prefilled) and the WebSocket's wall time at least 30% under the
-re-send's. On loopback, then across an emulated round trip (``bench.netem``; root only).
+refuses one), in steady state: each of ``--conversations`` slots runs conversations back to back,
+slot ``i`` starting once slot 0 is ``i * turns / conversations`` turns in. Each slot's second
+conversation is measured, and the slots go on with others (cut off at the end) until every measured
+one has ended, so every measured turn, the first as much as the last, meets the same load: the
+other slots' conversations at every stage. (Started together, turn 1 was the only turn whose
+prefills all arrived at once with nothing decoding, and a later turn waited for the others'
+steps: up to 1.8x turn 1 with nothing of the history prefilled again.) A conversation has
+``--turns`` turns of one held-out source line in and ``--tokens`` greedy tokens out. The whole loop
+runs ``--repeats`` times per way, ways alternating; each repeat measures other held-out files (so no
+repeat finds an earlier one's prefix cached), and the conversations around them cycle through the
+files no measured conversation uses. Per lane and way: time to first token per turn (client clock,
+send to first text; median over every measured conversation), the wall time of a measured
+conversation (median), the input tokens the server reused (``cached_tokens``), and the two goals:
+turn ``N``'s time to first token within 1.2x of turn 1's (the history is not re-prefilled) and the
+WebSocket's wall time at least 30% under the re-send's. On loopback, then across an emulated round
+trip (``bench.netem``; root only).
 
 Usage: fastmode bench turns [--url http://HOST:PORT] [--api-key K] [--lanes fast,standard,...]
                             [--conversations 4] [--turns 20] [--tokens 8] [--repeats 3] [--rtt-ms 20]
@@ -25,6 +33,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import itertools
 import json
 import os
 import platform
@@ -33,6 +43,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -46,8 +57,9 @@ MAX_LINE_CHARS = 60
 TTFT_GOAL, WALL_GOAL = 1.2, 0.7
 
 
-def conversation_inputs(conversations: int, turns: int) -> list[list[str]]:
-    """One held-out source file per conversation, its non-empty lines (cut to 60 characters) as turns."""
+def conversation_inputs(conversations: int | None, turns: int) -> list[list[str]]:
+    """One held-out source file per conversation, its non-empty lines (cut to 60 characters) as turns
+    (``conversations=None``: one per file long enough)."""
     from models.recipe import corpus
 
     _, held = corpus.split(corpus.list_files())
@@ -58,11 +70,15 @@ def conversation_inputs(conversations: int, turns: int) -> list[list[str]]:
             out.append(lines[:turns])
         if len(out) == conversations:
             return out
+    if conversations is None:
+        return out
     raise RuntimeError(f"the held-out corpus has fewer than {conversations} files of {turns} lines")
 
 
-async def ws_conversation(url: str, key: str | None, lane: str, inputs: list[str], tokens: int) -> list[dict]:
-    """The turns of one conversation on one WebSocket, each continuing the last."""
+async def ws_conversation(url: str, key: str | None, lane: str, inputs: list[str], tokens: int,
+                          on_turn: Callable[[int], None] | None = None) -> list[dict]:
+    """The turns of one conversation on one WebSocket, each continuing the last (``on_turn(k)`` after
+    the ``k``-th has ended)."""
     from websockets.asyncio.client import connect
 
     headers = {"Authorization": f"Bearer {key}"} if key else {}
@@ -89,10 +105,13 @@ async def ws_conversation(url: str, key: str | None, lane: str, inputs: list[str
                                   "cached_tokens": e["usage"]["input_tokens_details"]["cached_tokens"]})
                     break
             previous = rid
+            if on_turn:
+                on_turn(k + 1)
     return turns
 
 
-async def http_conversation(url: str, key: str | None, lane: str, inputs: list[str], tokens: int) -> list[dict]:
+async def http_conversation(url: str, key: str | None, lane: str, inputs: list[str], tokens: int,
+                            on_turn: Callable[[int], None] | None = None) -> list[dict]:
     """The same conversation, each turn a fresh HTTP connection re-sending the whole history."""
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     messages: list[dict[str, str]] = []
@@ -121,7 +140,45 @@ async def http_conversation(url: str, key: str | None, lane: str, inputs: list[s
                       "input_tokens": usage["prompt_tokens"] if usage else None,
                       "cached_tokens": (usage or {}).get("prompt_tokens_details", {}).get("cached_tokens")})
         messages.append({"role": "assistant", "content": "".join(reply)})
+        if on_turn:
+            on_turn(k + 1)
     return turns
+
+
+async def steady(run: Callable, url: str, key: str | None, lane: str, measured: list[list[str]],
+                 background: list[list[str]], turns: int, tokens: int) -> list[dict]:
+    """``len(measured)`` slots running conversations back to back (see the module docstring): each
+    slot's second conversation is ``measured[i]``, the others come from ``background`` in turn.
+    Returns each measured conversation's turns and wall time."""
+    n = len(measured)
+    reached = [asyncio.Event() for _ in range(turns + 1)]  # slot 0's first conversation: turns ended
+    reached[0].set()
+    ended = asyncio.Event()  # every measured conversation
+    others = itertools.cycle(background)
+    results: list[dict] = []
+
+    async def until_ended(lines: list[str]) -> None:
+        task = asyncio.ensure_future(run(url, key, lane, lines, tokens))
+        stop = asyncio.ensure_future(ended.wait())
+        await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        task.cancel()  # a no-op if it ended
+        with contextlib.suppress(asyncio.CancelledError):
+            await task  # its own failure is raised
+
+    async def slot(i: int) -> None:
+        await reached[i * turns // n].wait()
+        await run(url, key, lane, next(others), tokens, on_turn=(lambda k: reached[k].set()) if i == 0 else None)
+        start = time.perf_counter()
+        conversation = await run(url, key, lane, measured[i], tokens)
+        results.append({"turns": conversation, "wall_s": time.perf_counter() - start})
+        if len(results) == n:
+            ended.set()
+        while not ended.is_set():
+            await until_ended(next(others))
+
+    await asyncio.gather(*(slot(i) for i in range(n)))
+    return results
 
 
 async def measure(url: str, key: str | None, lanes: list[str], conversations: int, turns: int,
@@ -135,21 +192,24 @@ async def measure(url: str, key: str | None, lanes: list[str], conversations: in
         caps[lane] = min(conversations, cap) if cap else conversations
     out = {}
     ways = {"websocket": ws_conversation, "http_resend": http_conversation}
+    files = conversation_inputs(None, turns)
     for lane in lanes:
         n = caps[lane]
-        inputs = conversation_inputs(n * repeats, turns)
+        inputs, background = files[:n * repeats], files[n * repeats:]
+        if len(inputs) < n * repeats or not background:
+            raise RuntimeError(f"the held-out corpus has {len(files)} files of {turns} lines: {n * repeats} "
+                               "measured conversations and at least one around them need more")
         out[lane] = {"conversations": n, "repeats": repeats}
         convs: dict[str, list] = {way: [] for way in ways}
         walls: dict[str, list[float]] = {way: [] for way in ways}
         for r in range(repeats):
             for way, run in ways.items():
-                start = time.perf_counter()
-                convs[way] += await asyncio.gather(*(run(url, key, lane, lines, tokens)
-                                                     for lines in inputs[r * n:(r + 1) * n]))
-                walls[way].append(time.perf_counter() - start)
+                for c in await steady(run, url, key, lane, inputs[r * n:(r + 1) * n], background, turns, tokens):
+                    convs[way].append(c["turns"])
+                    walls[way].append(c["wall_s"])
         for way in ways:
             ttft = [statistics.median(c[k]["ttft_s"] for c in convs[way]) for k in range(turns)]
-            out[lane][way] = {"wall_s": statistics.median(walls[way]), "wall_s_per_repeat": walls[way],
+            out[lane][way] = {"wall_s": statistics.median(walls[way]), "wall_s_per_conversation": walls[way],
                               "ttft_ms_per_turn": [1e3 * t for t in ttft],
                               "input_tokens_last_turn": statistics.median(c[-1]["input_tokens"] or 0
                                                                           for c in convs[way]),
@@ -194,7 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--url", default="http://127.0.0.1:8000")
     ap.add_argument("--api-key", default=os.environ.get("FASTMODE_API_KEY"))
     ap.add_argument("--lanes", type=lambda s: [x for x in s.split(",") if x], default=list(LANE_PARAMS))
-    ap.add_argument("--conversations", type=int, default=4, help="conversations at once per lane (at most its cap)")
+    ap.add_argument("--conversations", type=int, default=4, help="conversations at once per lane (at most its cap): "
+                    "slots, each running conversations back to back")
     ap.add_argument("--turns", type=int, default=20)
     ap.add_argument("--tokens", type=int, default=8, help="output tokens per turn")
     ap.add_argument("--repeats", type=int, default=3, help="runs of the whole loop per way (other files each)")
