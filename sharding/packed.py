@@ -13,8 +13,9 @@ not exactly representable is never packed (``packable``), so packing is lossless
 
 ``apply_packed_weights`` swaps each ``nn.Linear`` for a ``PackedLinear`` and gives each
 tensor-parallel linear (``sharding.tp``) a ``packed`` buffer. Both keep the float32 weight: a step
-of more than 16 rows (the kernel's ``MAX_ROWS``; a prefill) is compute-bound and runs MKL's
-``F.linear`` as before.
+of more than 64 rows (the kernel's ``MAX_ROWS``; a long prefill) runs MKL's ``F.linear`` as before.
+Up to 64 rows the kernel is also the faster one for prefills (a conversation's next turn): 0.60x
+MKL's time at 20 rows, 0.80x at 64 (``python -m bench.packed_rows``; docs/sharding.md).
 
 The kernel is compiled on first use (about 15 s, ``torch.utils.cpp_extension``; cached under
 ``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``) and needs x86-64 with AVX2 and
@@ -140,7 +141,7 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor | None) -> torch.Tensor:
-    """``x @ weight.T``: from ``packed`` for a step of at most 16 rows, else MKL.
+    """``x @ weight.T``: from ``packed`` for a step of at most 64 rows, else MKL.
 
     The kernel makes that choice itself: a branch on the row count here would make
     ``torch.compile`` guard on it and compile each dynamic graph twice (34 graphs against 24 for the

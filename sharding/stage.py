@@ -145,8 +145,13 @@ def warm_up(model, max_passes: int = 3) -> None:
     Dynamo first specialises on the shapes it sees, then makes a dimension dynamic once it
     changes (``compile_forward``); size 1 stays special. So: one-row decodes to the end of the
     context (every attention-span bucket), one-row prefills of two lengths, then two- and
-    three-row prefills and decodes. Every input reaches the model with its own storage
-    (``_own_storage``), so no later batch size or message layout meets a guard these did not.
+    three-row prefills and decodes. The last span bucket (the whole cache) gets graphs of its own,
+    so one- to three-row prefills and decodes there too: prompts that fill all but half a bucket
+    (and, on the next pass, the same prompts again, which a prefix cache turns into one-token
+    prefills). Without them a conversation's first turn past ``max_len - SPAN_BUCKET`` tokens with
+    another sequence running compiled on the user's request. Every input reaches the model with its
+    own storage (``_own_storage``), so no later batch size or message layout meets a guard these
+    did not.
 
     Which graphs a shape ends up on depends on the order shapes arrive in (a graph compiled once a
     size turned symbolic guards against the values seen special before it), so the sequence runs
@@ -163,6 +168,10 @@ def warm_up(model, max_passes: int = 3) -> None:
         model.generate([[1, 2, 3, 4, 5, 6, 7], [1, 2, 3, 4, 5]], greedy(8))
         model.generate([[1, 2, 3, 4, 5, 6], [1, 2, 3, 4], [1, 2, 3, 4, 5, 6, 7, 8, 9]],
                        SamplingParams(max_tokens=8, ignore_eos=True, temperature=1.0, seed=0))
+        ends = [[1] + [3 + (7 * i + r) % 50 for i in range(model.max_len - SPAN_BUCKET // 2 - r)] for r in range(3)]
+        model.generate(ends[:1], greedy(4))
+        model.generate(ends[:2], greedy(4))
+        model.generate(ends, SamplingParams(max_tokens=4, ignore_eos=True, temperature=1.0, seed=0))
         if counters["stats"]["unique_graphs"] == graphs:
             return
 

@@ -1,5 +1,5 @@
 // fastmode::linear_bf16w: y[M, N] = x[M, K] @ W[N, K]^T with x float32 and W stored as bfloat16,
-// packed [N/16, K, 16] (sharding/packed.py packs it); a step of more than MAX_ROWS rows runs
+// packed [N/16, K, 16] (sharding/packed.py packs it); a step of more than MAX_ROWS (64) rows runs
 // at::linear on the float32 `weight` instead. Arithmetic is float32 (FMA); only the weights
 // are narrow, so a weight that is exactly a bfloat16 value (every checkpoint fastmode ships) gives
 // the same products as float32 weights and half the bytes to stream per decode step.
@@ -24,7 +24,16 @@
 
 namespace {
 constexpr int NB = 16;        // output columns per packed block
-constexpr int64_t MAX_ROWS = 16;  // larger steps (prefills) are compute-bound: MKL's float32 GEMM
+// Steps of more rows run MKL's float32 GEMM. Up to here the kernel is faster on an AVX2 core even
+// where a step is compute-bound: on this repo's 2-core VM (Zen 3, 1 thread, both shipped models'
+// linears, weights out of cache) 0.55x MKL's time at 16 rows, 0.60x at 20, 0.80x at 64, 0.95x at
+// 512 (python -m bench.packed_rows, bench/results/packed_rows.json). 64 covers a conversation turn's prefill (10-40 new tokens) and
+// leaves long prompts to MKL, whose AVX-512 kernels may win on other CPUs. A build may set it
+// (-DFASTMODE_MAX_ROWS=N; bench.packed_rows builds a copy without a limit).
+#ifndef FASTMODE_MAX_ROWS
+#define FASTMODE_MAX_ROWS 64
+#endif
+constexpr int64_t MAX_ROWS = FASTMODE_MAX_ROWS;
 
 inline __m256 load8(const uint16_t* p) {  // 8 bfloat16 -> 8 float32 (shift into the high half)
   __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));

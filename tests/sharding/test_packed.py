@@ -45,7 +45,8 @@ def bf16_pair(tmp_path_factory) -> tuple[Path, Path]:
 
 
 @needs_kernel
-@pytest.mark.parametrize("shape", [(1, 256), (3, 256), (2, 5, 704), (16, 64), (7, 1, 3), (4, 1000), (3, 7, 64)])
+@pytest.mark.parametrize("shape", [(1, 256), (3, 256), (2, 5, 704), (16, 64), (7, 1, 3), (4, 1000), (3, 7, 64),
+                                   (17, 256), (2, 31, 64), (64, 704), (5, 13, 256), (2, 100, 64)])
 @pytest.mark.parametrize("out_features", [16, 704, 4096])
 def test_kernel_matches_a_float64_matmul(shape, out_features):
     g = torch.Generator().manual_seed(out_features + shape[-1])
@@ -113,7 +114,8 @@ def test_apply_packs_every_linear_and_keeps_ties(bf16_pair, tmp_path):
 def test_engine_greedy_matches_transformers(bf16_pair, compile):
     path = bf16_pair[0]
     engine = Engine.from_pretrained(path, num_slots=4, compile=compile, packed_weights=True)
-    prompts = [prompt_ids(path, n, seed=n) for n in (5, 9, 30)]  # decode steps of 1-3 rows; a 30-row prefill
+    # decode steps of 1-4 rows; prefills of 30 rows (the kernel) and 70 (MKL's, past MAX_ROWS)
+    prompts = [prompt_ids(path, n, seed=n) for n in (5, 9, 30, 70)]
     outs = engine.generate(prompts, SamplingParams(temperature=0, max_tokens=40))
     assert outs == [hf_greedy(path, p, 40) for p in prompts]
 
@@ -130,7 +132,7 @@ def test_speculative_greedy_matches_transformers(bf16_pair):
 
 @needs_kernel
 def test_after_the_warm_up_no_batch_compiles_again(bf16_pair):
-    # Packed weights serve steps of up to 16 rows (the kernel's MAX_ROWS) and MKL the rest, chosen
+    # Packed weights serve steps of up to 64 rows (the kernel's MAX_ROWS) and MKL the rest, chosen
     # inside the kernel: no guard on the row count, so the warm-up's graphs serve every batch.
     from torch._dynamo.utils import counters
 
@@ -145,7 +147,8 @@ def test_after_the_warm_up_no_batch_compiles_again(bf16_pair):
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     for rows in (4, 1, 5, 8, 2, 3):
         engine.generate([prompt_ids(path, 2 + r, seed=r) for r in range(rows)], params)
-    long = [prompt_ids(path, 40, seed=9)]
-    assert engine.generate(long, params) == [hf_greedy(path, long[0], 12)]
+    for n in (40, 80):  # a prefill on the kernel, one on MKL (past MAX_ROWS)
+        long = [prompt_ids(path, n, seed=n)]  # other seeds: no prefix shared
+        assert engine.generate(long, params) == [hf_greedy(path, long[0], 12)]
     engine.generate([long[0] + prompt_ids(path, 3 + r, seed=r)[1:] for r in range(4)], params)
     assert counters["stats"]["unique_graphs"] == warmed
