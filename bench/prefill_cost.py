@@ -1,12 +1,12 @@
-"""What a prompt token costs a vLLM lane's first token, on an idle engine in process.
+"""What a prompt token costs a full-model lane's first token, on an idle engine in process.
 
-A turn continued with ``previous_response_id`` prefills what vLLM's prefix cache does not hold:
-the history's tail that fills no KV block, the previous turn's output where the join does not follow
-the text it was generated after (it does when that output starts with a line break:
-``serve.request.join_messages``) and the new input. Whether that can keep turn
-20's first token within 1.2x of turn 1's depends on what each prefilled token costs against the
-fixed cost of a step. This starts the lane's own engine (``VLLMLaneEngine``, the lane's config)
-and times first tokens of fresh prompts of several lengths, interleaved, skipping the first
+A turn continued with ``previous_response_id`` prefills what the lane's prefix cache does not hold:
+(vLLM's lanes) the history's tail that fills no KV block, the previous turn's output where the join
+does not follow the text it was generated after (it does when that output starts with a line
+break: ``serve.request.join_messages``) and the new input. Whether that can keep turn 20's first
+token within 1.2x of turn 1's depends on what each prefilled token costs against the fixed cost of
+a step. This starts the lane's own engine (``VLLMLaneEngine`` for priority and standard,
+``SpeculativeLaneEngine`` for exact; the lane's default config) and times first tokens of fresh prompts of several lengths, interleaved, skipping the first
 rounds; prints the median per length and the least-squares slope (ms per prompt token).
 
 ``--replay N`` then replays ``fastmode bench turns``' conversations (the same held-out lines, 20
@@ -15,7 +15,7 @@ time on the same engine: each turn's first token and the prompt tokens it prefil
 prefix cache did not hold). Without the serving path and with one conversation at a time, it shows
 what the history itself costs a later turn.
 
-Usage: python -m bench.prefill_cost [--lane standard] [--lengths 4,16,32,48,64] [--rounds 12]
+Usage: python -m bench.prefill_cost [--lane standard|priority|exact] [--lengths 4,16,32,48,64] [--rounds 12]
                                     [--replay 0] [--json OUT]
 """
 
@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-from models import FULL
+from models import FAST, FULL
 from serve.config import LANE_CONFIGS
 from serve.request import join_messages
 
@@ -49,10 +49,23 @@ async def _first_token(engine, request_id: str, ids: list[int], tokens: int) -> 
     return 1e3 * (first - t0), cached, "".join(text)
 
 
-async def _run(lane: str, lengths: list[int], rounds: int, replay: int) -> dict:
+def _engine(lane: str):
+    """The lane's own engine with its default config: vLLM's for priority and standard, fastmode's
+    speculative engine (compiled, warmed up, packed weights where they run) for exact."""
+    if lane == "exact":
+        from tokenizers import Tokenizer
+
+        from serve.lanes.speculative_engine import SpeculativeLaneEngine
+
+        return SpeculativeLaneEngine(FULL, FAST, LANE_CONFIGS[lane].model_validate({}),
+                                     Tokenizer.from_file(str(Path(FULL) / "tokenizer.json")))
     from serve.lanes.vllm_engine import VLLMLaneEngine
 
-    engine = VLLMLaneEngine(FULL, LANE_CONFIGS[lane].model_validate({}))
+    return VLLMLaneEngine(FULL, LANE_CONFIGS[lane].model_validate({}))
+
+
+async def _run(lane: str, lengths: list[int], rounds: int, replay: int) -> dict:
+    engine = _engine(lane)
     rng = random.Random(0)
     ttft: dict[int, list[float]] = {n: [] for n in lengths}
     try:
@@ -95,7 +108,7 @@ async def _replay(engine, conversations: int, turns: int = 20, tokens: int = 8) 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--lane", default="standard", choices=["priority", "standard"])
+    ap.add_argument("--lane", default="standard", choices=["priority", "standard", "exact"])
     ap.add_argument("--lengths", default="4,16,32,48,64")
     ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--replay", type=int, default=0, help="then replay this many bench.turns conversations")
