@@ -9,8 +9,12 @@ process that used any, grouped by role: each Serve replica by its deployment (``
 replica that started it, the fast lane's chips, Serve's controller and proxy, Ray's own daemons,
 and the load generator itself (this process).
 
+``--idle-s N`` sends nothing and reads the same over N seconds instead: what the application's
+processes spend with no request, which a load's engine competes with on a machine with few cores.
+
 Usage: python -m bench.cpu_profile [--url ws://127.0.0.1:8000] [--api websocket|openai]
-       [--lane standard] [--streams 32] [--tokens 128] [--requests-per-stream 2] [--json FILE]
+       [--lane standard] [--streams 32] [--tokens 128] [--requests-per-stream 2] [--idle-s N]
+       [--json FILE]
 """
 
 from __future__ import annotations
@@ -113,26 +117,37 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--streams", type=int, default=32)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--requests-per-stream", type=int, default=2)
+    ap.add_argument("--idle-s", type=float, default=None, help="send nothing: read each process's CPU over "
+                    "this many seconds of an idle application")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     args.url = args.url or ("http://127.0.0.1:8000" if args.api == "openai" else "ws://127.0.0.1:8000")
     before, t0 = snapshot(), time.perf_counter()
-    row = asyncio.run(_load(args))
+    if args.idle_s is not None:
+        time.sleep(args.idle_s)
+        row = {"output_tokens": 0, "aggregate_tokens_per_s": 0.0}
+    else:
+        row = asyncio.run(_load(args))
     wall, after = time.perf_counter() - t0, snapshot()
     cpu = per_role(before, after)
     tokens = row["output_tokens"]
     rows = sorted(((name, s) for name, s in cpu.items() if s > 0), key=lambda x: -x[1])
-    print(f"{args.lane} lane, {args.streams} streams over {args.api}: {tokens} tokens in {wall:.1f} s "
-          f"({row['aggregate_tokens_per_s']:.0f} tok/s); CPU per process:")
+    per_token = (lambda s: f"{1000 * s / tokens:12.3f}") if tokens else (lambda s: f"{'-':>12s}")
+    if args.idle_s is not None:
+        print(f"idle for {wall:.1f} s; CPU per process:")
+    else:
+        print(f"{args.lane} lane, {args.streams} streams over {args.api}: {tokens} tokens in {wall:.1f} s "
+              f"({row['aggregate_tokens_per_s']:.0f} tok/s); CPU per process:")
     print(f"{'process':28s} {'CPU s':>7s} {'% of a core':>11s} {'CPU ms/token':>12s}")
     for name, s in rows:
-        print(f"{name:28s} {s:7.2f} {100 * s / wall:10.0f}% {1000 * s / tokens:12.3f}")
+        print(f"{name:28s} {s:7.2f} {100 * s / wall:10.1f}% {per_token(s)}")
     total = sum(s for _, s in rows)
-    print(f"{'total':28s} {total:7.2f} {100 * total / wall:10.0f}% {1000 * total / tokens:12.3f}")
+    print(f"{'total':28s} {total:7.2f} {100 * total / wall:10.1f}% {per_token(total)}")
     if args.json:
         Path(args.json).write_text(json.dumps({
             "command": " ".join(["python -m bench.cpu_profile", *(argv if argv is not None else sys.argv[1:])]),
-            "lane": args.lane, "api": args.api, "streams": args.streams, "wall_s": wall, "output_tokens": tokens,
+            "lane": None if args.idle_s is not None else args.lane, "api": args.api,
+            "streams": 0 if args.idle_s is not None else args.streams, "wall_s": wall, "output_tokens": tokens,
             "aggregate_tokens_per_s": row["aggregate_tokens_per_s"], "cores": os.cpu_count(),
             "cpu_s": dict(rows)}, indent=2))
     return 0

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from bench.cpu_profile import per_role, role, snapshot
+from bench.cpu_profile import main, per_role, role, snapshot
 
 
 def test_roles_from_process_titles():
@@ -37,3 +37,15 @@ def test_a_child_process_counts_for_its_ancestor_and_cpu_adds_up():
         assert cpu["load generator"] >= 0.25
     finally:
         child.communicate("")
+
+
+def test_idle_mode_reads_the_window_without_a_server(tmp_path, capsys):
+    """``--idle-s`` sends nothing (no server at the URL): it reports each role's CPU over the window."""
+    import json
+
+    out = tmp_path / "idle.json"
+    assert main(["--url", "ws://127.0.0.1:9", "--idle-s", "0.3", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["output_tokens"] == 0 and doc["streams"] == 0 and doc["lane"] is None
+    assert 0.3 <= doc["wall_s"] < 30 and all(v > 0 for v in doc["cpu_s"].values())
+    assert "idle for" in capsys.readouterr().out
