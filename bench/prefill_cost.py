@@ -6,8 +6,9 @@ does not follow the text it was generated after (it does when that output starts
 break: ``serve.request.join_messages``) and the new input. Whether that can keep turn 20's first
 token within 1.2x of turn 1's depends on what each prefilled token costs against the fixed cost of
 a step. This starts the lane's own engine (``VLLMLaneEngine`` for priority and standard,
-``SpeculativeLaneEngine`` for exact; the lane's default config) and times first tokens of fresh prompts of several lengths, interleaved, skipping the first
-rounds; prints the median per length and the least-squares slope (ms per prompt token).
+``SpeculativeLaneEngine`` for exact; the lane's default config) and times first tokens of fresh
+prompts of several lengths, interleaved, skipping the first rounds; prints the median per length
+and the least-squares slope (ms per prompt token).
 
 ``--replay N`` then replays ``fastmode bench turns``' conversations (the same held-out lines, 20
 turns, 8 greedy tokens, the history joined as the router joins it) one at a

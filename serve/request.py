@@ -114,11 +114,8 @@ def join_messages(messages: Iterable[tuple[str, str]]) -> str:
     model's turn: a line's code, then ``"\\n    return x"``); another line break would put a blank
     line into the model's own text on the next turn, and make the lane prefill the previous
     output again instead of reusing its keys and values."""
-    text = ""
-    for i, (role, content) in enumerate(messages):
-        glued = i == 0 or (role == "assistant" and content.startswith("\n"))
-        text += content if glued else "\n" + content
-    return text
+    return "".join(content if i == 0 or (role == "assistant" and content.startswith("\n")) else "\n" + content
+                   for i, (role, content) in enumerate(messages))
 
 
 def _not_unicode(value: Any, where: str = "") -> str | None:
