@@ -16,8 +16,12 @@ time on the same engine: each turn's first token and the prompt tokens it prefil
 prefix cache did not hold). Without the serving path and with one conversation at a time, it shows
 what the history itself costs a later turn.
 
+``--history 0,100,200,400`` then times a fixed 12 new tokens after a history of each length that
+the prefix cache holds (random ids, interleaved, first rounds skipped): nothing of the history is
+prefilled, but every new token attends over all of it, which is what a later turn cannot avoid.
+
 Usage: python -m bench.prefill_cost [--lane standard|priority|exact] [--lengths 4,16,32,48,64] [--rounds 12]
-                                    [--replay 0] [--json OUT]
+                                    [--replay 0] [--history ''] [--json OUT]
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from serve.config import LANE_CONFIGS
 from serve.request import join_messages
 
 WARM_ROUNDS = 2
+NEW_TOKENS = 12  # --history: a later turn's new tokens (bench.turns' lines are 8-16)
 
 
 async def _first_token(engine, request_id: str, ids: list[int], tokens: int) -> tuple[float, int, str]:
@@ -65,7 +70,7 @@ def _engine(lane: str):
     return VLLMLaneEngine(FULL, LANE_CONFIGS[lane].model_validate({}))
 
 
-async def _run(lane: str, lengths: list[int], rounds: int, replay: int) -> dict:
+async def _run(lane: str, lengths: list[int], rounds: int, replay: int, history: list[int]) -> dict:
     engine = _engine(lane)
     rng = random.Random(0)
     ttft: dict[int, list[float]] = {n: [] for n in lengths}
@@ -77,11 +82,33 @@ async def _run(lane: str, lengths: list[int], rounds: int, replay: int) -> dict:
                 if r >= WARM_ROUNDS:
                     ttft[n].append(ms)
         turns = await _replay(engine, replay) if replay else None
+        after = await _after_history(engine, history, rounds, rng) if history else None
     finally:
         engine.shutdown()
     med = {n: statistics.median(v) for n, v in ttft.items()}
     slope = statistics.linear_regression(list(med), list(med.values())).slope if len(med) > 1 else None
-    return {"lane": lane, "rounds": rounds, "ttft_ms_median": med, "ms_per_prompt_token": slope, "replay": turns}
+    return {"lane": lane, "rounds": rounds, "ttft_ms_median": med, "ms_per_prompt_token": slope, "replay": turns,
+            "after_history": after}
+
+
+async def _after_history(engine, lengths: list[int], rounds: int, rng: random.Random, new: int = NEW_TOKENS) -> dict:
+    """Median first token of ``new`` fresh tokens after a cached history of each length, and the
+    prompt tokens prefilled (``new`` plus the history's last token: a sequence's cache holds all
+    but its last token)."""
+    ms: dict[int, list[float]] = {n: [] for n in lengths}
+    prefilled: dict[int, list[int]] = {n: [] for n in lengths}
+    for r in range(rounds + WARM_ROUNDS):
+        for n in lengths:
+            history = [rng.randrange(300, 3000) for _ in range(n + 1)]
+            if n:
+                await _first_token(engine, f"h{r}-{n}", history, 1)  # now the prefix cache holds it
+            ids = history + [rng.randrange(300, 3000) for _ in range(new)]
+            t, cached, _ = await _first_token(engine, f"t{r}-{n}", ids, 2)
+            if r >= WARM_ROUNDS:
+                ms[n].append(t)
+                prefilled[n].append(len(ids) - cached)
+    return {"new_tokens": new, "ttft_ms_median": {n: statistics.median(v) for n, v in ms.items()},
+            "prefilled_median": {n: statistics.median(v) for n, v in prefilled.items()}}
 
 
 async def _replay(engine, conversations: int, turns: int = 20, tokens: int = 8) -> dict:
@@ -113,9 +140,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lengths", default="4,16,32,48,64")
     ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--replay", type=int, default=0, help="then replay this many bench.turns conversations")
+    ap.add_argument("--history", default="", help="then time 12 new tokens after a cached history of each "
+                    "of these lengths (comma-separated)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
-    result = asyncio.run(_run(args.lane, [int(x) for x in args.lengths.split(",")], args.rounds, args.replay))
+    history = [int(x) for x in args.history.split(",") if x.strip()]
+    result = asyncio.run(_run(args.lane, [int(x) for x in args.lengths.split(",")], args.rounds, args.replay,
+                              history))
     for n, t in result["ttft_ms_median"].items():
         print(f"{n:4d} prompt tokens: first token {t:.2f} ms")
     print(f"slope: {result['ms_per_prompt_token']:.3f} ms per prompt token")
@@ -123,6 +154,10 @@ def main(argv: list[str] | None = None) -> int:
         for k, (t, n) in enumerate(zip(r["ttft_ms_per_turn"], r["prefilled_tokens_per_turn"])):
             print(f"turn {k + 1:2d}: first token {t:.2f} ms, {n:.0f} tokens prefilled")
         print(f"turn {len(r['ttft_ms_per_turn'])} / turn 1: {r['last_to_first_ttft']:.2f}x")
+    if (h := result["after_history"]) is not None:
+        for n, t in h["ttft_ms_median"].items():
+            print(f"{h['new_tokens']} new tokens after {n:4d} cached: first token {t:.2f} ms "
+                  f"({h['prefilled_median'][n]:.0f} prefilled)")
     if args.json:
         args.json.write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
                                          "command": " ".join(["python -m bench.prefill_cost", *(argv or sys.argv[1:])]),

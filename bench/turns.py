@@ -14,7 +14,12 @@ one has ended, so every measured turn, the first as much as the last, meets the 
 other slots' conversations at every stage. (Started together, turn 1 was the only turn whose
 prefills all arrived at once with nothing decoding, and a later turn waited for the others'
 steps: up to 1.8x turn 1 with nothing of the history prefilled again.) A conversation has
-``--turns`` turns of one held-out source line in and ``--tokens`` greedy tokens out. The whole loop
+``--turns`` turns of one held-out source line in and ``--tokens`` greedy tokens out. Every turn's
+line is whole and 8 to 16 tokens long (``LINE_TOKENS``), so turn 1 sends as much new input as turn
+20 and their ratio measures the history. (With every non-empty line, cut at 60 characters, turn 1
+was a file's first line: ``#`` or ``import os``, a median 5 tokens on the measured files against
+10-20 later, so the ratio measured line lengths; a line cut mid-word was continued mid-word, an
+output the join then separates from its prompt.) The whole loop
 runs ``--repeats`` times per way, ways alternating; each repeat measures other held-out files (so no
 repeat finds an earlier one's prefix cached), and the conversations around them cycle through the
 files no measured conversation uses. Per lane and way: time to first token per turn (client clock,
@@ -53,26 +58,32 @@ from bench.app import REPO
 LANE_PARAMS = {"fast": {"model": "fastmode-fast"}, "standard": {"model": "fastmode-full"},
                "priority": {"model": "fastmode-full", "service_tier": "priority"},
                "exact": {"model": "fastmode-full", "service_tier": "exact"}}
-MAX_LINE_CHARS = 60
+LINE_TOKENS = (8, 16)  # a turn's line: at least, at most this many tokens (the shipped models' tokenizer)
 TTFT_GOAL, WALL_GOAL = 1.2, 0.7
 
 
 def conversation_inputs(conversations: int | None, turns: int) -> list[list[str]]:
-    """One held-out source file per conversation, its non-empty lines (cut to 60 characters) as turns
-    (``conversations=None``: one per file long enough)."""
+    """One held-out source file per conversation, its whole lines of ``LINE_TOKENS`` tokens as turns,
+    in file order (``conversations=None``: one per file with ``turns`` such lines)."""
+    from tokenizers import Tokenizer
+
+    from models import FULL
     from models.recipe import corpus
 
+    tokenizer = Tokenizer.from_file(str(Path(FULL) / "tokenizer.json"))
+    lo, hi = LINE_TOKENS
     _, held = corpus.split(corpus.list_files())
     out = []
     for f in held:
-        lines = [line[:MAX_LINE_CHARS] for line in f.text.splitlines() if line.strip()]
+        lines = [line for line in f.text.splitlines() if lo <= len(tokenizer.encode(line).ids) <= hi]
         if len(lines) >= turns:
             out.append(lines[:turns])
         if len(out) == conversations:
             return out
     if conversations is None:
         return out
-    raise RuntimeError(f"the held-out corpus has fewer than {conversations} files of {turns} lines")
+    raise RuntimeError(f"the held-out corpus has fewer than {conversations} files of {turns} lines of "
+                       f"{lo}-{hi} tokens")
 
 
 async def ws_conversation(url: str, key: str | None, lane: str, inputs: list[str], tokens: int,
@@ -197,7 +208,8 @@ async def measure(url: str, key: str | None, lanes: list[str], conversations: in
         n = caps[lane]
         inputs, background = files[:n * repeats], files[n * repeats:]
         if len(inputs) < n * repeats or not background:
-            raise RuntimeError(f"the held-out corpus has {len(files)} files of {turns} lines: {n * repeats} "
+            raise RuntimeError(f"the held-out corpus has {len(files)} files of {turns} lines of {LINE_TOKENS} "
+                               f"tokens: {n * repeats} "
                                "measured conversations and at least one around them need more")
         out[lane] = {"conversations": n, "repeats": repeats}
         convs: dict[str, list] = {way: [] for way in ways}
@@ -299,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
               "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform()},
               "settings": {"conversations": args.conversations, "turns": args.turns, "tokens": args.tokens,
                            "repeats": args.repeats,
-                           "lanes": args.lanes, "max_line_chars": MAX_LINE_CHARS},
+                           "lanes": args.lanes, "line_tokens": list(LINE_TOKENS)},
               "goals": {"ttft_last_over_first_at_most": TTFT_GOAL, "wall_ratio_at_most": WALL_GOAL},
               "loopback": loopback, "emulated_network": networks, "emulated_network_skipped": skipped}
     if args.json:
