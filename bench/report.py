@@ -264,7 +264,9 @@ def turns_section(doc: dict | None) -> list[str]:
         return out + ["Not run.", ""]
     s = doc["settings"]
     out += [f"`{doc['command']}` ({doc['date']}; a run of its own when its date is not the suite's).", ""]
-    out += [f"An agent loop: {s['turns']} turns per conversation (one held-out source line in, {s['tokens']} greedy "
+    size = (f"one whole held-out source line of {s['line_tokens'][0]}-{s['line_tokens'][1]} tokens in, so turn 1 sends "
+            "as much new input as the last" if s.get("line_tokens") else "one held-out source line in")
+    out += [f"An agent loop: {s['turns']} turns per conversation ({size}, {s['tokens']} greedy "
             "tokens out), several conversations at once per lane (up to its batch cap), in steady state: each "
             "slot runs conversations back to back, the slots started a fraction of a conversation apart, and each "
             "slot's second conversation is measured while the others go on around it, so turn 1 meets the same load "
