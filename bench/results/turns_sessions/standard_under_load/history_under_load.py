@@ -1,7 +1,7 @@
 """Standard lane's vLLM engine in process: first token of 12 new tokens after a cached history of
 H tokens, alone and with 3 other streams decoding (context ~200, continuously)."""
 import asyncio, sys, random, statistics, time
-sys.path.insert(0, "/work/main")
+sys.path.insert(0, ".")  # run from the repository root
 from bench.prefill_cost import _engine, _first_token
 
 async def main():

@@ -1,7 +1,7 @@
 """vLLM standard engine in process: first token of fresh prompts of 13 and 29 tokens, alone and
 with 3 other streams decoding (contexts 50-400)."""
 import asyncio, sys, random, statistics
-sys.path.insert(0, "/work/main")
+sys.path.insert(0, ".")  # run from the repository root
 from bench.prefill_cost import _engine, _first_token
 
 async def main():
