@@ -263,6 +263,7 @@ def turns_section(doc: dict | None) -> list[str]:
     if doc is None:
         return out + ["Not run.", ""]
     s = doc["settings"]
+    has_ci = any("last_to_first_ttft_ci95" in r["websocket"] for r in doc["loopback"].values())
     out += [f"`{doc['command']}` ({doc['date']}; a run of its own when its date is not the suite's).", ""]
     size = (f"one whole held-out source line of {s['line_tokens'][0]}-{s['line_tokens'][1]} tokens in, so turn 1 sends "
             "as much new input as the last" if s.get("line_tokens") else "one held-out source line in")
@@ -276,7 +277,10 @@ def turns_section(doc: dict | None) -> list[str]:
             + (f"The loop runs {s['repeats']} times per way, ways alternating, each time on other conversations; "
                if s.get("repeats", 1) > 1 else "") +
             "time to first token is the client's, median over the measured conversations (of every run); wall time "
-            "a measured conversation's (median); `cached` is the input tokens the lane "
+            "a measured conversation's (median); "
+            + ("the interval of last / first is a 95% bootstrap one over the measured conversations (one turn's median "
+               "moves a lot between runs here); " if has_ci else "") +
+            "`cached` is the input tokens the lane "
             "reused from earlier turns on the last turn (of its input tokens). Goals: the last turn's time to first "
             f"token within {doc['goals']['ttft_last_over_first_at_most']}x of the first's, and the WebSocket's wall "
             f"time at most {doc['goals']['wall_ratio_at_most']}x the re-send's.", ""]
@@ -288,10 +292,12 @@ def turns_section(doc: dict | None) -> list[str]:
             for way in ("websocket", "http_resend"):
                 w = r[way]
                 t = w["ttft_ms_per_turn"]
-                rows.append([net, lane, way, _f(t[0]), _f(t[-1]), f"{w['last_to_first_ttft']:.2f}x",
+                ci = w.get("last_to_first_ttft_ci95")  # (runs before 2026-11-27 18:10 have none)
+                ratio = f"{w['last_to_first_ttft']:.2f}x" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
+                rows.append([net, lane, way, _f(t[0]), _f(t[-1]), ratio,
                              f"{w['cached_tokens_per_turn'][-1]:.0f} of {w['input_tokens_last_turn']:.0f}",
                              f"{w['wall_s']:.2f}", f"{r['wall_ratio']:.2f}x" if way == "websocket" else ""])
-    out += _table(["network", "lane", "way", "TTFT turn 1 (ms)", f"TTFT turn {s['turns']} (ms)", "last / first",
+    out += _table(["network", "lane", "way", "TTFT turn 1 (ms)", f"TTFT turn {s['turns']} (ms)", "last / first" + (" [95% interval]" if has_ci else ""),
                    "cached, last turn", "wall (s)", "wall vs re-send"], rows) + [""]
     for net, how, _ in nets[1:]:
         out += [f"{net} emulated by: {how}.", ""]

@@ -25,8 +25,9 @@ repeat finds an earlier one's prefix cached), and the conversations around them 
 files no measured conversation uses. Per lane and way: time to first token per turn (client clock,
 send to first text; median over every measured conversation), the wall time of a measured
 conversation (median), the input tokens the server reused (``cached_tokens``), and the two goals:
-turn ``N``'s time to first token within 1.2x of turn 1's (the history is not re-prefilled) and the
-WebSocket's wall time at least 30% under the re-send's. On loopback, then across an emulated round
+turn ``N``'s time to first token within 1.2x of turn 1's (the history is not re-prefilled; with a
+95% bootstrap interval over the measured conversations, ``ratio_interval``: one turn's median is a
+noisy figure here) and the WebSocket's wall time at least 30% under the re-send's. On loopback, then across an emulated round
 trip (``bench.netem``; root only).
 
 Usage: fastmode bench turns [--url http://HOST:PORT] [--api-key K] [--lanes fast,standard,...]
@@ -52,14 +53,29 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import numpy as np
 
 from bench.app import REPO
+from models.eval.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED
 
 LANE_PARAMS = {"fast": {"model": "fastmode-fast"}, "standard": {"model": "fastmode-full"},
                "priority": {"model": "fastmode-full", "service_tier": "priority"},
                "exact": {"model": "fastmode-full", "service_tier": "exact"}}
 LINE_TOKENS = (8, 16)  # a turn's line: at least, at most this many tokens (the shipped models' tokenizer)
 TTFT_GOAL, WALL_GOAL = 1.2, 0.7
+
+
+def ratio_interval(first: list[float], last: list[float], resamples: int = BOOTSTRAP_RESAMPLES,
+                   seed: int = BOOTSTRAP_SEED) -> tuple[float, float]:
+    """Percentile 95% interval of ``median(last) / median(first)`` over ``resamples`` bootstrap draws
+    of the conversations (with replacement; a conversation keeps its pair of turns)."""
+    if len(first) != len(last) or not first:
+        raise ValueError(f"need two equally long, non-empty lists, got {len(first)} and {len(last)}")
+    f, la = np.asarray(first, dtype=float), np.asarray(last, dtype=float)
+    idx = np.random.default_rng(seed).integers(0, len(f), size=(resamples, len(f)))
+    ratios = np.median(la[idx], axis=1) / np.median(f[idx], axis=1)
+    low, high = np.percentile(ratios, [2.5, 97.5])
+    return float(low), float(high)
 
 
 def conversation_inputs(conversations: int | None, turns: int) -> list[list[str]]:
@@ -227,7 +243,9 @@ async def measure(url: str, key: str | None, lanes: list[str], conversations: in
                                                                           for c in convs[way]),
                               "cached_tokens_per_turn": [statistics.median(c[k]["cached_tokens"] or 0
                                                                            for c in convs[way]) for k in range(turns)],
-                              "last_to_first_ttft": ttft[-1] / ttft[0]}
+                              "last_to_first_ttft": ttft[-1] / ttft[0],
+                              "last_to_first_ttft_ci95": list(ratio_interval([c[0]["ttft_s"] for c in convs[way]],
+                                                                             [c[-1]["ttft_s"] for c in convs[way]]))}
         ws, http = out[lane]["websocket"], out[lane]["http_resend"]
         out[lane]["wall_ratio"] = ws["wall_s"] / http["wall_s"]
         out[lane]["goals"] = {"ttft_last_within_1_2x_of_first": ws["last_to_first_ttft"] <= TTFT_GOAL,
@@ -249,13 +267,15 @@ def client_run(url: str, key: str | None, args: argparse.Namespace, prefix: list
 
 def print_table(label: str, result: dict) -> None:
     print(f"\n{label}")
-    print(f"{'lane':<9} {'way':<12} {'ttft t1':>8} {'ttft tN':>8} {'tN/t1':>6} {'cached tN':>9} {'wall s':>7}")
+    print(f"{'lane':<9} {'way':<12} {'ttft t1':>8} {'ttft tN':>8} {'tN/t1':>6} {'95% interval':>13} "
+          f"{'cached tN':>9} {'wall s':>7}")
     for lane, r in result.items():
         for way in ("websocket", "http_resend"):
             w = r[way]
             t = w["ttft_ms_per_turn"]
+            lo, hi = w["last_to_first_ttft_ci95"]
             print(f"{lane:<9} {way:<12} {t[0]:7.1f}ms {t[-1]:7.1f}ms {w['last_to_first_ttft']:6.2f} "
-                  f"{w['cached_tokens_per_turn'][-1]:5.0f}/{w['input_tokens_last_turn']:<4.0f}"
+                  f"{f'[{lo:.2f}, {hi:.2f}]':>13} {w['cached_tokens_per_turn'][-1]:5.0f}/{w['input_tokens_last_turn']:<4.0f}"
                   f"{w['wall_s']:7.2f}")
         print(f"{'':<9} websocket wall time {r['wall_ratio']:.2f}x the re-send's; goals: {r['goals']}")
 
