@@ -140,8 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lengths", default="4,16,32,48,64")
     ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--replay", type=int, default=0, help="then replay this many bench.turns conversations")
-    ap.add_argument("--history", default="", help="then time 12 new tokens after a cached history of each "
-                    "of these lengths (comma-separated)")
+    ap.add_argument("--history", default="", help=f"then time {NEW_TOKENS} new tokens after a cached history of "
+                    "each of these lengths (comma-separated)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     history = [int(x) for x in args.history.split(",") if x.strip()]

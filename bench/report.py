@@ -297,8 +297,9 @@ def turns_section(doc: dict | None) -> list[str]:
                 rows.append([net, lane, way, _f(t[0]), _f(t[-1]), ratio,
                              f"{w['cached_tokens_per_turn'][-1]:.0f} of {w['input_tokens_last_turn']:.0f}",
                              f"{w['wall_s']:.2f}", f"{r['wall_ratio']:.2f}x" if way == "websocket" else ""])
-    out += _table(["network", "lane", "way", "TTFT turn 1 (ms)", f"TTFT turn {s['turns']} (ms)", "last / first" + (" [95% interval]" if has_ci else ""),
-                   "cached, last turn", "wall (s)", "wall vs re-send"], rows) + [""]
+    out += _table(["network", "lane", "way", "TTFT turn 1 (ms)", f"TTFT turn {s['turns']} (ms)",
+                   "last / first" + (" [95% interval]" if has_ci else ""), "cached, last turn", "wall (s)",
+                   "wall vs re-send"], rows) + [""]
     for net, how, _ in nets[1:]:
         out += [f"{net} emulated by: {how}.", ""]
     if doc.get("emulated_network_skipped"):

@@ -27,8 +27,8 @@ send to first text; median over every measured conversation), the wall time of a
 conversation (median), the input tokens the server reused (``cached_tokens``), and the two goals:
 turn ``N``'s time to first token within 1.2x of turn 1's (the history is not re-prefilled; with a
 95% bootstrap interval over the measured conversations, ``ratio_interval``: one turn's median is a
-noisy figure here) and the WebSocket's wall time at least 30% under the re-send's. On loopback, then across an emulated round
-trip (``bench.netem``; root only).
+noisy figure here) and the WebSocket's wall time at least 30% under the re-send's. On loopback,
+then across an emulated round trip (``bench.netem``; root only).
 
 Usage: fastmode bench turns [--url http://HOST:PORT] [--api-key K] [--lanes fast,standard,...]
                             [--conversations 4] [--turns 20] [--tokens 8] [--repeats 3] [--rtt-ms 20]
@@ -224,9 +224,9 @@ async def measure(url: str, key: str | None, lanes: list[str], conversations: in
         n = caps[lane]
         inputs, background = files[:n * repeats], files[n * repeats:]
         if len(inputs) < n * repeats or not background:
-            raise RuntimeError(f"the held-out corpus has {len(files)} files of {turns} lines of {LINE_TOKENS} "
-                               f"tokens: {n * repeats} "
-                               "measured conversations and at least one around them need more")
+            raise RuntimeError(f"the held-out corpus has {len(files)} files of {turns} lines of "
+                               f"{LINE_TOKENS[0]}-{LINE_TOKENS[1]} tokens: {n * repeats} measured conversations "
+                               "and at least one around them need more")
         out[lane] = {"conversations": n, "repeats": repeats}
         convs: dict[str, list] = {way: [] for way in ways}
         walls: dict[str, list[float]] = {way: [] for way in ways}
