@@ -271,13 +271,17 @@ def turns_section(doc: dict | None) -> list[str]:
             "tokens out), several conversations at once per lane (up to its batch cap), in steady state: each "
             "slot runs conversations back to back, the slots started a fraction of a conversation apart, and each "
             "slot's second conversation is measured while the others go on around it, so turn 1 meets the same load "
-            "as turn 20 (`bench/turns.py` says why). `websocket`: one persistent "
+            "as turn 20 (`bench/turns.py` says why). "
+            + (f"Before each turn the client waits a random think time (uniform, {s['think_ms']:g} ms on average: an "
+               "agent's tools run between its turns), so that the conversations do not fall into step (`THINK_MS` in "
+               "`bench/turns.py` says what that did). " if s.get("think_ms") else "") +
+            "`websocket`: one persistent "
             "WebSocket per conversation, each turn only its new line with `previous_response_id`; `http_resend`: "
             "each turn a fresh HTTP connection to `/v1/chat/completions` re-sending the whole history. "
             + (f"The loop runs {s['repeats']} times per way, ways alternating, each time on other conversations; "
                if s.get("repeats", 1) > 1 else "") +
             "time to first token is the client's, median over the measured conversations (of every run); wall time "
-            "a measured conversation's (median); "
+            "a measured conversation's (median" + ("; without its think time" if s.get("think_ms") else "") + "); "
             + ("the interval of last / first is a 95% bootstrap one over the measured conversations (one turn's median "
                "moves a lot between runs here); " if has_ci else "") +
             "`cached` is the input tokens the lane "
@@ -300,6 +304,13 @@ def turns_section(doc: dict | None) -> list[str]:
     out += _table(["network", "lane", "way", "TTFT turn 1 (ms)", f"TTFT turn {s['turns']} (ms)",
                    "last / first" + (" [95% interval]" if has_ci else ""), "cached, last turn", "wall (s)",
                    "wall vs re-send"], rows) + [""]
+    own = [(net, lane, r["websocket"]["engine_ttft_ms_per_turn"]) for net, _, lanes in nets for lane, r in lanes.items()
+           if "engine_ttft_ms_per_turn" in r["websocket"]]  # (runs before 2026-11-27 21:40 have none)
+    if own:
+        out += ["The lane's own first token over the WebSocket (from the lane taking the request to its first token, "
+                "as the lane reports it in `response.completed`; median over the same conversations):", ""]
+        out += _table(["network", "lane", "turn 1 (ms)", f"turn {s['turns']} (ms)", "last / first"],
+                      [[net, lane, _f(t[0]), _f(t[-1]), f"{t[-1] / t[0]:.2f}x"] for net, lane, t in own]) + [""]
     for net, how, _ in nets[1:]:
         out += [f"{net} emulated by: {how}.", ""]
     if doc.get("emulated_network_skipped"):

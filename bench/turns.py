@@ -13,7 +13,9 @@ conversation is measured, and the slots go on with others (cut off at the end) u
 one has ended, so every measured turn, the first as much as the last, meets the same load: the
 other slots' conversations at every stage. (Started together, turn 1 was the only turn whose
 prefills all arrived at once with nothing decoding, and a later turn waited for the others'
-steps: up to 1.8x turn 1 with nothing of the history prefilled again.) A conversation has
+steps: up to 1.8x turn 1 with nothing of the history prefilled again.) Before each turn the
+client waits a random think time (``--think-ms``, ``THINK_MS``: an agent's tools run between its
+turns), so the conversations do not fall into step (``THINK_MS`` says what that did). A conversation has
 ``--turns`` turns of one held-out source line in and ``--tokens`` greedy tokens out. Every turn's
 line is whole and 8 to 16 tokens long (``LINE_TOKENS``), so turn 1 sends as much new input as turn
 20 and their ratio measures the history. (With every non-empty line, cut at 60 characters, turn 1
@@ -23,16 +25,18 @@ output the join then separates from its prompt.) The whole loop
 runs ``--repeats`` times per way, ways alternating; each repeat measures other held-out files (so no
 repeat finds an earlier one's prefix cached), and the conversations around them cycle through the
 files no measured conversation uses. Per lane and way: time to first token per turn (client clock,
-send to first text; median over every measured conversation), the wall time of a measured
-conversation (median), the input tokens the server reused (``cached_tokens``), and the two goals:
+send to first text; median over every measured conversation; on the WebSocket also the lane's own,
+``engine_ttft_ms_per_turn``: from the lane taking the request to its first token), the wall time of
+a measured conversation without its think time (median), the input tokens the server reused
+(``cached_tokens``), and the two goals:
 turn ``N``'s time to first token within 1.2x of turn 1's (the history is not re-prefilled; with a
 95% bootstrap interval over the measured conversations, ``ratio_interval``: one turn's median is a
 noisy figure here) and the WebSocket's wall time at least 30% under the re-send's. On loopback,
 then across an emulated round trip (``bench.netem``; root only).
 
 Usage: fastmode bench turns [--url http://HOST:PORT] [--api-key K] [--lanes fast,standard,...]
-                            [--conversations 4] [--turns 20] [--tokens 8] [--repeats 3] [--rtt-ms 20]
-                            [--json F] [--quick]
+                            [--conversations 4] [--turns 20] [--tokens 8] [--repeats 3] [--think-ms 10]
+                            [--rtt-ms 20] [--json F] [--quick]
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ import itertools
 import json
 import os
 import platform
+import random
 import shlex
 import statistics
 import subprocess
@@ -63,6 +68,13 @@ LANE_PARAMS = {"fast": {"model": "fastmode-fast"}, "standard": {"model": "fastmo
                "exact": {"model": "fastmode-full", "service_tier": "exact"}}
 LINE_TOKENS = (8, 16)  # a turn's line: at least, at most this many tokens (the shipped models' tokenizer)
 TTFT_GOAL, WALL_GOAL = 1.2, 0.7
+THINK_MS = 10.0
+"""The agent's mean time before a turn, ms (``think``: its tools running). Without it, conversations
+that share a lane fall into step: a turn sent when the others' are ends when theirs do, so the next
+ones go together again and are prefilled in one batch. A slot's new conversation starts out of step
+(its connection's set-up moves it), so its turn 1 ran alone and its later turns in batches of every
+slot: 1.7 ms against 4-5 ms of the fast lane's own first token at a 20 ms round trip, with the
+history's keys and values reused every turn (docs/serving.md, "Multi-turn")."""
 
 
 def ratio_interval(first: list[float], last: list[float], resamples: int = BOOTSTRAP_RESAMPLES,
@@ -102,17 +114,28 @@ def conversation_inputs(conversations: int | None, turns: int) -> list[list[str]
                        f"{lo}-{hi} tokens")
 
 
+async def think(rng: random.Random, mean_s: float) -> float:
+    """The agent's own time before a turn (its tools running): uniform in ``[0, 2 * mean_s]``; the
+    seconds waited."""
+    pause = rng.uniform(0, 2 * mean_s) if mean_s > 0 else 0.0
+    if pause:
+        await asyncio.sleep(pause)
+    return pause
+
+
 async def ws_conversation(url: str, key: str | None, lane: str, inputs: list[str], tokens: int,
-                          on_turn: Callable[[int], None] | None = None) -> list[dict]:
+                          on_turn: Callable[[int], None] | None = None, think_s: float = 0.0) -> list[dict]:
     """The turns of one conversation on one WebSocket, each continuing the last (``on_turn(k)`` after
-    the ``k``-th has ended)."""
+    the ``k``-th has ended), each after ``think(think_s)`` (seeded by the conversation's first line,
+    so both ways wait the same)."""
     from websockets.asyncio.client import connect
 
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     ws_url = "ws" + url[4:] + "/v1/responses"
-    turns, previous = [], None
+    turns, previous, rng = [], None, random.Random(inputs[0])
     async with connect(ws_url, additional_headers=headers, max_size=None) as ws:
         for k, text in enumerate(inputs):
+            paused = await think(rng, think_s)
             rid = f"turn-{lane}-{id(inputs)}-{k}"
             body = {"type": "response.create", "id": rid, **LANE_PARAMS[lane], "input": text, "temperature": 0,
                     "max_output_tokens": tokens, "ignore_eos": True}
@@ -129,7 +152,8 @@ async def ws_conversation(url: str, key: str | None, lane: str, inputs: list[str
                 elif e["type"] == "response.completed":
                     turns.append({"ttft_s": (first or time.perf_counter()) - sent, "total_s": time.perf_counter() - sent,
                                   "input_tokens": e["usage"]["input_tokens"],
-                                  "cached_tokens": e["usage"]["input_tokens_details"]["cached_tokens"]})
+                                  "cached_tokens": e["usage"]["input_tokens_details"]["cached_tokens"],
+                                  "engine_ttft_s": e["timing"]["engine_ttft_s"], "think_s": paused})
                     break
             previous = rid
             if on_turn:
@@ -138,12 +162,13 @@ async def ws_conversation(url: str, key: str | None, lane: str, inputs: list[str
 
 
 async def http_conversation(url: str, key: str | None, lane: str, inputs: list[str], tokens: int,
-                            on_turn: Callable[[int], None] | None = None) -> list[dict]:
+                            on_turn: Callable[[int], None] | None = None, think_s: float = 0.0) -> list[dict]:
     """The same conversation, each turn a fresh HTTP connection re-sending the whole history."""
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     messages: list[dict[str, str]] = []
-    turns = []
+    turns, rng = [], random.Random(inputs[0])
     for k, text in enumerate(inputs):
+        paused = await think(rng, think_s)
         messages.append({"role": "user", "content": text})
         body = {**LANE_PARAMS[lane], "messages": messages, "temperature": 0, "max_tokens": tokens,
                 "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
@@ -165,7 +190,8 @@ async def http_conversation(url: str, key: str | None, lane: str, inputs: list[s
                             reply.append(piece)
         turns.append({"ttft_s": (first or time.perf_counter()) - sent, "total_s": time.perf_counter() - sent,
                       "input_tokens": usage["prompt_tokens"] if usage else None,
-                      "cached_tokens": (usage or {}).get("prompt_tokens_details", {}).get("cached_tokens")})
+                      "cached_tokens": (usage or {}).get("prompt_tokens_details", {}).get("cached_tokens"),
+                      "think_s": paused})
         messages.append({"role": "assistant", "content": "".join(reply)})
         if on_turn:
             on_turn(k + 1)
@@ -173,10 +199,11 @@ async def http_conversation(url: str, key: str | None, lane: str, inputs: list[s
 
 
 async def steady(run: Callable, url: str, key: str | None, lane: str, measured: list[list[str]],
-                 background: list[list[str]], turns: int, tokens: int) -> list[dict]:
+                 background: list[list[str]], turns: int, tokens: int, think_s: float = 0.0) -> list[dict]:
     """``len(measured)`` slots running conversations back to back (see the module docstring): each
-    slot's second conversation is ``measured[i]``, the others come from ``background`` in turn.
-    Returns each measured conversation's turns and wall time."""
+    slot's second conversation is ``measured[i]``, the others come from ``background`` in turn;
+    every turn after ``think(think_s)``. Returns each measured conversation's turns and wall time
+    (its think time left out)."""
     n = len(measured)
     reached = [asyncio.Event() for _ in range(turns + 1)]  # slot 0's first conversation: turns ended
     reached[0].set()
@@ -185,7 +212,7 @@ async def steady(run: Callable, url: str, key: str | None, lane: str, measured: 
     results: list[dict] = []
 
     async def until_ended(lines: list[str]) -> None:
-        task = asyncio.ensure_future(run(url, key, lane, lines, tokens))
+        task = asyncio.ensure_future(run(url, key, lane, lines, tokens, think_s=think_s))
         stop = asyncio.ensure_future(ended.wait())
         await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
         stop.cancel()
@@ -195,10 +222,12 @@ async def steady(run: Callable, url: str, key: str | None, lane: str, measured: 
 
     async def slot(i: int) -> None:
         await reached[i * turns // n].wait()
-        await run(url, key, lane, next(others), tokens, on_turn=(lambda k: reached[k].set()) if i == 0 else None)
+        await run(url, key, lane, next(others), tokens, on_turn=(lambda k: reached[k].set()) if i == 0 else None,
+                  think_s=think_s)
         start = time.perf_counter()
-        conversation = await run(url, key, lane, measured[i], tokens)
-        results.append({"turns": conversation, "wall_s": time.perf_counter() - start})
+        conversation = await run(url, key, lane, measured[i], tokens, think_s=think_s)
+        wall = time.perf_counter() - start - sum(t.get("think_s", 0.0) for t in conversation)
+        results.append({"turns": conversation, "wall_s": wall})
         if len(results) == n:
             ended.set()
         while not ended.is_set():
@@ -209,7 +238,7 @@ async def steady(run: Callable, url: str, key: str | None, lane: str, measured: 
 
 
 async def measure(url: str, key: str | None, lanes: list[str], conversations: int, turns: int,
-                  tokens: int, repeats: int = 1) -> dict:
+                  tokens: int, repeats: int = 1, think_s: float = 0.0) -> dict:
     """Every lane, both ways, one after another (never two at once), ``repeats`` times each."""
     caps = {}
     with httpx.Client(base_url=url, timeout=30) as c:
@@ -232,7 +261,8 @@ async def measure(url: str, key: str | None, lanes: list[str], conversations: in
         walls: dict[str, list[float]] = {way: [] for way in ways}
         for r in range(repeats):
             for way, run in ways.items():
-                for c in await steady(run, url, key, lane, inputs[r * n:(r + 1) * n], background, turns, tokens):
+                for c in await steady(run, url, key, lane, inputs[r * n:(r + 1) * n], background, turns, tokens,
+                                      think_s):
                     convs[way].append(c["turns"])
                     walls[way].append(c["wall_s"])
         for way in ways:
@@ -246,6 +276,9 @@ async def measure(url: str, key: str | None, lanes: list[str], conversations: in
                               "last_to_first_ttft": ttft[-1] / ttft[0],
                               "last_to_first_ttft_ci95": list(ratio_interval([c[0]["ttft_s"] for c in convs[way]],
                                                                              [c[-1]["ttft_s"] for c in convs[way]]))}
+            if all(t.get("engine_ttft_s") is not None for c in convs[way] for t in c):
+                out[lane][way]["engine_ttft_ms_per_turn"] = [
+                    1e3 * statistics.median(c[k]["engine_ttft_s"] for c in convs[way]) for k in range(turns)]
         ws, http = out[lane]["websocket"], out[lane]["http_resend"]
         out[lane]["wall_ratio"] = ws["wall_s"] / http["wall_s"]
         out[lane]["goals"] = {"ttft_last_within_1_2x_of_first": ws["last_to_first_ttft"] <= TTFT_GOAL,
@@ -257,7 +290,7 @@ def client_run(url: str, key: str | None, args: argparse.Namespace, prefix: list
     """This module's ``--client-only`` in a fresh process (behind ``prefix``: in the client's namespace)."""
     cmd = [*prefix, sys.executable, "-m", "bench.turns", "--client-only", "--url", url, "--lanes", ",".join(args.lanes),
            "--conversations", str(args.conversations), "--turns", str(args.turns), "--tokens", str(args.tokens),
-           "--repeats", str(args.repeats)]
+           "--repeats", str(args.repeats), "--think-ms", str(args.think_ms)]
     env = dict(os.environ, FASTMODE_API_KEY=key or "")
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=1800)
     if r.returncode != 0:
@@ -277,6 +310,9 @@ def print_table(label: str, result: dict) -> None:
             print(f"{lane:<9} {way:<12} {t[0]:7.1f}ms {t[-1]:7.1f}ms {w['last_to_first_ttft']:6.2f} "
                   f"{f'[{lo:.2f}, {hi:.2f}]':>13} {w['cached_tokens_per_turn'][-1]:5.0f}/{w['input_tokens_last_turn']:<4.0f}"
                   f"{w['wall_s']:7.2f}")
+        if own := r["websocket"].get("engine_ttft_ms_per_turn"):
+            print(f"{'':<9} websocket, the lane's own first token: turn 1 {own[0]:.1f} ms, turn {len(own)} "
+                  f"{own[-1]:.1f} ms")
         print(f"{'':<9} websocket wall time {r['wall_ratio']:.2f}x the re-send's; goals: {r['goals']}")
 
 
@@ -291,6 +327,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--turns", type=int, default=20)
     ap.add_argument("--tokens", type=int, default=8, help="output tokens per turn")
     ap.add_argument("--repeats", type=int, default=3, help="runs of the whole loop per way (other files each)")
+    ap.add_argument("--think-ms", type=float, default=THINK_MS, help="the agent's mean time before each turn "
+                    "(uniform in [0, 2x]; 0: none)")
     ap.add_argument("--rtt-ms", default="20", help="emulated round trips, comma-separated (empty: skip)")
     ap.add_argument("--quick", action="store_true", help="2 conversations of 4 turns, fast and standard, loopback, "
                     "once")
@@ -305,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown lanes {bad}; lanes: {', '.join(LANE_PARAMS)}")
     if args.client_only:
         print(json.dumps(asyncio.run(measure(args.url, args.api_key or None, args.lanes, args.conversations,
-                                             args.turns, args.tokens, args.repeats))))
+                                             args.turns, args.tokens, args.repeats, args.think_ms / 1e3))))
         return 0
     if args.quick:
         args.conversations, args.turns, args.lanes, args.rtt_ms, args.repeats = 2, 4, ["fast", "standard"], "", 1
@@ -330,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"date": started, "command": "fastmode bench turns " + shlex.join(argv),
               "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform()},
               "settings": {"conversations": args.conversations, "turns": args.turns, "tokens": args.tokens,
-                           "repeats": args.repeats,
+                           "repeats": args.repeats, "think_ms": args.think_ms,
                            "lanes": args.lanes, "line_tokens": list(LINE_TOKENS)},
               "goals": {"ttft_last_over_first_at_most": TTFT_GOAL, "wall_ratio_at_most": WALL_GOAL},
               "loopback": loopback, "emulated_network": networks, "emulated_network_skipped": skipped}

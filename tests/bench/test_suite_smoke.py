@@ -12,6 +12,7 @@ import pytest
 from bench.netem import can_emulate
 from bench.report import write_report
 from bench.suite import STAGES, main
+from bench.turns import THINK_MS
 from serve.config import StandardLaneConfig
 
 pytestmark = pytest.mark.slow
@@ -123,6 +124,11 @@ def test_turns(quick_run):
         assert r["wall_ratio"] == pytest.approx(r["websocket"]["wall_s"] / r["http_resend"]["wall_s"])
     # the fast lane's prefix cache: the last turn over the WebSocket reused its history
     assert doc["loopback"]["fast"]["websocket"]["cached_tokens_per_turn"][-1] > 0
+    assert doc["settings"]["think_ms"] == THINK_MS
+    for r in doc["loopback"].values():  # the lane's own first token: part of the client's, turn by turn
+        own, client = r["websocket"]["engine_ttft_ms_per_turn"], r["websocket"]["ttft_ms_per_turn"]
+        assert len(own) == 4 and all(0 < o <= c for o, c in zip(own, client))
+        assert "engine_ttft_ms_per_turn" not in r["http_resend"]
 
 
 def test_soak(quick_run):
