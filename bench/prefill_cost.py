@@ -149,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
                               history))
     for n, t in result["ttft_ms_median"].items():
         print(f"{n:4d} prompt tokens: first token {t:.2f} ms")
-    print(f"slope: {result['ms_per_prompt_token']:.3f} ms per prompt token")
+    if result["ms_per_prompt_token"] is not None:  # (one length: no slope)
+        print(f"slope: {result['ms_per_prompt_token']:.3f} ms per prompt token")
     if (r := result["replay"]) is not None:
         for k, (t, n) in enumerate(zip(r["ttft_ms_per_turn"], r["prefilled_tokens_per_turn"])):
             print(f"turn {k + 1:2d}: first token {t:.2f} ms, {n:.0f} tokens prefilled")
