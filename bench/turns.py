@@ -73,8 +73,9 @@ THINK_MS = 10.0
 that share a lane fall into step: a turn sent when the others' are ends when theirs do, so the next
 ones go together again and are prefilled in one batch. A slot's new conversation starts out of step
 (its connection's set-up moves it), so its turn 1 ran alone and its later turns in batches of every
-slot: 1.7 ms against 4-5 ms of the fast lane's own first token at a 20 ms round trip, with the
-history's keys and values reused every turn (docs/serving.md, "Multi-turn")."""
+slot: the fast lane's own first token at a 20 ms round trip was 2.2 ms at turn 1 and 3.8-7.1 ms at
+turns 2-20, with the history's keys and values reused every turn
+(bench/results/turns_sessions/lockstep/fast_think0.json; docs/serving.md, "Multi-turn")."""
 
 
 def ratio_interval(first: list[float], last: list[float], resamples: int = BOOTSTRAP_RESAMPLES,
@@ -226,7 +227,7 @@ async def steady(run: Callable, url: str, key: str | None, lane: str, measured: 
                   think_s=think_s)
         start = time.perf_counter()
         conversation = await run(url, key, lane, measured[i], tokens, think_s=think_s)
-        wall = time.perf_counter() - start - sum(t.get("think_s", 0.0) for t in conversation)
+        wall = time.perf_counter() - start - sum(t["think_s"] for t in conversation)
         results.append({"turns": conversation, "wall_s": wall})
         if len(results) == n:
             ended.set()
