@@ -44,13 +44,17 @@ from tqdm import tqdm
 from websockets.asyncio.client import connect
 
 from bench.lanes_quick import TTFT_PROMPT, TTFT_ROUNDS, direct
+from bench.load import median_interval
 
 REPO = Path(__file__).resolve().parents[1]
 
 PROMPT = TTFT_PROMPT
 LANES = {"fast": ("fastmode-fast", None), "standard": ("fastmode-full", "default")}
-CEILING_ROUNDS = 3
-"""The throughput ceiling alternates the served lane and the engine in process this many times."""
+CEILING_ROUNDS = 9
+"""The throughput ceiling alternates the served lane and the engine in process this many times (about
+8 s a round here). One round's ratio moves by 0.8-0.97x between rounds on this VM; with 9 the median
+gets a 96% interval from the rounds themselves (``median_interval``: the 2nd and 8th of the sorted
+ratios), where 3 rounds, as before 2026-11-28, gave none."""
 
 
 def _create(rid: str, model: str, tier: str | None, tokens: int) -> str:
@@ -340,7 +344,8 @@ def main(argv: list[str] | None = None) -> int:
             "concurrency": args.concurrency, "rounds": len(pairs),
             "websocket_aggregate_tokens_per_s": statistics.median(a for a, _ in pairs),
             "in_process_aggregate_tokens_per_s": statistics.median(b for _, b in pairs),
-            "ratios": [a / b for a, b in pairs], "ratio": statistics.median(a / b for a, b in pairs)}
+            "ratios": [a / b for a, b in pairs], "ratio": statistics.median(a / b for a, b in pairs),
+            "ratio_interval": median_interval([a / b for a, b in pairs])}
     for lane in LANES:
         print(f"{lane:<9} in process {ref[lane]:6.0f} tok/s   over the WebSocket "
               f"{served['decode_tokens_per_s'][lane]:6.0f} tok/s   overhead "
@@ -348,7 +353,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.concurrency:
         c = result["throughput_ceiling"]
         print(f"standard, {c['concurrency']} streams: over the WebSocket {c['websocket_aggregate_tokens_per_s']:.0f} "
-              f"tok/s, in process {c['in_process_aggregate_tokens_per_s']:.0f} tok/s ({c['ratio']:.2f}x)")
+              f"tok/s, in process {c['in_process_aggregate_tokens_per_s']:.0f} tok/s ({c['ratio']:.2f}x"
+              + (", 95% interval [{:.2f}, {:.2f}])".format(*c["ratio_interval"]) if c["ratio_interval"] else ")"))
     for label, trio, limit in [("loopback", served["ttft_ms"], result["loopback_physical_limit_ms"])] + \
             [(f"{n['rtt_ms']:g} ms RTT", n["ttft_ms"], n["physical_limit_ms"]) for n in networks]:
         print(f"time to first token, {label} (physical limit {limit:.1f} ms): " + ", ".join(

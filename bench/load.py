@@ -317,6 +317,23 @@ def per_stream_at(level: int, per_stream: int, min_per_level: int) -> int:
     return max(per_stream, -(-min_per_level // level))
 
 
+def median_interval(xs: list[float], confidence: float = 0.95) -> tuple[float, float] | None:
+    """A distribution-free interval for the median of ``xs`` (independent rounds): the order statistics
+    ``x(k)`` and ``x(n+1-k)`` with the largest ``k`` whose two tails each hold at most
+    ``(1 - confidence) / 2`` of Binomial(n, 1/2) (the sign test's interval; its coverage is at least
+    ``confidence``). ``None`` when ``xs`` is too short for one (fewer than 6 values at 95%)."""
+    n, tail, k, below = len(xs), (1 - confidence) / 2, 0, 0.0
+    while k < n // 2:
+        below += math.comb(n, k) / 2 ** n  # P(Binomial(n, 1/2) <= k)
+        if below > tail:
+            break
+        k += 1
+    if k == 0:
+        return None
+    ordered = sorted(xs)
+    return ordered[k - 1], ordered[n - k]
+
+
 def round_order(items: list, r: int) -> list:
     """``items`` in the order of round ``r`` (from 0) of an alternation: as given in even rounds,
     reversed in odd ones (A B, B A, A B, ...), so that slow drift of the machine hits each alike."""

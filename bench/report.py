@@ -217,7 +217,9 @@ def gateway_section(doc: dict | None) -> list[str]:
         out += [f"Throughput ceiling: the standard lane with {c['concurrency']} streams at once gives "
                 f"{c['websocket_aggregate_tokens_per_s']:.0f} tok/s over WebSockets against "
                 f"{c['in_process_aggregate_tokens_per_s']:.0f} tok/s from vLLM in process{rounds}: "
-                f"**{c['ratio']:.2f}x**. On this "
+                f"**{c['ratio']:.2f}x**" + (" (the rounds' median ratio; its 95% interval from the rounds, "
+                "distribution-free: [{:.2f}, {:.2f}])".format(*c["ratio_interval"]) if c.get("ratio_interval") else "")
+                + ". On this "
                 "machine the serving processes (HTTP proxy, router, lane replicas, the other lanes' engines) share "
                 "the 2 cores with the engine, so this ratio is what the serving path costs where CPU is the "
                 "bottleneck; section 5 shows the same gap against vLLM's own server.", ""]

@@ -92,6 +92,7 @@ def test_gateway(quick_run):
     assert alt["ratio"] == pytest.approx(alt["warm_websocket"]["p50"] / alt["physical_limit_ms"])
     assert direct["sharded_fast_options"]["prefix_cache"] == "True"  # the ring as the lane runs it
     assert doc["throughput_ceiling"]["concurrency"] == 4 and doc["throughput_ceiling"]["ratio"] > 0
+    assert doc["throughput_ceiling"]["ratio_interval"] is None  # --quick: one round, too few for an interval
     if can_emulate() is None:  # root: the namespace was built and the 20 ms round trip is visible
         (net,) = doc["emulated_network"]
         assert net["rtt_ms"] == 20 and 20 <= net["measured_rtt_ms"] < 40  # the echo crosses the emulated delay
