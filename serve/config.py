@@ -132,7 +132,8 @@ class VLLMLaneConfig(LaneCommon):
     gpu_memory_utilization: float = Field(default=0.1, gt=0, le=1, description="vLLM's memory share.")
     enforce_eager: bool = Field(default=True, description="Skip CUDA graphs / compilation (fast start).")
     block_size: int | None = Field(default=32, ge=1, description="vLLM's KV-cache block: its prefix cache "
-        "reuses whole blocks, so a conversation's next turn re-prefills up to block_size - 1 history tokens. "
+        "reuses whole blocks, so a conversation's next turn re-prefills up to block_size - 1 history tokens "
+        "(unless it continues its session: sessions). "
         "32 (vLLM's CPU default is 128): turn 20's first token 0.80x turn 1's against 1.25x, decode within "
         "3% (fastmode bench turns / lanes, docs/serving.md); null: vLLM's default. vLLM's CPU attention takes "
         "multiples of 32 only (16 is refused when the engine starts).")
@@ -142,6 +143,12 @@ class VLLMLaneConfig(LaneCommon):
         "chip (tensor and pipeline parallel 1 in engine_args), else vLLM's default. On the 2-core CPU, 'uni' "
         "decoded 1.15-1.3x faster per stream and 1.2x at 32 streams, with 16-20% less CPU per token "
         "(docs/serving.md, 'vLLM's executor').")
+    sessions: bool = Field(default=True, description="Keep a conversation's sequence in vLLM between its "
+        "turns (vLLM's streaming input, serve/lanes/vllm_sessions.py): the next turn appends its new tokens "
+        "and reuses every computed one, where the prefix cache reuses whole blocks only. A parked session "
+        "holds one of max_num_seqs's slots until a request needs it or session_idle_s passes. Requests with "
+        "stop strings, or sampled with a seed, run as plain requests. Not on the exact lane's vLLM engine.")
+    session_idle_s: float = Field(default=10.0, gt=0, description="Longest a session stays parked between turns.")
     engine_args: dict[str, Any] = Field(default_factory=dict, description="Further vLLM AsyncEngineArgs.")
     admission: Literal["reject", "queue"] = Field(default="queue", description="When every replica "
         "holds max_num_seqs streams: 'reject' answers 'overloaded' at once (or spills to standard if "
@@ -186,6 +193,8 @@ class ExactLaneConfig(VLLMLaneConfig):
     admission: Literal["reject", "queue"] = Field(default="reject", description="See VLLMLaneConfig.")
     price: float = Field(default=6.0, ge=0, description="Cost multiplier: the priority lane's, whose batch "
                          "cap it shares.")
+    sessions: Literal[False] = Field(default=False, description="Not on this lane: vLLM's streaming input is "
+        "not measured with its speculative decoding; fastmode's engine keeps its own prefix cache (prefix_cache).")
     num_speculative_tokens: int = Field(default=3, ge=1, le=16, description="Tokens the fast model drafts "
         "per verify step (k; at most 8 on fastmode's engine). 3 was the fastest on the 2-core CPU on both "
         "engines (fastmode bench speculative: 1, 3 and 5 tried); rerun it on your hardware.")

@@ -25,6 +25,9 @@ class EngineRequest:
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
+    continues: bool = False
+    """The prompt continues an earlier one (a conversation's next turn, ``PromptIds.encode_turn``):
+    vLLM's lanes keep its sequence for the turn after (``vllm_sessions``)."""
     trace: Any = None
     """The lane span's OpenTelemetry context when tracing is on (the engine adds step spans under it)."""
 

@@ -183,7 +183,7 @@ class Lane:
         if self.cap is not None and self.in_flight >= self.cap:
             raise Overloaded(f"the {self.lane} lane's batch is full ({self.cap} sequences)",
                              retry_after=self.config.retry_after_s)
-        ids = self.prompt_ids.encode(request.prompt)
+        ids, continues = self.prompt_ids.encode_turn(request.prompt)
         n_prompt = len(ids)
         max_tokens = request.max_output_tokens or self.engine.max_len - n_prompt
         if n_prompt + max_tokens > self.engine.max_len or max_tokens < 1:
@@ -192,7 +192,8 @@ class Lane:
         engine_request = EngineRequest(
             request_id=request.request_id, prompt_ids=ids, max_tokens=max_tokens,
             temperature=request.temperature, top_p=request.top_p, seed=request.seed, stop=list(request.stop),
-            ignore_eos=request.ignore_eos, trace=trace.set_span_in_context(span) if span.is_recording() else None)
+            ignore_eos=request.ignore_eos, continues=continues,
+            trace=trace.set_span_in_context(span) if span.is_recording() else None)
         self.in_flight += 1
         done = False
         try:
@@ -325,7 +326,8 @@ class Lane:
         open here, and streams closed before their end (``cancelled``, since start); the fast lane's chip layout and
         prefix cache too (``parked`` slots, ``hits``, ``reused_tokens``), and on our executor's
         lanes the linears running from packed bfloat16 weights (``sharding.packed``: per chip on
-        the fast lane, per model on the exact lane; 0: off)."""
+        the fast lane, per model on the exact lane; 0: off); on vLLM's lanes with ``sessions``, the
+        conversations kept in vLLM (``parked``, ``continued`` turns, ``reused_tokens``)."""
         stats = {"lane": self.lane, "model": self.model_id, "running": self.engine.num_unfinished(),
                  "in_flight": self.in_flight, "cap": self.cap, "cancelled": self.cancelled, "warmup": self.warm,
                  "rebuilding": self._rebuilding is not None, "rebuilds": self.rebuilds}
@@ -340,6 +342,8 @@ class Lane:
         elif self.lane == EXACT and self.config.engine == "fastmode":
             stats["prefix_cache"] = None if self._rebuilding else self.engine.prefix_stats()
             stats["packed_linears"] = None if self._rebuilding else self.engine.packed_linears()
+        if (sessions := getattr(self.engine, "sessions", None)) is not None:
+            stats["sessions"] = sessions.stats()
         return stats
 
     async def check_health(self) -> None:

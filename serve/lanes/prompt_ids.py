@@ -68,8 +68,13 @@ class PromptIds:
 
     def encode(self, text: str) -> list[int]:
         """The ids of ``text`` (a new list: the caller may keep or change it)."""
+        return self.encode_turn(text)[0]
+
+    def encode_turn(self, text: str) -> tuple[list[int], bool]:
+        """The ids of ``text`` (a new list), and whether ``text`` continues a kept prompt: a
+        conversation's next turn, sent with ``previous_response_id`` or re-sent whole."""
         if not self.incremental:
-            return self.tokenizer.encode(text).ids
+            return self.tokenizer.encode(text).ids, False
         ids = None
         cut = len(text)
         while (cut := text.rfind("\n", 0, cut)) > 0:  # the longest kept prompt that ``text`` continues
@@ -78,10 +83,11 @@ class PromptIds:
                 self.reused_tokens += len(kept)
                 ids = kept + self._continuation(text[cut:])
                 break
+        continues = ids is not None
         if ids is None:
             ids = self.tokenizer.encode(text).ids
         self._keep(text, ids)
-        return list(ids)
+        return list(ids), continues
 
     def _keep(self, text: str, ids: list[int]) -> None:
         if len(ids) > self.kept_tokens:

@@ -9,6 +9,7 @@ tokenized by the lane, so every lane sees exactly the same prompt.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -18,6 +19,7 @@ from cluster import cpus
 from ..config import ExactLaneConfig, VLLMLaneConfig
 from ..errors import LaneUnavailable
 from .engine import EngineOutput, EngineRequest
+from .vllm_sessions import eligible
 
 
 def speculative_args(config: VLLMLaneConfig, draft_path: str | Path | None) -> dict:
@@ -79,6 +81,16 @@ class VLLMLaneEngine:
         else:
             self.engine = AsyncLLM.from_engine_args(args)
         self.max_len = self.engine.model_config.max_model_len
+        self.sessions = None
+        """Conversations kept in vLLM between turns (``vllm_sessions``); ``None`` when off, and always
+        on the exact lane's vLLM engine (speculative decoding with streaming input is not measured)."""
+        if config.sessions and not speculative_args(config, draft_path):
+            from tokenizers import Tokenizer
+
+            from .vllm_sessions import Sessions
+
+            self.sessions = Sessions(self.engine, Tokenizer.from_file(str(Path(path) / "tokenizer.json")),
+                                     config.max_num_seqs, config.session_idle_s)
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
         """See ``LaneEngine.generate``; vLLM aborts the request when this generator is closed."""
@@ -91,6 +103,13 @@ class VLLMLaneEngine:
                                 max_tokens=request.max_tokens, stop=request.stop or None,
                                 ignore_eos=request.ignore_eos,
                                 output_kind=RequestOutputKind.DELTA)
+        if self.sessions is not None:
+            if eligible(request):
+                async with contextlib.aclosing(self._session_turn(request, params)) as outputs:
+                    async for output in outputs:  # closed at once when the caller stops (a cancel)
+                        yield output
+                return
+            await self.sessions.make_room()  # parked sessions hold vLLM slots: free one for this request
         prompt = TokensPrompt(prompt_token_ids=request.prompt_ids)
         first = True
         async for out in self.engine.generate(prompt, params, request.request_id):
@@ -101,17 +120,32 @@ class VLLMLaneEngine:
                 stats = getattr(out, "metrics", None)  # vLLM's RequestStateStats (engine-core clock)
                 queued, scheduled = getattr(stats, "queued_ts", 0.0), getattr(stats, "scheduled_ts", 0.0)
                 extra = {"queue_s": scheduled - queued if queued and scheduled else None,
-                         "batch_size": self.engine.get_num_unfinished_requests(),
+                         "batch_size": self.num_unfinished(),
                          "cached_tokens": getattr(out, "num_cached_tokens", None)}
             if out.finished and getattr(c, "spec_decode_metrics", None) is not None:
                 extra["speculative"] = speculative_summary(c.spec_decode_metrics.to_dict())
             yield EngineOutput(list(c.token_ids), c.text, c.finish_reason if out.finished else None, **extra)
 
+    async def _session_turn(self, request: EngineRequest, params) -> AsyncIterator[EngineOutput]:
+        first = True
+        async with contextlib.aclosing(self.sessions.turn(request, params)) as turn:
+            async for out, text, reused in turn:
+                c = out.outputs[0]
+                extra = {}
+                if first:
+                    first = False
+                    # a continued session reuses every token it had computed; a new one what the prefix cache held
+                    extra = {"batch_size": self.num_unfinished(),
+                             "cached_tokens": reused or getattr(out, "num_cached_tokens", None)}
+                yield EngineOutput(list(c.token_ids), text, c.finish_reason, **extra)
+
     def failure(self) -> BaseException | None:
         return (self.engine.dead_error or RuntimeError("the vLLM engine has died")) if self.engine.errored else None
 
     def num_unfinished(self) -> int:
-        return self.engine.get_num_unfinished_requests()
+        """Requests in the engine, parked sessions not counted (they hold a slot, not a stream)."""
+        parked = len(self.sessions.parked) if self.sessions is not None else 0
+        return self.engine.get_num_unfinished_requests() - parked
 
     async def check_health(self) -> None:
         if self.engine.errored:

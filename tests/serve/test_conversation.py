@@ -255,6 +255,12 @@ def test_ten_turns_equal_transformers_and_a_full_resend(app, references, lane):
         # After an output that follows its prompt directly, the turn reuses more than that prompt:
         # the output's own keys and values from generation.
         assert all(cached[k] > inputs[k - 1] + 1 for k in glued), (glued, cached, inputs)
+    elif lane in ("priority", "standard"):  # vLLM's sessions (serve/lanes/vllm_sessions.py): from the
+        # second turn on a turn runs as a session's; after an output that follows its prompt, the next
+        # turn continues that session, reusing its prompt and that output but the last token, to the
+        # token, not only whole blocks.
+        later = [k for k in glued if k >= 2]
+        assert later and all(cached[k] >= inputs[k - 1] + 1 for k in later), (glued, cached, inputs)
     else:  # vLLM's automatic prefix caching reuses whole blocks of the history once there is one
         assert any(c > 0 for c in cached[1:]), cached
 

@@ -106,3 +106,15 @@ def test_a_tokenizer_without_the_newline_split_tokenizes_whole():
     for text in ("x = 1", "x = 1\n  y = 2", "x = 1\n  y = 2\n\n z"):
         assert ids.encode(text) == tok.encode(text).ids
     assert ids.reused_tokens == 0
+
+
+def test_encode_turn_says_whether_the_text_continues_a_kept_prompt():
+    tok = _tokenizer(FAST)
+    ids = PromptIds(tok)
+    first = "def f(x):\n    return x"
+    assert ids.encode_turn(first) == (tok.encode(first).ids, False)  # a conversation's first turn
+    assert ids.encode_turn(first) == (tok.encode(first).ids, False)  # the same prompt again continues nothing
+    second = first + "\n\nprint(f(1))"
+    assert ids.encode_turn(second) == (tok.encode(second).ids, True)  # the next turn
+    other = "def g(x):\n    return x"
+    assert ids.encode_turn(other)[1] is False

@@ -1,0 +1,173 @@
+"""``Sessions``: a conversation's sequence kept in vLLM between its turns (vLLM's streaming input).
+
+Why: vLLM's prefix cache keeps whole KV-cache blocks only (32 tokens on CPU, where its attention
+takes no smaller block), so every turn of a conversation sent as a new request prefills the
+history's last partial block again, up to 31 tokens. On the 2-core CPU that was up to a third of a
+short turn's first token (docs/serving.md, "Multi-turn").
+
+vLLM's streaming input (``AsyncLLM.generate`` given an async generator of ``StreamingInput``: a
+"resumable" request) keeps a request's sequence and its keys and values after a chunk's output
+ends, and appends the next chunk of input to it. Every computed token is reused, the partial block
+included. When a chunk's output ends, vLLM drops the last sampled token (it was never fed to the
+model) and computes it again at the front of the next chunk.
+
+How fastmode uses it: a request whose prompt continues an earlier prompt (``continues``: the lane's
+``PromptIds`` found it extends one it kept, so it is a conversation's next turn, whether sent with
+``previous_response_id`` or re-sent whole) runs as a turn of a session. A conversation's first
+turn is a plain request, its second opens a session (from the prefix cache), and from the third on
+each turn continues it. When a turn's output ends (a stop token or ``max_tokens``), the session is
+*parked* with its computed tokens: the turn's prompt and its output but the last token.
+Requests that continue nothing (one-off prompts, a load of one fixed prompt) never park anything. A later request whose prompt ids begin with a
+parked session's tokens and go on past them (the conversation's next turn, joined as a full
+re-send would join it: ``serve.request.join_messages``, ``PromptIds``) continues that session with
+the rest of its prompt. Anything else opens a new session; what it shares with a closed one still
+comes from vLLM's prefix cache.
+
+Limits, each a rule here:
+- A parked session holds one of vLLM's ``max_num_seqs`` running slots and its KV blocks. Before any
+  request is added, the oldest parked sessions are closed until it finds a slot; a session parked
+  ``idle_s`` closes by itself. Closing aborts vLLM's request (its full blocks stay in the prefix
+  cache).
+- Only requests vLLM's streaming input takes and that continue exactly as a re-send would: no stop
+  strings (vLLM refuses them there), and greedy or unseeded (a seeded sampler would go on from its
+  state instead of starting again from the seed). Others run as plain requests.
+- A turn its caller abandons (cancel, disconnect) aborts its session.
+
+The text of a session's turn is decoded here, by ``tokenizers``' ``DecodeStream`` primed with the
+turn's prompt, as vLLM's detokenizer does for a new request (vLLM's own would go on from the last
+turn's output, not from the new prompt).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from tokenizers import Tokenizer
+from tokenizers.decoders import DecodeStream
+
+from .engine import EngineRequest
+
+
+def eligible(request: EngineRequest) -> bool:
+    """Whether ``request`` runs as a session's turn: a conversation's turn (``continues``), without
+    stop strings, greedy or unseeded."""
+    return request.continues and not request.stop and (request.temperature == 0 or request.seed is None)
+
+
+@dataclass(eq=False)
+class _Session:
+    key: int
+    inputs: asyncio.Queue
+    """``StreamingInput`` chunks for vLLM, ``None`` to end the input stream."""
+    outputs: Any = None
+    """``AsyncLLM.generate`` over ``inputs``: every turn's ``RequestOutput``s, in order."""
+    tokens: list[int] = field(default_factory=list)
+    """The sequence vLLM has computed (the last turn's prompt and its output but the last token)."""
+    timer: asyncio.TimerHandle | None = None
+
+
+class Sessions:
+    """Sessions on one ``AsyncLLM``.
+
+    Args:
+        engine: vLLM's ``AsyncLLM``.
+        tokenizer: the model's tokenizer (the turns' text).
+        slots: vLLM's ``max_num_seqs`` (parked sessions count against it).
+        idle_s: how long a session stays parked at most.
+    """
+
+    def __init__(self, engine: Any, tokenizer: Tokenizer, slots: int, idle_s: float) -> None:
+        self.engine, self.tokenizer, self.slots, self.idle_s = engine, tokenizer, slots, idle_s
+        self.parked: OrderedDict[int, _Session] = OrderedDict()
+        """Parked sessions, the longest parked first."""
+        self._keys = itertools.count()
+        self.continued = 0
+        """Turns that continued a parked session (since start)."""
+        self.reused_tokens = 0
+        """Prompt tokens those turns did not send to vLLM again (since start)."""
+
+    def _take(self, prompt_ids: list[int]) -> _Session | None:
+        """The parked session ``prompt_ids`` continues (taken out of ``parked``), if any."""
+        for key, s in self.parked.items():
+            n = len(s.tokens)
+            if n < len(prompt_ids) and prompt_ids[:n] == s.tokens:
+                del self.parked[key]
+                if s.timer is not None:
+                    s.timer.cancel()
+                return s
+        return None
+
+    async def make_room(self) -> None:
+        """Close the longest parked sessions until vLLM has a free slot (before adding any request)."""
+        while self.parked and self.engine.get_num_unfinished_requests() >= self.slots:
+            await self._close(self.parked.popitem(last=False)[1])
+
+    async def _close(self, s: _Session) -> None:
+        if s.timer is not None:
+            s.timer.cancel()
+        if s.outputs is not None:
+            with contextlib.suppress(Exception):
+                await s.outputs.aclose()  # AsyncLLM.generate aborts the request
+
+    def _park(self, s: _Session) -> None:
+        self.parked[s.key] = s
+        s.timer = asyncio.get_running_loop().call_later(self.idle_s, self._expire, s)
+
+    def _expire(self, s: _Session) -> None:
+        if self.parked.pop(s.key, None) is s:
+            asyncio.get_running_loop().create_task(self._close(s))
+
+    def stats(self) -> dict[str, int]:
+        return {"parked": len(self.parked), "continued": self.continued, "reused_tokens": self.reused_tokens}
+
+    async def close_all(self) -> None:
+        while self.parked:
+            await self._close(self.parked.popitem(last=False)[1])
+
+    async def turn(self, request: EngineRequest, params: Any) -> AsyncIterator[tuple[Any, str, int]]:
+        """Run ``request`` as a session's turn: ``(RequestOutput, new text, prompt tokens reused)``
+        per output, the last one with its ``finish_reason`` set. A new session makes room first."""
+        from vllm import TokensPrompt
+        from vllm.engine.protocol import StreamingInput
+
+        ids = request.prompt_ids
+        s = self._take(ids)
+        reused = len(s.tokens) if s is not None else 0
+        if s is None:
+            await self.make_room()
+            s = _Session(next(self._keys), asyncio.Queue())
+
+            async def inputs(q: asyncio.Queue = s.inputs):
+                while (chunk := await q.get()) is not None:
+                    yield chunk
+
+            s.outputs = self.engine.generate(inputs(), params, f"{request.request_id}-session")
+        else:
+            self.continued += 1
+            self.reused_tokens += reused
+        s.inputs.put_nowait(StreamingInput(TokensPrompt(prompt_token_ids=ids[reused:]), params))
+        decoder = DecodeStream(ids=ids, skip_special_tokens=True)
+        out_ids: list[int] = []
+        parked = False
+        try:
+            while True:
+                out = await anext(s.outputs)
+                c = out.outputs[0]
+                out_ids += c.token_ids
+                text = "".join(p for t in c.token_ids if (p := decoder.step(self.tokenizer, t)))
+                if c.finish_reason is not None:
+                    s.tokens = ids + out_ids[:-1]
+                    self._park(s)  # before the last yield: a caller may stop reading at the end
+                    parked = True
+                    yield out, text, reused
+                    return
+                yield out, text, reused
+        finally:
+            if not parked:
+                await self._close(s)
