@@ -89,8 +89,10 @@ class VLLMLaneEngine:
 
             from .vllm_sessions import Sessions
 
+            cache = self.engine.vllm_config.cache_config
             self.sessions = Sessions(self.engine, Tokenizer.from_file(str(Path(path) / "tokenizer.json")),
-                                     config.max_num_seqs, config.session_idle_s)
+                                     config.max_num_seqs, config.session_idle_s,
+                                     kv_tokens=(cache.num_gpu_blocks or 0) * cache.block_size or None)
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
         """See ``LaneEngine.generate``; vLLM aborts the request when this generator is closed."""

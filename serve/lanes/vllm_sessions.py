@@ -25,8 +25,9 @@ comes from vLLM's prefix cache.
 
 Limits, each a rule here:
 - A parked session holds one of vLLM's ``max_num_seqs`` running slots and its KV blocks. Before any
-  request is added, the oldest parked sessions are closed until it finds a slot; a session parked
-  ``idle_s`` closes by itself. Closing aborts vLLM's request (its full blocks stay in the prefix
+  request is added, the oldest parked sessions are closed until it finds a slot; the parked sessions
+  hold at most ``PARKED_KV_SHARE`` of the KV cache (the longest parked close first); a session
+  parked ``idle_s`` closes by itself. Closing aborts vLLM's request (its full blocks stay in the prefix
   cache).
 - Only requests vLLM's streaming input takes and that continue exactly as a re-send would: no stop
   strings (vLLM refuses them there), and greedy or unseeded (a seeded sampler would go on from its
@@ -52,6 +53,12 @@ from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
 
 from .engine import EngineRequest
+
+
+PARKED_KV_SHARE = 0.25
+"""The most of vLLM's KV cache the parked sessions hold together. Parking past it closes the
+longest-parked first: vLLM makes room for a running request by preempting running ones, never a
+waiting session, so parked blocks past a share would crowd out the requests being served."""
 
 
 def eligible(request: EngineRequest) -> bool:
@@ -82,31 +89,40 @@ class Sessions:
         idle_s: how long a session stays parked at most.
     """
 
-    def __init__(self, engine: Any, tokenizer: Tokenizer, slots: int, idle_s: float) -> None:
+    def __init__(self, engine: Any, tokenizer: Tokenizer, slots: int, idle_s: float,
+                 kv_tokens: int | None = None) -> None:
         self.engine, self.tokenizer, self.slots, self.idle_s = engine, tokenizer, slots, idle_s
         self.parked: OrderedDict[int, _Session] = OrderedDict()
         """Parked sessions, the longest parked first."""
+        self.budget = int(PARKED_KV_SHARE * kv_tokens) if kv_tokens else None
+        """Tokens the parked sessions may hold together (``PARKED_KV_SHARE`` of ``kv_tokens``, vLLM's
+        KV cache in tokens; ``None``: no bound but the slots)."""
+        self.parked_tokens = 0
         self._keys = itertools.count()
         self.continued = 0
         """Turns that continued a parked session (since start)."""
         self.reused_tokens = 0
         """Prompt tokens those turns did not send to vLLM again (since start)."""
 
+    def _unpark(self, key: int) -> _Session:
+        s = self.parked.pop(key)
+        self.parked_tokens -= len(s.tokens)
+        if s.timer is not None:
+            s.timer.cancel()
+        return s
+
     def _take(self, prompt_ids: list[int]) -> _Session | None:
         """The parked session ``prompt_ids`` continues (taken out of ``parked``), if any."""
         for key, s in self.parked.items():
             n = len(s.tokens)
             if n < len(prompt_ids) and prompt_ids[:n] == s.tokens:
-                del self.parked[key]
-                if s.timer is not None:
-                    s.timer.cancel()
-                return s
+                return self._unpark(key)
         return None
 
     async def make_room(self) -> None:
         """Close the longest parked sessions until vLLM has a free slot (before adding any request)."""
         while self.parked and self.engine.get_num_unfinished_requests() >= self.slots:
-            await self._close(self.parked.popitem(last=False)[1])
+            await self._close(self._unpark(next(iter(self.parked))))
 
     async def _close(self, s: _Session) -> None:
         if s.timer is not None:
@@ -116,19 +132,24 @@ class Sessions:
                 await s.outputs.aclose()  # AsyncLLM.generate aborts the request
 
     def _park(self, s: _Session) -> None:
+        loop = asyncio.get_running_loop()
         self.parked[s.key] = s
-        s.timer = asyncio.get_running_loop().call_later(self.idle_s, self._expire, s)
+        self.parked_tokens += len(s.tokens)
+        s.timer = loop.call_later(self.idle_s, self._expire, s)
+        while self.budget is not None and self.parked_tokens > self.budget:  # the longest parked go first
+            loop.create_task(self._close(self._unpark(next(iter(self.parked)))))
 
     def _expire(self, s: _Session) -> None:
-        if self.parked.pop(s.key, None) is s:
-            asyncio.get_running_loop().create_task(self._close(s))
+        if self.parked.get(s.key) is s:
+            asyncio.get_running_loop().create_task(self._close(self._unpark(s.key)))
 
     def stats(self) -> dict[str, int]:
-        return {"parked": len(self.parked), "continued": self.continued, "reused_tokens": self.reused_tokens}
+        return {"parked": len(self.parked), "parked_tokens": self.parked_tokens, "continued": self.continued,
+                "reused_tokens": self.reused_tokens}
 
     async def close_all(self) -> None:
         while self.parked:
-            await self._close(self.parked.popitem(last=False)[1])
+            await self._close(self._unpark(next(iter(self.parked))))
 
     async def turn(self, request: EngineRequest, params: Any) -> AsyncIterator[tuple[Any, str, int]]:
         """Run ``request`` as a session's turn: ``(RequestOutput, new text, prompt tokens reused)``

@@ -162,6 +162,36 @@ def test_a_session_parked_longer_than_idle_s_closes(engine):
     engine.run(go())
 
 
+@pytest.mark.slow
+def test_parked_sessions_hold_at_most_their_share_of_the_kv_cache(engine):
+    sessions = engine.sessions
+    cache = engine.engine.vllm_config.cache_config
+    assert sessions.budget == int(0.25 * cache.num_gpu_blocks * cache.block_size)
+
+    async def go():
+        await sessions.close_all()
+        await idle(engine)
+        budget = sessions.budget
+        try:
+            await collect(engine, EngineRequest("kv0", encode(engine, LINES[0]), 4, temperature=0, continues=True))
+            first = next(iter(sessions.parked))
+            # room for either session alone (the second's: its prompt and at most 3 of its 4 tokens), not both
+            sessions.budget = max(sessions.parked_tokens, len(encode(engine, LINES[1])) + 3)
+            await collect(engine, EngineRequest("kv1", encode(engine, LINES[1]), 4, temperature=0, continues=True))
+            assert first not in sessions.parked and len(sessions.parked) == 1  # the longest parked went
+            assert sessions.parked_tokens == len(sessions.parked[next(iter(sessions.parked))].tokens)
+            deadline = time.monotonic() + 5  # the closed one's abort reaches vLLM
+            while engine.engine.get_num_unfinished_requests() > 1 and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+            assert engine.engine.get_num_unfinished_requests() == 1
+        finally:
+            sessions.budget = budget
+            await sessions.close_all()
+        assert sessions.parked_tokens == 0
+
+    engine.run(go())
+
+
 @pytest.mark.parametrize("kw, ok", [({"temperature": 0}, True), ({"temperature": 0.8}, True),
                                      ({"temperature": 0.8, "seed": 3}, False), ({"temperature": 0, "seed": 3}, True),
                                      ({"temperature": 0, "stop": ["\n"]}, False),
