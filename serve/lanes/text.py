@@ -15,11 +15,14 @@ from tokenizers.decoders import DecodeStream
 class TextStream:
     """Turns a request's new token ids into new text; ``stopped`` once a stop string appears."""
 
-    def __init__(self, tokenizer: Tokenizer, stop: list[str] | None = None) -> None:
+    def __init__(self, tokenizer: Tokenizer, stop: list[str] | None = None,
+                 prompt_ids: list[int] | None = None) -> None:
         self.tokenizer = tokenizer
         self.stop = [s for s in (stop or []) if s]
         self._hold = max((len(s) for s in self.stop), default=1) - 1
-        self._decoder = DecodeStream(skip_special_tokens=True)
+        # ``prompt_ids``: decode the output in its prompt's context, as vLLM's detokenizer primes its stream
+        self._decoder = DecodeStream(ids=prompt_ids, skip_special_tokens=True) if prompt_ids else \
+            DecodeStream(skip_special_tokens=True)
         self._text = ""  # everything decoded so far (up to a stop string once stopped)
         self._sent = 0  # characters of _text already returned
         self.stopped = False

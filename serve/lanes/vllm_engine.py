@@ -107,9 +107,18 @@ class VLLMLaneEngine:
                                 output_kind=RequestOutputKind.DELTA)
         if self.sessions is not None:
             if eligible(request):
-                async with contextlib.aclosing(self._session_turn(request, params)) as outputs:
-                    async for output in outputs:  # closed at once when the caller stops (a cancel)
-                        yield output
+                first = True
+                async with contextlib.aclosing(self.sessions.turn(request, params)) as turn:
+                    async for out, text, reused in turn:  # closed at once when the caller stops (a cancel)
+                        c = out.outputs[0]
+                        extra = {}
+                        if first:
+                            first = False
+                            # a continued session reuses every token it had computed; a new one what
+                            # the prefix cache held
+                            extra = {"batch_size": self.num_unfinished(),
+                                     "cached_tokens": reused or getattr(out, "num_cached_tokens", None)}
+                        yield EngineOutput(list(c.token_ids), text, c.finish_reason, **extra)
                 return
             await self.sessions.make_room()  # parked sessions hold vLLM slots: free one for this request
         prompt = TokensPrompt(prompt_token_ids=request.prompt_ids)
@@ -127,19 +136,6 @@ class VLLMLaneEngine:
             if out.finished and getattr(c, "spec_decode_metrics", None) is not None:
                 extra["speculative"] = speculative_summary(c.spec_decode_metrics.to_dict())
             yield EngineOutput(list(c.token_ids), c.text, c.finish_reason if out.finished else None, **extra)
-
-    async def _session_turn(self, request: EngineRequest, params) -> AsyncIterator[EngineOutput]:
-        first = True
-        async with contextlib.aclosing(self.sessions.turn(request, params)) as turn:
-            async for out, text, reused in turn:
-                c = out.outputs[0]
-                extra = {}
-                if first:
-                    first = False
-                    # a continued session reuses every token it had computed; a new one what the prefix cache held
-                    extra = {"batch_size": self.num_unfinished(),
-                             "cached_tokens": reused or getattr(out, "num_cached_tokens", None)}
-                yield EngineOutput(list(c.token_ids), text, c.finish_reason, **extra)
 
     def failure(self) -> BaseException | None:
         return (self.engine.dead_error or RuntimeError("the vLLM engine has died")) if self.engine.errored else None

@@ -34,9 +34,10 @@ Limits, each a rule here:
   state instead of starting again from the seed). Others run as plain requests.
 - A turn its caller abandons (cancel, disconnect) aborts its session.
 
-The text of a session's turn is decoded here, by ``tokenizers``' ``DecodeStream`` primed with the
-turn's prompt, as vLLM's detokenizer does for a new request (vLLM's own would go on from the last
-turn's output, not from the new prompt).
+The text of a session's turn is decoded here (``TextStream`` primed with the turn's prompt, as
+vLLM's detokenizer is for a new request; vLLM's own would go on from the last turn's output, not
+from the new prompt), and vLLM's is turned off for sessions (``detokenize=False``): one decode a
+token, not two.
 """
 
 from __future__ import annotations
@@ -50,9 +51,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tokenizers import Tokenizer
-from tokenizers.decoders import DecodeStream
 
 from .engine import EngineRequest
+from .text import TextStream
 
 
 PARKED_KV_SHARE = 0.25
@@ -119,14 +120,16 @@ class Sessions:
                 return self._unpark(key)
         return None
 
+    def _unpark_oldest(self) -> _Session:
+        return self._unpark(next(iter(self.parked)))
+
     async def make_room(self) -> None:
         """Close the longest parked sessions until vLLM has a free slot (before adding any request)."""
         while self.parked and self.engine.get_num_unfinished_requests() >= self.slots:
-            await self._close(self._unpark(next(iter(self.parked))))
+            await self._close(self._unpark_oldest())
 
-    async def _close(self, s: _Session) -> None:
-        if s.timer is not None:
-            s.timer.cancel()
+    @staticmethod
+    async def _close(s: _Session) -> None:
         if s.outputs is not None:
             with contextlib.suppress(Exception):
                 await s.outputs.aclose()  # AsyncLLM.generate aborts the request
@@ -137,7 +140,7 @@ class Sessions:
         self.parked_tokens += len(s.tokens)
         s.timer = loop.call_later(self.idle_s, self._expire, s)
         while self.budget is not None and self.parked_tokens > self.budget:  # the longest parked go first
-            loop.create_task(self._close(self._unpark(next(iter(self.parked)))))
+            loop.create_task(self._close(self._unpark_oldest()))
 
     def _expire(self, s: _Session) -> None:
         if self.parked.get(s.key) is s:
@@ -149,14 +152,16 @@ class Sessions:
 
     async def close_all(self) -> None:
         while self.parked:
-            await self._close(self._unpark(next(iter(self.parked))))
+            await self._close(self._unpark_oldest())
 
     async def turn(self, request: EngineRequest, params: Any) -> AsyncIterator[tuple[Any, str, int]]:
         """Run ``request`` as a session's turn: ``(RequestOutput, new text, prompt tokens reused)``
-        per output, the last one with its ``finish_reason`` set. A new session makes room first."""
+        per output, the last one with its ``finish_reason`` set. A new session makes room first.
+        ``params``: vLLM's ``SamplingParams`` (changed: its text is decoded here)."""
         from vllm import TokensPrompt
         from vllm.engine.protocol import StreamingInput
 
+        params.detokenize = False
         ids = request.prompt_ids
         s = self._take(ids)
         reused = len(s.tokens) if s is not None else 0
@@ -173,7 +178,7 @@ class Sessions:
             self.continued += 1
             self.reused_tokens += reused
         s.inputs.put_nowait(StreamingInput(TokensPrompt(prompt_token_ids=ids[reused:]), params))
-        decoder = DecodeStream(ids=ids, skip_special_tokens=True)
+        decoder = TextStream(self.tokenizer, prompt_ids=ids)
         out_ids: list[int] = []
         parked = False
         try:
@@ -181,7 +186,7 @@ class Sessions:
                 out = await anext(s.outputs)
                 c = out.outputs[0]
                 out_ids += c.token_ids
-                text = "".join(p for t in c.token_ids if (p := decoder.step(self.tokenizer, t)))
+                text = decoder.push(c.token_ids)
                 if c.finish_reason is not None:
                     s.tokens = ids + out_ids[:-1]
                     self._park(s)  # before the last yield: a caller may stop reading at the end
