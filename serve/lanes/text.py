@@ -21,8 +21,7 @@ class TextStream:
         self.stop = [s for s in (stop or []) if s]
         self._hold = max((len(s) for s in self.stop), default=1) - 1
         # ``prompt_ids``: decode the output in its prompt's context, as vLLM's detokenizer primes its stream
-        self._decoder = DecodeStream(ids=prompt_ids, skip_special_tokens=True) if prompt_ids else \
-            DecodeStream(skip_special_tokens=True)
+        self._decoder = DecodeStream(ids=prompt_ids, skip_special_tokens=True)
         self._text = ""  # everything decoded so far (up to a stop string once stopped)
         self._sent = 0  # characters of _text already returned
         self.stopped = False
