@@ -26,6 +26,7 @@ from tokenizers import Tokenizer
 from sharding.config import ModelConfig
 from sharding.pipeline import RingFailed
 from sharding.ring import StepInfo, step_infos
+from sharding.sampling import SamplingParams
 from sharding.scheduler import validate_request
 from sharding.transport import LinkClosed, frame, read_frame
 
@@ -110,19 +111,51 @@ class HeadClient:
                     metrics.hops(info.hops)
 
     # -- LaneEngine ----------------------------------------------------------------------------
-    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
-        """See ``LaneEngine.generate``."""
+    def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
+        """See ``LaneEngine.generate``. With the link up, the request goes to the head now, before
+        the first output is asked for: a caller with work of its own before it waits (a front door
+        writing ``response.created``) does that work during the prefill. What the request does not
+        pass (``validate_request``, a stopped engine) is raised at the first output, as before."""
+        added: tuple[asyncio.Queue, int] | BaseException | None = None
+        if self._writer is not None:
+            try:
+                added = self._add(request, self._check(request), self._writer)
+            except Exception as e:  # noqa: BLE001 - raised at the first output
+                added = e
+        return _Outputs(self, request.request_id, added, self._stream(request, added))
+
+    def _check(self, request: EngineRequest) -> SamplingParams:
+        """Typed errors before anything is sent; the request's sampling parameters."""
         if self._error is not None:
             raise LaneUnavailable(f"the fast lane's engine is not running ({self._error})")
-        rid = request.request_id
         params = request.sampling()
-        # Typed errors before anything is sent.
-        validate_request(self.model_config, self.max_len, rid, request.prompt_ids, params)
-        writer = await self.connect()
+        validate_request(self.model_config, self.max_len, request.request_id, request.prompt_ids, params)
+        return params
+
+    def _add(self, request: EngineRequest, params: SamplingParams, writer: asyncio.StreamWriter
+             ) -> tuple[asyncio.Queue, int]:
+        """Send a checked request to the head: its output queue and when it went."""
         sink: asyncio.Queue = asyncio.Queue()
-        self._sinks[rid] = sink
+        self._sinks[request.request_id] = sink
         added_ns = time.time_ns()
-        writer.write(frame(("add", rid, request.prompt_ids, params)))
+        writer.write(frame(("add", request.request_id, request.prompt_ids, params)))
+        return sink, added_ns
+
+    def _drop(self, rid: str, finished: bool) -> None:
+        """The request's stream is over: forget it, and free its slot at the head unless it ended."""
+        self._sinks.pop(rid, None)
+        if not finished and self._writer is not None and self._error is None:
+            with contextlib.suppress(Exception):  # closed early, or ended by a stop string
+                self._writer.write(frame(("abort", rid)))
+
+    async def _stream(self, request: EngineRequest, added) -> AsyncIterator[EngineOutput]:
+        if isinstance(added, BaseException):
+            raise added
+        if added is None:  # the link was not up when the request came: it goes now
+            params = self._check(request)
+            added = self._add(request, params, await self.connect())
+        rid = request.request_id
+        sink, added_ns = added
         text = TextStream(self.tokenizer, request.stop)
         spans = None
         if request.trace is not None:
@@ -160,10 +193,7 @@ class HeadClient:
                     return
                 yield EngineOutput(tokens, delta, **first)
         finally:
-            self._sinks.pop(rid, None)
-            if not finished and self._writer is not None and self._error is None:
-                with contextlib.suppress(Exception):  # closed early, or ended by a stop string: free the slot
-                    self._writer.write(frame(("abort", rid)))
+            self._drop(rid, finished)
             if spans is not None:
                 spans.finish(hops)
 
@@ -187,3 +217,25 @@ class HeadClient:
 
     def shutdown(self) -> None:
         self.close()
+
+
+class _Outputs:
+    """One request's outputs from ``HeadClient.generate``: its generator, plus the cleanup an
+    async generator skips when it is closed before it started (the request was sent already)."""
+
+    def __init__(self, client: HeadClient, rid: str, added, outputs: AsyncIterator[EngineOutput]) -> None:
+        self._client, self._rid, self._added, self._outputs = client, rid, added, outputs
+        self._started = False
+
+    def __aiter__(self) -> _Outputs:
+        return self
+
+    async def __anext__(self) -> EngineOutput:
+        self._started = True
+        return await self._outputs.__anext__()
+
+    async def aclose(self) -> None:
+        if not self._started and isinstance(self._added, tuple):
+            self._client._drop(self._rid, finished=False)
+        self._started = True
+        await self._outputs.aclose()

@@ -194,13 +194,18 @@ class Lane:
             temperature=request.temperature, top_p=request.top_p, seed=request.seed, stop=list(request.stop),
             ignore_eos=request.ignore_eos, continues=continues,
             trace=trace.set_span_in_context(span) if span.is_recording() else None)
+        # A front door's own lane starts the engine's request before ``accepted``: the caller's
+        # handling of it (``response.created`` written to the client) overlaps the prefill. An
+        # engine this lane owns is iterated by the lane's own task, which writes ``accepted`` and
+        # goes on without waiting for the caller.
+        early = None if self.owns_engine else self.engine.generate(engine_request)
         self.in_flight += 1
         done = False
         try:
             yield {"type": "accepted", "input_tokens": n_prompt}
             n_out, seq, first, last, reason, queue_s, hops, spec = 0, 0, None, None, None, None, None, None
             cached = 0
-            async for outs in self._outputs(engine_request):
+            async for outs in self._outputs(engine_request, early):
                 now = time.perf_counter()
                 first = first or now
                 last = now
@@ -234,19 +239,23 @@ class Lane:
         finally:
             self.in_flight -= 1
             self.cancelled += not done
+            if early is not None:  # iterated by this task only, so closing it here is safe
+                await early.aclose()
 
-    async def _outputs(self, engine_request: EngineRequest) -> AsyncIterator[list[EngineOutput]]:
+    async def _outputs(self, engine_request: EngineRequest, early: AsyncIterator[EngineOutput] | None = None
+                       ) -> AsyncIterator[list[EngineOutput]]:
         """The engine's coalesced outputs; a dead engine's failure becomes ``lane_unavailable``
         (retryable) and starts the engine's rebuild.
 
         A front door's own lane (an engine it does not own: ``serve.lanes.direct``) passes each output
         on as it comes: its events cross no process (no Serve item, no link frame) on their way to the
         caller, and the head already bundles a request's tokens per message (``sharding.ring.FLUSH_S``),
-        so coalescing would buy nothing but a task and a queue between the head and the first token."""
+        so coalescing would buy nothing but a task and a queue between the head and the first token.
+        ``early``: the engine's stream if it was started already (``engine.generate(engine_request)``)."""
         engine = self.engine
         try:
-            if not self.owns_engine:
-                async for out in engine.generate(engine_request):
+            if early is not None:
+                async for out in early:
                     yield [out]
                 return
             async for outs in coalesce(engine.generate(engine_request), self.config.stream_interval_ms / 1e3,

@@ -9,6 +9,7 @@ four chips).
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import time
 
@@ -279,6 +280,58 @@ def test_clients_stream_side_by_side_and_each_keeps_its_own(pipe):
     assert load["clients"] == 2  # the model's own and `other`
     other.close()
     stranger.close()
+
+
+@_pipe([(1, 2, "tiny-full", EAGER)])
+def test_a_head_client_sends_each_request_before_its_first_output_is_asked_for(pipe):
+    """``HeadClient.generate`` (a front door's fast lane) sends the request to the head at once, so
+    the front door's own work before it waits (``response.created``) overlaps the prefill: the head
+    is running it before the stream is iterated, and its tokens are transformers' greedy ones. A
+    stream closed before it was iterated frees its slot at the head; a bad request raises its typed
+    error at the first output, as it did when nothing was sent before then."""
+    from tokenizers import Tokenizer
+
+    from serve.lanes.engine import EngineRequest
+    from serve.lanes.head_client import HeadClient
+    from sharding.config import ModelConfig
+
+    model, path = pipe
+    ids = prompt_ids(path, 6)
+
+    def ring_load() -> dict[str, int]:
+        return ray.get(model.head_worker.ring_load.remote())
+
+    def until(what, timeout_s: float = 30) -> dict[str, int]:
+        deadline = time.monotonic() + timeout_s
+        while not what(load := ring_load()) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return load
+
+    async def run() -> list[int]:
+        client = HeadClient(ModelConfig.from_pretrained(path), model.max_len, model.client_address, model.secret,
+                            Tokenizer.from_file(str(path / "tokenizer.json")), {"tp": 1, "pp": 2})
+        await client.connect()
+        before = ring_load()
+        try:
+            outputs = client.generate(EngineRequest("sent", ids, max_tokens=8, temperature=0, ignore_eos=True))
+            load = until(lambda load: load["running"] == 1)
+            assert load["running"] == 1, load  # sent, with nothing iterated yet
+            tokens = [t async for out in outputs for t in out.token_ids]
+            unread = client.generate(EngineRequest("unread", ids, max_tokens=model.max_len - len(ids),
+                                                   temperature=0, ignore_eos=True))
+            assert until(lambda load: load["running"] == 1)["running"] == 1
+            await unread.aclose()
+            load = until(lambda load: load["running"] == 0)
+            assert load["running"] == 0 and load["aborted"] == before["aborted"] + 1, load
+            assert client.num_unfinished() == 0
+            bad = client.generate(EngineRequest("bad", [], max_tokens=4))
+            with pytest.raises(EmptyPrompt):
+                await bad.__anext__()
+            return tokens
+        finally:
+            client.close()
+
+    assert asyncio.run(run()) == hf_greedy(path, ids, 8)[:8]
 
 
 @_pipe([(1, 2, "tiny-full", EAGER)])
