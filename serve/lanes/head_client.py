@@ -122,7 +122,7 @@ class HeadClient:
                 added = self._add(request, self._check(request), self._writer)
             except Exception as e:  # noqa: BLE001 - raised at the first output
                 added = e
-        return _Outputs(self, request.request_id, added, self._stream(request, added))
+        return _Outputs(self, request.request_id, isinstance(added, tuple), self._stream(request, added))
 
     def _check(self, request: EngineRequest) -> SamplingParams:
         """Typed errors before anything is sent; the request's sampling parameters."""
@@ -221,21 +221,22 @@ class HeadClient:
 
 class _Outputs:
     """One request's outputs from ``HeadClient.generate``: its generator, plus the cleanup an
-    async generator skips when it is closed before it started (the request was sent already)."""
+    async generator skips when it is closed before it started (``sent``: the request went already)."""
 
-    def __init__(self, client: HeadClient, rid: str, added, outputs: AsyncIterator[EngineOutput]) -> None:
-        self._client, self._rid, self._added, self._outputs = client, rid, added, outputs
-        self._started = False
+    def __init__(self, client: HeadClient, rid: str, sent: bool, outputs: AsyncIterator[EngineOutput]) -> None:
+        self._client, self._rid, self._outputs = client, rid, outputs
+        self._unread_sent = sent
+        """Sent, and not iterated yet: closing now must abort it at the head."""
 
     def __aiter__(self) -> _Outputs:
         return self
 
     async def __anext__(self) -> EngineOutput:
-        self._started = True
+        self._unread_sent = False  # from here on the generator's own cleanup runs
         return await self._outputs.__anext__()
 
     async def aclose(self) -> None:
-        if not self._started and isinstance(self._added, tuple):
+        if self._unread_sent:
+            self._unread_sent = False
             self._client._drop(self._rid, finished=False)
-        self._started = True
         await self._outputs.aclose()
