@@ -47,7 +47,7 @@ def test_a_node_with_a_gpu_is_left_to_the_os(monkeypatch):
 
 def test_the_config_names_a_bad_setting():
     assert load_config({"cpus": "6-7"}).cpus == "6-7"
-    assert load_config(None).cpus == "off"
+    assert load_config(None).cpus == "auto"  # the default
     assert load_config({"cpus": False}).cpus == "off"  # what YAML makes of `cpus: off`
     with pytest.raises(ConfigError, match="cpus"):
         load_config({"cpus": "most of them"})

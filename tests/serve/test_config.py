@@ -139,16 +139,16 @@ def test_serve_env_reaches_every_replica_and_the_users_env_vars_win():
     opts = actor_options(config, {"num_cpus": 0, "runtime_env": {"env_vars": {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "0",
                                                                               "X": "1"}, "pip": ["x"]}})
     assert opts["runtime_env"] == {"env_vars": {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "0", "X": "1",
-                                                "RAY_SERVE_ENABLE_DIRECT_INGRESS": "0", "FASTMODE_CPUS": "off"},
+                                                "RAY_SERVE_ENABLE_DIRECT_INGRESS": "0", "FASTMODE_CPUS": "auto"},
                                    "pip": ["x"]}
-    assert actor_options(load_config({"serve_env": {}, "cpus": "auto"}), {"num_cpus": 0}) == {
-        "num_cpus": 0, "runtime_env": {"env_vars": {"FASTMODE_CPUS": "auto"}}}
+    assert actor_options(load_config({"serve_env": {}, "cpus": "off"}), {"num_cpus": 0}) == {
+        "num_cpus": 0, "runtime_env": {"env_vars": {"FASTMODE_CPUS": "off"}}}
     gateway = build(config)._bound_deployment  # every deployment of the application gets it
     deployments = [gateway] + [a._bound_deployment for a in gateway.init_kwargs.values()]
     assert sorted(d.name for d in deployments) == ["exact-lane", "fast-lane", "gateway", "grpc", "priority-lane",
                                                    "responses", "standard-lane"]
     for d in deployments:
-        assert d.ray_actor_options["runtime_env"]["env_vars"] == SERVE_ENV | {"FASTMODE_CPUS": "off"}, d.name
+        assert d.ray_actor_options["runtime_env"]["env_vars"] == SERVE_ENV | {"FASTMODE_CPUS": "auto"}, d.name
 
 
 def test_a_lanes_start_attempts_reach_serve():
