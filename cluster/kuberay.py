@@ -75,7 +75,9 @@ def serve_config(config, grpc_tls: bool = False) -> dict:
     path in the image (other model paths are kept: they must exist on every pod, e.g. a mounted
     volume). ``grpc_tls``: the gRPC port serves TLS with the certificate mounted at ``TLS_DIR``. HTTP
     stays plain in the pods whatever ``config`` says (KubeRay's operator checks the proxies over plain
-    HTTP; TLS ends at the Ingress)."""
+    HTTP; TLS ends at the Ingress). ``cpus: auto`` becomes ``off``: a pod shares its node, and without
+    a static CPU manager's cpuset it sees every CPU of the host, so ``auto`` would crowd the serving
+    processes onto the host's last CPU (a CPU list in ``config`` is kept)."""
     from models import MODELS_DIR
     from serve.config import AppConfig
     from serve.up import serve_config as up_serve_config
@@ -85,6 +87,8 @@ def serve_config(config, grpc_tls: bool = False) -> dict:
     data["grpc"]["host"] = "0.0.0.0"
     data["http"]["server"] = "serve"  # KubeRay's serve Service sends traffic to Ray Serve's proxies
     data["http"]["tls_certfile"] = data["http"]["tls_keyfile"] = None
+    if data["cpus"] == "auto":
+        data["cpus"] = "off"
     if grpc_tls:
         data["grpc"]["tls_certfile"], data["grpc"]["tls_keyfile"] = f"{TLS_DIR}/tls.crt", f"{TLS_DIR}/tls.key"
     out = up_serve_config(AppConfig.model_validate(data))

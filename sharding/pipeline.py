@@ -42,6 +42,13 @@ class RingFailed(ShardingError):
     code = "engine_failed"
 
 
+class ChipUnresponsive(ShardingError):
+    """A chip's actor did not answer within the timeout. It may be alive but starved of CPU (another
+    process busy on its cores): unlike ``RingFailed``, not by itself a reason to rebuild the ring."""
+
+    code = "chip_unresponsive"
+
+
 class ShardedModel:
     """The fast model on a ring of chips; build with ``from_pretrained``, release with ``shutdown()``
     (or a ``with`` block).
@@ -281,10 +288,14 @@ class ShardedModel:
         """The head chip's actor (``ChipWorker``)."""
         return self._workers[0]
 
-    def check_alive(self) -> None:
-        """Raise ``RingFailed`` unless every chip's loop thread is running."""
+    def check_alive(self, timeout_s: float = 10.0) -> None:
+        """Raise ``RingFailed`` unless every chip's loop thread is running; ``ChipUnresponsive`` if a
+        chip's actor did not answer within ``timeout_s`` (alive or not: the caller decides how long
+        to wait before it counts as gone)."""
         try:
-            states = ray.get([w.alive.remote() for w in self._workers], timeout=10)
+            states = ray.get([w.alive.remote() for w in self._workers], timeout=timeout_s)
+        except ray.exceptions.GetTimeoutError as e:
+            raise ChipUnresponsive(f"a chip did not answer within {timeout_s:g} s") from e
         except Exception as e:  # noqa: BLE001 - a dead actor
             raise RingFailed(f"a chip is gone: {type(e).__name__}: {e}") from e
         for chip, (alive, err) in zip(self.layout, states, strict=True):

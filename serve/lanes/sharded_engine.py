@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from typing import Any
 import torch
 from tokenizers import Tokenizer
 
-from sharding.pipeline import RingFailed, ShardedModel
+from sharding.pipeline import ChipUnresponsive, RingFailed, ShardedModel
 from sharding.placement import CHIP
 from sharding.planner import AUTO, auto_layout
 from sharding.transport import frame
@@ -25,6 +26,16 @@ from sharding.transport import frame
 from ..config import FastLaneConfig, TelemetryConfig
 from ..errors import LaneUnavailable
 from .head_client import HeadClient
+
+log = logging.getLogger(__name__)
+
+
+UNANSWERED_CHECKS = 3
+"""Health checks in a row a chip may leave unanswered (``ChipUnresponsive``: 10 s each, Serve's
+period apart) before the ring counts as failed and is rebuilt. A chip starved of CPU for a few
+seconds by another process on its cores (seen on a 2-core host with ``cpus: auto`` while vLLM's own
+server ran beside the app) is alive: rebuilding it would fail its streams and leave the lane
+unavailable for a minute. A dead chip's actor is reported at once (``RingFailed``)."""
 
 
 def cluster_chips() -> int:
@@ -68,6 +79,8 @@ class ShardedLaneEngine(HeadClient):
 
     def __init__(self, path: str | Path, config: FastLaneConfig, tokenizer: Tokenizer,
                  telemetry: TelemetryConfig | None = None) -> None:
+        self.unanswered_checks = 0
+        """Health checks in a row that a chip left unanswered (``UNANSWERED_CHECKS``)."""
         self.tp, self.pp, self.layout_reason = resolve_layout(path, config, cluster_chips())
         self.model = ShardedModel.from_pretrained(path, tp=self.tp, pp=self.pp, **ring_options(config))
         try:
@@ -105,9 +118,19 @@ class ShardedLaneEngine(HeadClient):
         await super().check_health()
         try:
             await asyncio.to_thread(self.model.check_alive)
+        except ChipUnresponsive as e:
+            self.unanswered_checks += 1
+            if self.unanswered_checks < UNANSWERED_CHECKS:
+                log.warning("fast lane: %s (health check %d of %d in a row; the ring is rebuilt after %d)",
+                               e, self.unanswered_checks, UNANSWERED_CHECKS, UNANSWERED_CHECKS)
+                return
+            failed = RingFailed(f"{e}, {self.unanswered_checks} health checks in a row")
+            self._error = self._error or failed
+            raise LaneUnavailable(f"the fast lane's engine has stopped ({failed})") from e
         except RingFailed as e:
             self._error = self._error or e
             raise LaneUnavailable(f"the fast lane's engine has stopped ({e})") from e
+        self.unanswered_checks = 0
 
     def shutdown(self) -> None:
         if self._writer is not None:

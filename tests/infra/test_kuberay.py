@@ -90,12 +90,15 @@ def test_serve_config_v2_is_serve_deploy_schema_and_the_app_config():
     assert schema.http_options.host == "0.0.0.0" and schema.http_options.port == config.http.port
     # KubeRay's serve Service sends traffic to Serve's proxies: they listen, not the gateway.
     assert config.http.server == "serve" and data["proxy_location"] == "HeadOnly"
-    # One source of truth: fastmode up's serve_config, with only the pod's hosts, who listens on HTTP
-    # and the model paths changed.
+    # A pod shares its node: `cpus: auto` (the default) is not applied there.
+    assert load_config(None).cpus == "auto" and config.cpus == "off"
+    assert kuberay.serve_config(load_config({"cpus": "6-7"}))["applications"][0]["args"]["config"]["cpus"] == "6-7"
+    # One source of truth: fastmode up's serve_config, with only the pod's hosts, who listens on HTTP,
+    # the CPU placement and the model paths changed.
     local = load_config(None)
     expected = serve_config(load_config(local.model_dump(mode="json") | {
         "http": local.http.model_dump() | {"host": "0.0.0.0", "server": "serve"},
-        "grpc": local.grpc.model_dump() | {"host": "0.0.0.0"}}))
+        "grpc": local.grpc.model_dump() | {"host": "0.0.0.0"}, "cpus": "off"}))
     for spec in expected["applications"][0]["args"]["config"]["models"].values():
         spec["path"] = f"{kuberay.APP_DIR}/models/{Path(spec['path']).name}"
     assert data == expected

@@ -10,6 +10,8 @@ four chips).
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import socket
 import time
 
@@ -19,7 +21,7 @@ import torch
 
 from sharding import packed
 from sharding.errors import EmptyPrompt, InvalidLayout, NotEnoughChips, PromptTooLong, TokenOutOfRange
-from sharding.pipeline import RingFailed, ShardedModel
+from sharding.pipeline import ChipUnresponsive, RingFailed, ShardedModel
 from sharding.sampling import SamplingParams
 from sharding.transport import Link
 
@@ -347,7 +349,20 @@ def test_abort_frees_the_slot_within_a_step_and_a_dead_chip_is_reported(pipe):
     # Every slot is free again: four new requests fit at once and decode to the end.
     assert model.generate([ids] * 4, SamplingParams(temperature=0, max_tokens=3)) == [hf_greedy(path, ids, 3)] * 4
     model.check_alive()
+    # A chip that is alive but gets no CPU (stopped here) is reported as unresponsive, not as gone,
+    # and once it runs again the ring serves as before.
+    pid = ray.get(model._workers[1].__ray_call__.remote(lambda self: os.getpid()))
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(ChipUnresponsive):
+            model.check_alive(timeout_s=1)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    model.check_alive()
+    assert model.generate([ids], SamplingParams(temperature=0, max_tokens=3)) == [hf_greedy(path, ids, 3)]
     ray.kill(model._workers[1], no_restart=True)
+    with pytest.raises(RingFailed):
+        model.check_alive()
     with pytest.raises(RingFailed):
         model.generate([ids], SamplingParams(temperature=0, max_tokens=50, ignore_eos=True))
 
