@@ -414,7 +414,7 @@ class AppConfig(_Strict):
         "fastmode up) and the others for compute (vLLM's workers, the fast lane's chips); a CPU list such "
         "as '1' or '6-7' names the serving CPUs. Nothing is placed on a node with a GPU. Measured on a 2-core "
         "host (docs/serving.md): 'auto' gives the standard lane's 32-stream ceiling and the warm first token "
-        "their best figures, at about 25 s more startup and a slower /health.")
+        "their best figures, at about 25-40 s more startup and a slower /health.")
     serve_env: dict[str, str] = Field(default_factory=lambda: dict(SERVE_ENV), description="Environment "
         "variables of every replica of the application (Ray Serve's own knobs, read where its handles and "
         "replicas run). The default turns on Ray Serve's throughput-optimized mode (user code and handle "

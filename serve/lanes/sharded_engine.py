@@ -122,15 +122,16 @@ class ShardedLaneEngine(HeadClient):
             self.unanswered_checks += 1
             if self.unanswered_checks < UNANSWERED_CHECKS:
                 log.warning("fast lane: %s (health check %d of %d in a row; the ring is rebuilt after %d)",
-                               e, self.unanswered_checks, UNANSWERED_CHECKS, UNANSWERED_CHECKS)
+                            e, self.unanswered_checks, UNANSWERED_CHECKS, UNANSWERED_CHECKS)
                 return
             failed = RingFailed(f"{e}, {self.unanswered_checks} health checks in a row")
-            self._error = self._error or failed
-            raise LaneUnavailable(f"the fast lane's engine has stopped ({failed})") from e
         except RingFailed as e:
-            self._error = self._error or e
-            raise LaneUnavailable(f"the fast lane's engine has stopped ({e})") from e
-        self.unanswered_checks = 0
+            failed = e
+        else:
+            self.unanswered_checks = 0
+            return
+        self._error = self._error or failed
+        raise LaneUnavailable(f"the fast lane's engine has stopped ({failed})") from failed
 
     def shutdown(self) -> None:
         if self._writer is not None:
