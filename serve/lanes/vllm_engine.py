@@ -80,6 +80,8 @@ class VLLMLaneEngine:
             cpus.place("serving")
         else:
             self.engine = AsyncLLM.from_engine_args(args)
+        if self.engine.vllm_config.parallel_config.world_size == 1:
+            cpus.place_pollers(os.getpid())  # its gloo threads, with no collective to run, off the compute cores
         self.max_len = self.engine.model_config.max_model_len
         self.sessions = None
         """Conversations kept in vLLM between turns (``vllm_sessions``); ``None`` when off, and always

@@ -64,8 +64,8 @@ def test_cpus_auto_keeps_serving_processes_off_the_engines_cores(tls):
     """``cpus: auto`` (cluster/cpus.py; this app sets it, to spare CI an app of its own): vLLM's
     engines (the engine-core processes that run the model, the lanes' default ``executor: uni``), the
     fast lane's chips (where they fit on them) and the exact lane's engine thread compute on the compute
-    cores; the gateway,
-    gRPC, lane replicas and Ray's daemons run on the serving core, every other thread of them."""
+    cores; the gateway, gRPC, lane replicas, Ray's daemons and the engines' gloo threads (idle pollers)
+    run on the serving core, every other thread of them."""
     from serve.lanes.speculative_engine import THREAD_NAME
 
     import os
@@ -94,17 +94,22 @@ def test_cpus_auto_keeps_serving_processes_off_the_engines_cores(tls):
         want = set(plan.serving if role == "serving" else chips_on if "ChipWorker" in name else plan.compute)
         for tid in os.listdir(f"/proc/{p.pid}/task"):
             try:
-                engine_thread = Path(f"/proc/{p.pid}/task/{tid}/comm").read_text().strip() == THREAD_NAME
+                comm = Path(f"/proc/{p.pid}/task/{tid}/comm").read_text().strip()
                 mask = os.sched_getaffinity(int(tid))
             except (FileNotFoundError, ProcessLookupError):
                 continue  # a short-lived thread ended between the listing and the read: nothing to check
-            if engine_thread:  # the exact lane's engine, in its replica
+            if comm == THREAD_NAME:  # the exact lane's engine, in its replica
                 assert "exact-lane" in name and mask == set(plan.compute), (name, tid, mask)
                 seen["compute"].append(f"{name}: {THREAD_NAME}")
+            elif comm in cpus.IDLE_POLLERS and "VLLM::" in name:  # a vLLM engine's gloo threads: no collective
+                # at world size 1 (a chip's, of its tensor-parallel group, stay with the chip)
+                assert mask == set(plan.serving), (name, tid, comm, mask)
+                seen["serving"].append(f"{name}: {comm}")
             else:
                 assert mask == want, f"{name} (pid {p.pid}): thread {tid} off {sorted(want)}: {mask}"
         seen[role].append(name)
     assert sum("VLLM::EngineCore" in n for n in seen["compute"]) == 2, seen  # priority, standard
+    assert sum("VLLM::EngineCore" in n and n.endswith(": gloo_tcp_loop") for n in seen["serving"]) >= 2, seen
     assert sum(THREAD_NAME in n for n in seen["compute"]) == 1, seen  # exact (fastmode's engine)
     assert not any("VLLM::Worker" in n for n in seen["compute"]), seen  # uni: no worker process
     assert any("ChipWorker" in n for n in seen["compute"]), seen
