@@ -163,41 +163,25 @@ def place_pollers(pid: int, setting: str | None = None) -> int:
     """Put the idle pollers (``IDLE_POLLERS``) of ``pid``'s descendants on the serving CPUs (after an
     engine started them: a process group's thread exists once the group does). Returns how many
     threads moved; 0 where nothing is placed."""
+    import psutil  # vLLM's own dependency, as this is called where an engine runs
+
     p = plan(setting)
     if p is None:
         return 0
     moved = 0
-    for child in _descendants(pid):
+    for child in psutil.Process(pid).children(recursive=True):
         try:
-            tids = os.listdir(f"/proc/{child}/task")
-        except OSError:  # ended meanwhile
+            tids = [t.id for t in child.threads()]
+        except psutil.Error:  # ended meanwhile
             continue
         for tid in tids:
             try:
-                if Path(f"/proc/{child}/task/{tid}/comm").read_text().strip() in IDLE_POLLERS:
-                    os.sched_setaffinity(int(tid), p.serving)
+                if Path(f"/proc/{child.pid}/task/{tid}/comm").read_text().strip() in IDLE_POLLERS:
+                    os.sched_setaffinity(tid, p.serving)
                     moved += 1
             except OSError:
                 pass
     return moved
-
-
-def _descendants(pid: int) -> list[int]:
-    """Every live process below ``pid`` (from each process's parent in ``/proc``)."""
-    parents: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            parents.setdefault(ppid, []).append(int(entry))
-    found, todo = [], list(parents.get(pid, []))
-    while todo:
-        child = todo.pop()
-        found.append(child)
-        todo += parents.get(child, [])
-    return found
 
 
 def vllm_omp_bind(setting: str | None = None) -> str | None:
