@@ -7,8 +7,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
-from pathlib import Path
 
 import pytest
 
@@ -87,36 +85,46 @@ def test_place_moves_every_thread_of_the_process():
 def test_an_engines_gloo_threads_go_to_the_serving_cpus(tmp_path):
     """gloo's TCP loop threads (one per process group, waking every 10 ms) of a process below the
     caller move to the serving CPUs; its other threads stay on the compute ones. The child makes real
-    gloo process groups (torch.distributed, world size 1), as vLLM's CPU engine does."""
+    gloo process groups (torch.distributed, world size 1), as vLLM's CPU engine does. A driver process
+    of its own is the caller: this test process may have other children (a fixture's vLLM engines)."""
     p = cpus.plan("auto")
     if p is None:
         pytest.skip("a node with fewer than 2 CPUs, or with a GPU: nothing is placed")
-    ready = tmp_path / "ready"
-    code = textwrap.dedent(f"""
-        import sys, time
+    engine = textwrap.dedent(f"""
+        import time
         from pathlib import Path
         import torch.distributed as dist
         dist.init_process_group("gloo", init_method="file://{tmp_path}/store", rank=0, world_size=1)
         dist.new_group([0], backend="gloo")
-        Path("{ready}").write_text("")
+        Path("{tmp_path}/ready").write_text("")
         time.sleep(120)
     """)
-    child = subprocess.Popen(["taskset", "-c", cpus.format_cpu_list(p.compute), sys.executable, "-c", code])
-    try:
-        for _ in range(600):
-            if ready.exists() or child.poll() is not None:
-                break
-            time.sleep(0.1)
-        assert ready.exists(), "the child made no process group"
-        comms = {tid: (Path(f"/proc/{child.pid}/task/{tid}/comm").read_text().strip())
-                 for tid in os.listdir(f"/proc/{child.pid}/task")}
-        pollers = {tid for tid, comm in comms.items() if comm in cpus.IDLE_POLLERS}
-        assert len(pollers) >= 2, comms  # one per group
-        assert cpus.place_pollers(os.getpid(), "off") == 0
-        assert cpus.place_pollers(os.getpid(), "auto") == len(pollers)
-        for tid in comms:
-            want = p.serving if tid in pollers else p.compute
-            assert os.sched_getaffinity(int(tid)) == set(want), (comms[tid], want)
-    finally:
-        child.kill()
-        child.wait()
+    driver = textwrap.dedent(f"""
+        import json, os, subprocess, sys, time
+        from pathlib import Path
+        from cluster import cpus
+        child = subprocess.Popen(["taskset", "-c", {cpus.format_cpu_list(p.compute)!r}, sys.executable, "-c",
+                                  {engine!r}])
+        try:
+            for _ in range(600):
+                if Path("{tmp_path}/ready").exists() or child.poll() is not None:
+                    break
+                time.sleep(0.1)
+            comms = {{tid: Path(f"/proc/{{child.pid}}/task/{{tid}}/comm").read_text().strip()
+                     for tid in os.listdir(f"/proc/{{child.pid}}/task")}}
+            off, auto = cpus.place_pollers(os.getpid(), "off"), cpus.place_pollers(os.getpid(), "auto")
+            masks = {{tid: sorted(os.sched_getaffinity(int(tid))) for tid in comms}}
+            print(json.dumps({{"comms": comms, "off": off, "auto": auto, "masks": masks}}))
+        finally:
+            child.kill()
+            child.wait()
+    """)
+    out = json.loads(subprocess.run([sys.executable, "-c", driver], capture_output=True, text=True, check=True,
+                                    timeout=120).stdout)
+    assert (tmp_path / "ready").exists(), "the child made no process group"
+    pollers = {tid for tid, comm in out["comms"].items() if comm in cpus.IDLE_POLLERS}
+    assert len(pollers) >= 2, out["comms"]  # one per group
+    assert out["off"] == 0 and out["auto"] == len(pollers), out
+    for tid, comm in out["comms"].items():
+        want = p.serving if tid in pollers else p.compute
+        assert out["masks"][tid] == list(want), (comm, want, out["masks"][tid])
