@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+import psutil
+
 ENV = "FASTMODE_CPUS"
 """The environment variable every replica reads its setting from (``AppConfig.cpus``)."""
 
@@ -163,8 +165,6 @@ def place_pollers(pid: int, setting: str | None = None) -> int:
     """Put the idle pollers (``IDLE_POLLERS``) of ``pid``'s descendants on the serving CPUs (after an
     engine started them: a process group's thread exists once the group does). Returns how many
     threads moved; 0 where nothing is placed."""
-    import psutil  # vLLM's own dependency, as this is called where an engine runs
-
     p = plan(setting)
     if p is None:
         return 0
