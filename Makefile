@@ -11,7 +11,7 @@ comma  := ,
 STAMP  := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 BIN    := $(VENV)/bin
 
-.PHONY: up test bench models eval install clean
+.PHONY: up test browser bench models eval install clean
 
 install: $(STAMP)
 
@@ -30,8 +30,25 @@ $(STAMP): pyproject.toml
 up: $(STAMP)
 	$(BIN)/fastmode up
 
-test: $(STAMP)
+test: $(STAMP) browser
 	$(BIN)/python -m pytest
+
+# The playground's browser test drives the system's Chromium (no browser download). Where there is
+# none, on Debian or Ubuntu as root, this installs it (about 10 s here); elsewhere, or with BROWSER=0,
+# it only says so, and that test is skipped with its reason.
+BROWSER ?= 1
+browser:
+	@if command -v chromium >/dev/null || command -v chromium-browser >/dev/null || command -v google-chrome >/dev/null; then \
+	  true; \
+	elif [ "$(BROWSER)" != 1 ] || [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then \
+	  echo "no Chromium on PATH: the playground's browser test will be skipped (Debian: apt-get install chromium)"; \
+	else \
+	  echo "installing the system's Chromium for the playground's browser test (apt-get install chromium)"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1 || \
+	    { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1; } || \
+	    echo "apt-get could not install chromium: the playground's browser test will be skipped"; \
+	fi
 
 # Every benchmark, then docs/benchmarks.md (~30 min here); `make bench ARGS=--quick` for the tiny setting.
 bench: $(STAMP)

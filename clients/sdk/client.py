@@ -88,6 +88,10 @@ class Response:
     speculative: dict[str, Any] | None = None
     """The exact lane's drafts: ``draft_tokens`` (k), ``verify_steps``, ``drafted``, ``accepted``,
     ``acceptance_rate``, ``tokens_per_step`` (docs/protocol.md)."""
+    hops: list[dict[str, Any]] | None = None
+    """The fast lane's chip-to-chip hops, one entry per (sender, receiver) chip pair: ``src``, ``dst``,
+    ``count``, ``seconds``, ``max_seconds``, ``bytes`` (docs/protocol.md); ``[]`` when the fast lane runs on
+    one chip, ``None`` on the other lanes."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of every field."""
@@ -268,7 +272,8 @@ class ResponseStream:
             self.lane, self.model = event.get("lane", self.lane), event.get("model", self.model)
             self.result = self._response(event.get("finish_reason"), usage=_usage(event.get("usage")),
                                          timing=_pick(Timing, event.get("timing")),
-                                         cost_units=event.get("cost_units"), speculative=event.get("speculative"))
+                                         cost_units=event.get("cost_units"), speculative=event.get("speculative"),
+                                         hops=event.get("hops"))
             if self._conversation is not None:  # the next turn may continue it on another connection
                 self._client.history.put(self.id, self._conversation, self.text, self._conn,
                                          bool(self._body.get("store")))

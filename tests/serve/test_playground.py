@@ -1,13 +1,15 @@
 """The browser playground (``serve/playground``, ``GET /playground/``) against the running application.
 
 Its files are served without a key and reach for nothing outside the server; a browser's key rides
-on a WebSocket subprotocol. Then, in headless Chromium (the system's, through Playwright; skipped
-where there is none), against an app whose fast lane spans two chips (pp=2, so it has hops to draw):
-the page races every tier the server lists and each pane streams the text the SDK returns for the
-same greedy request, the fast pane draws its chip-to-chip hops, cancel stops a stream, and a wrong
-key, bad input and an overloaded lane each show their error in the panes. The race's screenshot is
-saved (to ``$PLAYGROUND_SCREENSHOT``, else the test's temporary directory: ``docs/playground.png``
-came from ``PLAYGROUND_SCREENSHOT=docs/playground.png``).
+on a WebSocket subprotocol. Then, in headless Chromium (the system's, through Playwright; ``make
+test`` installs it where it can, and the tests are skipped where there is none), against the app
+``tests/serve/test_security.py`` uses (``tests.serve.conftest.SecureApp``: TLS, the fast lane at
+tp=2 x pp=2 on four chips, so it has hops to draw): the page races every tier the server lists and
+each pane streams the text the SDK returns for the same greedy request, the fast pane draws the
+chip-to-chip hops the SDK's response reports, cancel stops a stream, and a wrong key, bad input and
+an overloaded lane each show their error in the panes. The race's screenshot is saved (to
+``$PLAYGROUND_SCREENSHOT``, else the test's temporary directory: ``docs/playground.png`` came from
+``PLAYGROUND_SCREENSHOT=docs/playground.png``).
 """
 
 from __future__ import annotations
@@ -29,7 +31,6 @@ from websockets.exceptions import ConnectionClosed
 from clients.sdk import Client
 from serve.auth import KEY_SUBPROTOCOL
 from serve.protocol import VERSION
-from tests.serve.conftest import app_with_config, eager_lanes
 
 PLAYGROUND = Path(__file__).resolve().parents[2] / "serve" / "playground"
 CHROMIUM = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
@@ -103,20 +104,22 @@ def browser():
         b.close()
 
 
-@pytest.fixture(scope="module")
-def ring_app(browser, tmp_path_factory):
-    """``fastmode up`` with the fast lane on two chips, one pipeline stage each (started only where a
-    browser is: hence ``browser`` first)."""
-    # head_links: false: the fast lane through its replica's link, the path the front doors fall back
-    # to while a ring is rebuilt, served by an app too (the other apps stream from the ring's head).
-    with app_with_config(eager_lanes("tp: 1, pp: 2") + "router: {head_links: false}\n",
-                         tmp_path_factory.mktemp("playground"), "--chips", "2") as app:
-        yield app
+@pytest.fixture
+def ring_app(browser, secure_app):
+    """The secure app (``tests.serve.conftest.SecureApp``), whose fast lane is a ring of four chips,
+    reached over TLS: started only where a browser is (hence ``browser`` first), and run among that
+    app's other tests (``tests/conftest.py`` orders them), so no app is started for these alone."""
+    return secure_app.app
+
+
+def sdk_client(a) -> Client:
+    return Client(a.base.replace("http", "ws", 1), api_key=a.key, ca_file=str(a.ca_file) if a.ca_file else None)
 
 
 def open_page(browser, a):
     """The playground, the key typed in (the server asks for one), every tier listed and ticked."""
-    page = browser.new_page(viewport={"width": 1600, "height": 1000})
+    # The app's certificate is self-signed: the page's context accepts it, as a browser told to trust it would.
+    page = browser.new_page(viewport={"width": 1600, "height": 1000}, ignore_https_errors=bool(a.ca_file))
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(str(e)))
     page.errors = errors  # uncaught exceptions in the page's script
@@ -168,10 +171,12 @@ def test_every_tier_races_and_streams_what_the_sdk_returns(ring_app, browser, tm
     page.screenshot(path=shot, full_page=True)
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
-    with Client(a.base.replace("http", "ws", 1), api_key=a.key) as sdk:
+    with sdk_client(a) as sdk:
         for tier, (model, service_tier) in TIERS.items():
             ref = sdk.responses.create(model=model, service_tier=service_tier, input=PROMPT, max_output_tokens=32,
                                        temperature=0)
+            if tier == "fast":
+                fast_ref = ref
             got = pane(page, tier)
             assert got["state"] == "completed", got
             assert got["text"] == ref.text and got["text"], (tier, got["text"], ref.text)
@@ -187,17 +192,20 @@ def test_every_tier_races_and_streams_what_the_sdk_returns(ring_app, browser, tm
                     f"threshold {route['threshold']}" in got["route"], got["route"]
     assert not page.errors
 
-    # The fast pane's heatmap: one row and column per chip, µs per hop where the ring hands a step on.
-    fast_stats = a.lane_stats("fast")
-    assert fast_stats["layout"]["pp"] == 2 and "head_links" not in fast_stats
+    # The fast pane's heatmap: one row and column per chip, µs per hop where the ring hands a step on,
+    # for the chip pairs the SDK's response to the same request reports.
+    assert a.lane_stats("fast")["layout"] == {"tp": 2, "pp": 2, "why": "set in the config"}
     fast = pane(page, "fast")
     chips = fast["hops"][0][1:]
-    assert len(chips) == 2 and all(len(row) == 3 for row in fast["hops"]), fast["hops"]
+    assert len(chips) == 4 and all(len(row) == 5 for row in fast["hops"]), fast["hops"]
     cells = {(row[0], chips[j]): c for row in fast["hops"][1:] for j, c in enumerate(row[1:]) if c}
-    assert set(cells) == {(chips[0], chips[1]), (chips[1], chips[0])}, cells  # stage 0 -> 1 -> 0
-    assert all(float(c) > 0 for c in cells.values()), cells
-    # Every step of the response crossed both pairs once: its prefill and a decode step per token after.
-    assert fast["hops_caption"].startswith(f"chip-to-chip hops: {2 * int(fast['tokens'])},"), fast
+    chip = lambda name: name.split("/")[-1]  # noqa: E731 - one node: the page labels a chip by its name alone
+    assert set(cells) == {(chip(h["src"]), chip(h["dst"])) for h in fast_ref.hops}, (cells, fast_ref.hops)
+    # head -> its TP peer, stage 0 -> stage 1 (each rank), stage 1 (each rank) -> head
+    assert len(cells) == 5 and all(float(c) > 0 for c in cells.values()), cells
+    # Every step of the response crossed each pair once: its prefill and a decode step per token after.
+    assert {h["count"] for h in fast_ref.hops} == {int(fast["tokens"])}, fast_ref.hops
+    assert fast["hops_caption"].startswith(f"chip-to-chip hops: {5 * int(fast['tokens'])},"), fast
 
 
 @pytest.mark.slow
@@ -258,7 +266,7 @@ def test_bad_input_shows_the_servers_error_in_each_pane(ring_app, browser):
 def test_an_overloaded_lane_shows_retry_after(ring_app, browser):
     a = ring_app
     page = open_page(browser, a)
-    with Client(a.base.replace("http", "ws", 1), api_key=a.key) as sdk:
+    with sdk_client(a) as sdk:
         cap = a.lane_stats("priority")["cap"]
         for _ in range(3):  # a holder's 480 tokens last seconds; on a slow machine one may end first
             holders = [sdk.responses.stream(model="fastmode-full", service_tier="priority", input=PROMPT,
