@@ -3,11 +3,12 @@
     Gateway (HTTP + WebSocket ingress) -> Lane "fast"     (ShardedLaneEngine, tp x pp chips)
     GrpcServer (grpc.aio, own port)   -> Lane "priority" (VLLMLaneEngine, low max_num_seqs)
                                       -> Lane "standard" (VLLMLaneEngine, high max_num_seqs)
-                                      -> Lane "exact"    (VLLMLaneEngine, the fast model drafting)
+                                      -> Lane "exact"    (SpeculativeLaneEngine, or vLLM's draft_model)
                                       -> StoredResponses "responses" (``store: true`` turns)
 
 Each front door holds a ``serve.router.Router`` (a library: it picks the lane and streams from the
-lane's replica directly), so a token's chunk crosses lane replica -> front door -> client. (The
+lane's replica directly), so a token's chunk crosses lane replica -> front door -> client; the fast
+lane's from the ring's head chip itself (``serve.lanes.direct``). (The
 gateway holds the gRPC server's handle only so that Serve deploys it with the application.)
 
 It is also the ``import_path`` for ``serve deploy`` / ``serve run``:
