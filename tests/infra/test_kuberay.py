@@ -25,6 +25,7 @@ from cluster import kuberay
 from cluster.kuberay import WorkerGroup, rayservice
 from serve.config import AppConfig, load_config
 from serve.up import serve_config
+from tests.infra.tools import tool
 
 REPO = Path(__file__).resolve().parents[2]
 KUBERAY = REPO / "infra" / "kuberay"
@@ -365,9 +366,9 @@ def test_kustomize_renders_namespace_and_rayservice():
 
 
 def test_pod_templates_validate_as_pods(tmp_path):
-    validate = shutil.which("kubernetes-validate")
+    validate = tool("kubernetes-validate")
     if validate is None:
-        pytest.skip("kubernetes-validate not on PATH (pip install kubernetes-validate)")
+        pytest.skip("kubernetes-validate not on PATH (in the test extra)")
     cluster = example()["spec"]["rayClusterConfig"]
     templates = {"head": cluster["headGroupSpec"]["template"]}
     templates |= {g["groupName"]: g["template"] for g in cluster["workerGroupSpecs"]}

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.infra.tools import tool
+
 OTEL = Path(__file__).resolve().parents[2] / "infra" / "otel"
 COLLECTOR = OTEL / "collector.yaml"
 COMPOSE = OTEL / "docker-compose.yaml"
@@ -274,9 +276,9 @@ def test_kustomize_renders_with_the_collector_config_from_the_file():
 
 
 def test_kubernetes_schema(tmp_path):
-    validate = shutil.which("kubernetes-validate")
+    validate = tool("kubernetes-validate")
     if validate is None:
-        pytest.skip("kubernetes-validate not on PATH (pip install kubernetes-validate)")
+        pytest.skip("kubernetes-validate not on PATH (in the test extra)")
     rendered = tmp_path / "rendered.yaml"
     rendered.write_text(yaml.safe_dump_all(_kustomize()))
     out = subprocess.run([validate, "--strict", str(rendered)], capture_output=True, text=True, timeout=120)
@@ -284,9 +286,9 @@ def test_kubernetes_schema(tmp_path):
 
 
 def test_compose_schema():
-    check = shutil.which("check-jsonschema")
+    check = tool("check-jsonschema")
     if check is None:
-        pytest.skip("check-jsonschema not on PATH (pip install check-jsonschema)")
+        pytest.skip("check-jsonschema not on PATH (in the test extra)")
     out = subprocess.run([check, "--builtin-schema", "vendor.compose-spec", str(COMPOSE)],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr

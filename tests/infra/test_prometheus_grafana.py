@@ -28,6 +28,7 @@ import yaml
 from websockets.sync.client import connect
 
 from serve.config import HTTPConfig
+from tests.infra.tools import tool
 
 INFRA = Path(__file__).resolve().parents[2] / "infra"
 PROMETHEUS = INFRA / "prometheus" / "prometheus.yml"
@@ -334,9 +335,9 @@ def test_provisioning_files_parse():
 
 
 def test_compose_schema():
-    check = shutil.which("check-jsonschema")
+    check = tool("check-jsonschema")
     if check is None:
-        pytest.skip("check-jsonschema not on PATH (pip install check-jsonschema)")
+        pytest.skip("check-jsonschema not on PATH (in the test extra)")
     out = subprocess.run([check, "--builtin-schema", "vendor.compose-spec", str(COMPOSE)],
                          check=False, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
