@@ -133,6 +133,72 @@ def place(role: Literal["serving", "compute"], setting: str | None = None, *, ma
     return cpus
 
 
+def unplace(setting: str | None = None, *, this_thread: bool = False) -> tuple[int, ...] | None:
+    """Run this process (or, with ``this_thread``, the calling thread alone) on every CPU of the node,
+    where placement is on: for what a chip or an engine does before it serves (loading, compiling, warming
+    up), which then uses every core instead of the one it will serve on, with the compile workers it
+    starts (they inherit it). ``place`` puts it on its cores afterwards. Returns the CPUs, or ``None``
+    where nothing is placed."""
+    if plan(setting) is None:
+        return None
+    cpus = tuple(node_cpus())
+    if this_thread:
+        os.sched_setaffinity(0, cpus)  # pid 0: the calling thread only, on Linux
+    else:
+        _set_all_threads(cpus)
+    return cpus
+
+
+def place_unplaced(role: Literal["serving", "compute"], setting: str | None = None) -> int:
+    """Put this process's threads that run on every CPU of the node (``unplace``'s, and the threads
+    they started) on ``role``'s CPUs, leaving the ones placed already. Returns how many moved."""
+    p = plan(setting)
+    if p is None:
+        return 0
+    every, cpus, moved = set(node_cpus()), (p.serving if role == "serving" else p.compute), 0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            if os.sched_getaffinity(int(tid)) == every:
+                os.sched_setaffinity(int(tid), cpus)
+                moved += 1
+        except OSError:  # a thread that ended meanwhile
+            pass
+    return moved
+
+
+def place_daemons(pid: int, setting: str | None = None, *, skip: tuple[str, ...] = ("ray::ChipWorker",)) -> int:
+    """Put ``pid`` and its descendants' unplaced threads (those on every CPU of the node) on the serving
+    CPUs: for ``fastmode up`` once its application is ready, so that Ray's daemons, its idle workers
+    and Serve's controller start (and import) on every core and serve from the serving ones. Threads
+    placed on purpose (a replica's, an engine's, a chip's) are left alone, as are the processes whose
+    title starts with one of ``skip`` (chips whose layout does not fit the compute CPUs run on every
+    CPU on purpose). Returns how many threads moved; 0 where nothing is placed."""
+    p = plan(setting)
+    if p is None:
+        return 0
+    every = set(node_cpus())
+    moved = 0
+    try:
+        procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return 0
+    for proc in procs:
+        try:
+            if " ".join(proc.cmdline()).startswith(skip):
+                continue
+            tids = [t.id for t in proc.threads()]
+        except psutil.Error:  # ended meanwhile
+            continue
+        for tid in tids:
+            try:
+                if os.sched_getaffinity(tid) == every:
+                    os.sched_setaffinity(tid, p.serving)
+                    moved += 1
+            except OSError:
+                pass
+    return moved
+
+
 def _set_all_threads(cpus, per_thread: dict[str, set[int]] | None = None) -> None:
     """Every thread of this process on ``cpus`` (or on its own entry of ``per_thread``)."""
     for tid in os.listdir("/proc/self/task"):

@@ -135,8 +135,8 @@ def run(config: AppConfig, *, address: str | None, chips: int, verbose: bool = F
     if address:
         ray.init(address=address, include_dashboard=False, log_to_driver=verbose)
     else:
-        # Ray's daemons (and Serve's controller), started by this process, inherit the serving cores.
-        cpus.place("serving", config.cpus)
+        # Ray's daemons and workers start on every CPU (so do the engines and chips while they load and
+        # compile); once the application is ready, the daemons go to the serving cores (below).
         ray.init(address="local", resources={"chip": chips}, include_dashboard=False, log_to_driver=verbose,
                  _metrics_export_port=config.http.metrics_port)
     # After ray.init, which installs its own SIGTERM handler. SIGINT is set too because a shell
@@ -161,6 +161,8 @@ def run(config: AppConfig, *, address: str | None, chips: int, verbose: bool = F
             print("fastmode up: the gateway did not reach every lane within 10 minutes; see /health",
                   file=sys.stderr, flush=True)
         layout = serve.get_deployment_handle("fast-lane", config.name).stats.remote().result()["layout"]
+        if not address:  # Ray's daemons, idle workers, Serve's controller and this process: serving cores
+            cpus.place_daemons(os.getpid(), config.cpus)
         m = config.models
         print(f"fastmode up: ready in {time.perf_counter() - started:.0f} s\n"
               f"  page     {base}{PLAYGROUND}/   (playground: race one prompt on every tier, in a browser)\n"

@@ -259,8 +259,10 @@ class ShardedModel:
 
     def warmup(self) -> None:
         """Run the shapes a served lane meets so that compiling happens now, not on a user's
-        request (``sharding.stage.warm_up``)."""
+        request (``sharding.stage.warm_up``); then each chip goes to its node's compute CPUs where
+        placement is on (``ChipWorker.place``): until then a chip loads and compiles on every CPU."""
         warm_up(self)
+        ray.get([w.place.remote() for w in self._workers])
 
     def prompt_logits(self, prompt_ids: list[int]) -> torch.Tensor:
         """Debug: the logits ``[S, V]`` of every prompt position, from the last stage, on an idle

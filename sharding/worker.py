@@ -49,8 +49,10 @@ class ChipWorker:
         self.device = torch.device(device)
         if self.device.type == "cpu":
             torch.set_num_threads(max(1, threads))
-            # On the compute cores, if the layout's chips fit there (FASTMODE_CPUS, cluster/cpus.py).
-            cpus.place("compute", max_chips=num_stages * tp_size * max(1, threads))
+            # Loading and compiling on every CPU of the node; ``place`` moves it to the compute cores
+            # once warm (FASTMODE_CPUS, cluster/cpus.py).
+            cpus.unplace()
+        self._max_chips = num_stages * tp_size * max(1, threads)
         self.runner: StageRunner | None = None
         self._server: socket.socket | None = None
         self._control: socket.socket | None = None
@@ -58,6 +60,14 @@ class ChipWorker:
         self._thread: threading.Thread | None = None
         self._error: str | None = None
         self.head: Head | None = None
+
+    def place(self) -> tuple[int, ...] | None:
+        """Run this chip on the compute cores if its layout's chips fit there, else on every CPU of
+        the node (FASTMODE_CPUS, ``cluster.cpus``): called once the ring is warm. Returns the CPUs,
+        or ``None`` where nothing is placed."""
+        if self.device.type != "cpu":
+            return None
+        return cpus.place("compute", max_chips=self._max_chips)
 
     def chip_id(self) -> tuple[str, str]:
         """``(chip id, node ip)``."""

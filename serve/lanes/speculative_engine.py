@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import os
 import queue
 import threading
 import time
@@ -51,14 +50,10 @@ THREAD_NAME = "exact-engine"
 """The engine thread's name, also the OS's (``/proc/<pid>/task/<tid>/comm``: top, py-spy, tests)."""
 
 
-def _place_thread() -> None:
-    """Name the calling thread for the OS and run it (and the torch threads it starts) on the compute
-    cores."""
+def _name_thread() -> None:
+    """Name the calling thread for the OS."""
     with contextlib.suppress(Exception):  # Linux only; a name is a convenience
         ctypes.CDLL(None).prctl(15, THREAD_NAME.encode(), 0, 0, 0)  # PR_SET_NAME: this thread
-    p = cpus.plan()
-    if p is not None:
-        os.sched_setaffinity(0, p.compute)  # pid 0: this thread only, on Linux
 
 
 class SpeculativeLaneEngine:
@@ -102,13 +97,17 @@ class SpeculativeLaneEngine:
         return engine
 
     def _run(self, path: str | Path, draft_path: str | Path) -> None:
-        _place_thread()
+        _name_thread()
+        # Loading, compiling and warming up on every CPU of the node (the replica's own threads are on
+        # the serving ones), then this thread and the torch threads it started on the compute ones.
+        cpus.unplace(this_thread=True)
         try:
             self._engine = self._build(path, draft_path)
         except BaseException as e:  # noqa: BLE001 - reported by __init__
             self._error = e
             return
         finally:
+            cpus.place_unplaced("compute")
             self._ready.set()
         engine, added = self._engine, {}
         try:

@@ -128,3 +128,86 @@ def test_an_engines_gloo_threads_go_to_the_serving_cpus(tmp_path):
     for tid, comm in out["comms"].items():
         want = p.serving if tid in pollers else p.compute
         assert out["masks"][tid] == list(want), (comm, want, out["masks"][tid])
+
+
+@pytest.mark.skipif(cpus.plan("auto") is None, reason="needs a CPU node with 2 or more CPUs")
+def test_an_engine_thread_warms_up_on_every_cpu_then_moves_with_its_threads():
+    """As the exact lane's engine thread does: in a replica placed on the serving CPUs, the thread runs
+    on every CPU while it loads and compiles (``unplace``), so do the threads it starts, and then
+    ``place_unplaced`` puts exactly those on the compute CPUs, the replica's own threads staying put.
+    ``unplace()`` of the whole process (a chip, before it warms up) spreads every thread."""
+    p = cpus.plan("auto")
+    code = textwrap.dedent("""
+        import json, os, sys, threading
+        from cluster import cpus
+        def mask():
+            return sorted(os.sched_getaffinity(0))
+        stop, seen = threading.Event(), {}
+        def engine():
+            seen["unplaced"] = list(cpus.unplace(this_thread=True))
+            seen["engine_during"] = mask()
+            helper = threading.Thread(target=lambda: (seen.setdefault("helper_during", mask()), stop.wait()))
+            helper.start()
+            while "helper_during" not in seen:
+                pass
+            seen["moved"] = cpus.place_unplaced("compute")
+            seen["engine_after"] = mask()
+            seen["helper_after"] = sorted(os.sched_getaffinity(helper.native_id))
+            stop.set()
+        t = threading.Thread(target=engine); t.start(); t.join()
+        seen["main"] = mask()
+        seen["whole"] = list(cpus.unplace())
+        seen["main_after_whole"] = mask()
+        print(json.dumps(seen))
+    """)
+    out = subprocess.run(["taskset", "-c", str(p.serving[0]), sys.executable, "-c", code],
+                         env=os.environ | {cpus.ENV: "auto"}, capture_output=True, text=True, check=True).stdout
+    seen = json.loads(out)
+    every = sorted(cpus.node_cpus())
+    assert seen["unplaced"] == every and seen["engine_during"] == every and seen["helper_during"] == every, seen
+    assert seen["moved"] == 2, seen  # the engine thread and the one it started
+    assert seen["engine_after"] == seen["helper_after"] == list(p.compute), seen
+    assert seen["main"] == list(p.serving), seen  # the replica's own thread stayed
+    assert seen["whole"] == every and seen["main_after_whole"] == every, seen
+    off = subprocess.run([sys.executable, "-c", "from cluster import cpus; print(cpus.unplace(), "
+                          "cpus.place_unplaced('compute'))"], env=os.environ | {cpus.ENV: "off"},
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert off == ["None", "0"]
+
+
+def test_once_ready_the_daemons_go_to_the_serving_cpus():
+    """``fastmode up``'s ``place_daemons``: the caller and its descendants' threads that run on every CPU
+    (Ray's daemons, idle workers, Serve's controller) move to the serving CPUs; a process placed on
+    purpose (an engine on the compute CPUs) stays, and so does a chip whose layout spreads it over
+    every CPU (its title starts with ``ray::ChipWorker``, as Ray names a chip's process)."""
+    p = cpus.plan("auto")
+    if p is None:
+        pytest.skip("a node with fewer than 2 CPUs, or with a GPU: nothing is placed")
+    sleeper = "import time; time.sleep(60)"
+    driver = textwrap.dedent(f"""
+        import json, os, subprocess, sys, time
+        from cluster import cpus
+        daemon = subprocess.Popen([sys.executable, "-c", {sleeper!r}])
+        engine = subprocess.Popen(["taskset", "-c", {cpus.format_cpu_list(p.compute)!r}, sys.executable, "-c",
+                                   {sleeper!r}])
+        chip = subprocess.Popen(["bash", "-c", 'exec -a "ray::ChipWorker.start" ' + sys.executable
+                                 + ' -c "import time; time.sleep(60)"'])
+        try:
+            time.sleep(1.0)  # every child started (taskset has exec'd its python)
+            off, auto = cpus.place_daemons(os.getpid(), "off"), cpus.place_daemons(os.getpid(), "auto")
+            masks = {{name: sorted({{tuple(sorted(os.sched_getaffinity(int(t))))
+                                   for t in os.listdir(f"/proc/{{pid}}/task")}})
+                     for name, pid in (("driver", os.getpid()), ("daemon", daemon.pid), ("engine", engine.pid),
+                                       ("chip", chip.pid))}}
+            print(json.dumps({{"off": off, "auto": auto, "masks": masks}}))
+        finally:
+            for c in (daemon, engine, chip):
+                c.kill()
+                c.wait()
+    """)
+    out = json.loads(subprocess.run(["taskset", "-c", cpus.format_cpu_list(cpus.node_cpus()), sys.executable,
+                                     "-c", driver], capture_output=True, text=True, check=True, timeout=60).stdout)
+    every = sorted(cpus.node_cpus())
+    assert out["off"] == 0 and out["auto"] >= 2, out  # the driver's threads and the daemon's
+    assert out["masks"]["driver"] == out["masks"]["daemon"] == [list(p.serving)], out
+    assert out["masks"]["engine"] == [list(p.compute)] and out["masks"]["chip"] == [every], out
