@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request, WebSocket
-from fastapi.responses import JSONResponse, RedirectResponse, StreamingResponse
+from fastapi.responses import JSONResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 from ray import serve
 
@@ -50,7 +50,7 @@ from .body_limits import BodyLimits
 from .config import load_config
 from .errors import InvalidRequest, NotReady, first_event, parse_json, to_event
 from .listen import listen
-from .openai_api import JSONBody
+from .openai_api import ClosingStream, JSONBody
 from .protocol import VERSION
 from .router import Router
 from .websocket import CLOSE_POLICY, Session
@@ -223,7 +223,6 @@ class Gateway:
                     yield json.dumps(event) + "\n"
             except Exception as e:  # noqa: BLE001 - mid-stream failure: the stream's last line says so
                 yield json.dumps(to_event(e, first.get("id"))) + "\n"
-            finally:
-                stream.cancel()  # a client that hung up: free the engine sequence
 
-        return StreamingResponse(lines(), media_type="application/x-ndjson")
+        # However it ends, a client that hung up included: free the engine sequence.
+        return ClosingStream(lines(), on_close=stream.cancel, media_type="application/x-ndjson")
