@@ -162,15 +162,7 @@ def place_unplaced(role: Literal["serving", "compute"], setting: str | None = No
     p = plan(setting)
     if p is None:
         return 0
-    every, cpus, moved = set(node_cpus()), (p.serving if role == "serving" else p.compute), 0
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            if os.sched_getaffinity(int(tid)) == every:
-                os.sched_setaffinity(int(tid), cpus)
-                moved += 1
-        except OSError:  # a thread that ended meanwhile
-            pass
-    return moved
+    return _move_unplaced(map(int, os.listdir("/proc/self/task")), p.serving if role == "serving" else p.compute)
 
 
 def place_daemons(pid: int, setting: str | None = None, *, skip: tuple[str, ...] = ("ray::ChipWorker",)) -> int:
@@ -183,12 +175,11 @@ def place_daemons(pid: int, setting: str | None = None, *, skip: tuple[str, ...]
     p = plan(setting)
     if p is None:
         return 0
-    every = set(node_cpus())
-    moved = 0
     try:
         procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
     except psutil.Error:
         return 0
+    moved = 0
     for proc in procs:
         try:
             if " ".join(proc.cmdline()).startswith(skip):
@@ -196,13 +187,20 @@ def place_daemons(pid: int, setting: str | None = None, *, skip: tuple[str, ...]
             tids = [t.id for t in proc.threads()]
         except psutil.Error:  # ended meanwhile
             continue
-        for tid in tids:
-            try:
-                if os.sched_getaffinity(tid) == every:
-                    os.sched_setaffinity(tid, p.serving)
-                    moved += 1
-            except OSError:
-                pass
+        moved += _move_unplaced(tids, p.serving)
+    return moved
+
+
+def _move_unplaced(tids, cpus) -> int:
+    """Put the threads ``tids`` that run on every CPU of the node on ``cpus``; how many moved."""
+    every, moved = set(node_cpus()), 0
+    for tid in tids:
+        try:
+            if os.sched_getaffinity(tid) == every:
+                os.sched_setaffinity(tid, cpus)
+                moved += 1
+        except OSError:  # a thread that ended meanwhile
+            pass
     return moved
 
 
