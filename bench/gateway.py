@@ -15,7 +15,9 @@
   that sends each request once it has seen the last one end leaves the ring idle that long at
   least, and on a VM a first token after idle costs more than one sent back to back. On loopback the warm WebSocket is measured once more in blocks alternated
   with the engine's own first tokens (``loopback_warm_alternated``): minutes apart, the machine's
-  speed drifts by more than the gap being measured.
+  speed drifts by more than the gap being measured. Where the fast lane has a door (``GET /v1/door``,
+  ``serve.lanes.door``: its head chip serves the WebSocket itself), a warm WebSocket on it is a third
+  side of the same rounds (``door_warm_websocket``, ``door_ratio``).
 
 Needs a running application (``fastmode up``); the in-process engines are started here with the
 lanes' own configs.
@@ -98,10 +100,20 @@ def http_ttft(url: str, headers: dict, model: str, tier: str | None, tokens: int
     raise RuntimeError("no text")
 
 
-async def warm_ttft(url: str, key: str | None, trials: int) -> list[float]:
+def door_url(url: str, key: str | None) -> str | None:
+    """The fast lane's door (``GET /v1/door``: ``serve.lanes.door``) of the gateway at ``url``, or
+    ``None`` if it has none."""
+    r = httpx.get(url + "/v1/door", headers={"Authorization": f"Bearer {key}"} if key else {}, timeout=30)
+    return r.json()["data"][0]["url"] if r.status_code == 200 else None
+
+
+async def warm_ttft(url: str, key: str | None, trials: int, door: bool = False) -> list[float]:
     """``trials`` times to first token (seconds) on the fast lane, 4 tokens each, one after another on
-    one warm persistent WebSocket (after one request that is not counted)."""
+    one warm persistent WebSocket (after one request that is not counted): the gateway's, or with
+    ``door`` the fast lane's own (``door_url``)."""
     ws_url, headers = _responses_ws(url, key)
+    if door:
+        ws_url = door_url(url, key)
     model, tier = LANES["fast"]
     async with connect(ws_url, additional_headers=headers) as conn:
         await ws_response(conn, "warm", model, tier, 4)
@@ -172,12 +184,14 @@ async def ws_aggregate(url: str, key: str | None, tokens: int, concurrency: int)
     return total / (time.perf_counter() - start)
 
 
-def client_trio(url: str, key: str | None, trials: int, prefix: list[str] = (), warm_only: bool = False):
+def client_trio(url: str, key: str | None, trials: int, prefix: list[str] = (), warm_only: bool = False,
+                door: bool = False):
     """The TTFT trio measured by this module run with ``--ttft-only`` in a fresh process (behind
     ``prefix``: inside the client namespace), so loopback and emulated figures come from the same
-    client in the same conditions. ``warm_only``: the warm WebSocket's samples only (seconds)."""
+    client in the same conditions. ``warm_only``: the warm WebSocket's samples only (seconds); with
+    ``door``, the fast lane's door's."""
     cmd = [*prefix, sys.executable, "-m", "bench.gateway", "--ttft-only", "--trials", str(trials), "--url", url,
-           *(["--warm-only"] if warm_only else [])]
+           *(["--warm-only"] if warm_only else []), *(["--door"] if door else [])]
     env = dict(os.environ, FASTMODE_API_KEY=key or "")
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
     if r.returncode != 0:
@@ -273,11 +287,16 @@ def main(argv: list[str] | None = None) -> int:
                     "of the emulated network)")
     ap.add_argument("--warm-only", action="store_true", help="with --ttft-only: the warm WebSocket's "
                     "samples only, in seconds (the blocks alternated with the engine's own first tokens)")
+    ap.add_argument("--door", action="store_true", help="with --warm-only: on the fast lane's door "
+                    "(GET /v1/door) instead of the gateway's WebSocket")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
     if args.ttft_only:
-        measure = warm_ttft if args.warm_only else ttft
-        print(json.dumps(asyncio.run(measure(args.url, args.api_key or None, args.trials))))
+        if args.warm_only:
+            samples = warm_ttft(args.url, args.api_key or None, args.trials, door=args.door)
+        else:
+            samples = ttft(args.url, args.api_key or None, args.trials)
+        print(json.dumps(asyncio.run(samples)))
         return 0
     if args.quick:
         args.tokens, args.trials, args.concurrency = 32, 3, 4
@@ -305,11 +324,14 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             bar.update()
     bar.set_description(steps[-1])
+    has_door = door_url(args.url, args.api_key) is not None
     engines = direct(args.tokens, 3, args.concurrency, rounds=CEILING_ROUNDS if not args.quick else 1,
                      compile=not args.quick,
                      served_aggregate=lambda: ws_aggregate(args.url, args.api_key, args.tokens, args.concurrency),
                      served_ttft=lambda n: client_trio(args.url, args.api_key, n, warm_only=True),
-                     idle_s=[net["rtt_ms"] / 1e3 for net in networks])
+                     idle_s=[net["rtt_ms"] / 1e3 for net in networks],
+                     door_ttft=(lambda n: client_trio(args.url, args.api_key, n, warm_only=True, door=True))
+                     if has_door else None)
     bar.update()
     bar.close()
     ref = {"fast": engines["sharded_fast"], "standard": engines["vllm_full"]}
@@ -321,6 +343,11 @@ def main(argv: list[str] | None = None) -> int:
                   "engine_ttft_ms": engine_ttft_ms,
                   "physical_limit_ms": loop_rtt_ms + engine_ttft_ms}
     alternated["ratio"] = alternated["warm_websocket"]["p50"] / alternated["physical_limit_ms"]
+    if "door_ttft_samples_s" in engines:  # the fast lane's door: a third side of the same rounds
+        door_ms = sorted(1e3 * x for x in engines["door_ttft_samples_s"])
+        alternated["door_warm_websocket"] = {"p50": statistics.median(door_ms),
+                                             "p90": door_ms[int(0.9 * (len(door_ms) - 1))]}
+        alternated["door_ratio"] = alternated["door_warm_websocket"]["p50"] / alternated["physical_limit_ms"]
     for net in networks:  # one round trip (as measured through the emulated network) plus the engine's own TTFT
         net["physical_limit_ms"] = net["measured_rtt_ms"] + engine_ttft_ms
         net["physical_limit_nominal_rtt_ms"] = net["rtt_ms"] + engine_ttft_ms
@@ -362,6 +389,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"warm WebSocket first token on loopback, {TTFT_ROUNDS} blocks alternated with the engine's own: "
           f"p50 {alternated['warm_websocket']['p50']:.2f} ms against {alternated['physical_limit_ms']:.2f} ms "
           f"({alternated['ratio']:.2f}x)")
+    if "door_ratio" in alternated:
+        print(f"  the fast lane's door (GET /v1/door), in the same rounds: p50 "
+              f"{alternated['door_warm_websocket']['p50']:.2f} ms ({alternated['door_ratio']:.2f}x)")
     for n in networks:
         print(f"  {n['rtt_ms']:g} ms RTT emulated by: {n['method']}")
         if "physical_limit_engine_idle_ms" in n:

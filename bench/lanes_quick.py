@@ -60,7 +60,7 @@ def one(client: httpx.Client, model: str, tier: str | None, tokens: int) -> dict
 def direct(tokens: int, runs: int, concurrency: int = 0,
            served_aggregate: Callable[[], Awaitable[float]] | None = None, rounds: int = 1,
            compile: bool = True, served_ttft: Callable[[int], list[float]] | None = None,
-           idle_s: Sequence[float] = ()) -> dict:
+           idle_s: Sequence[float] = (), door_ttft: Callable[[int], list[float]] | None = None) -> dict:
     """The lanes' engines without serving: vLLM AsyncLLM on the full model (the standard lane's
     config) and the fast model's ring with the fast lane's layout and options (``ring_options``:
     slots, spin, prefix cache, packed weights), driven by its own blocking client.
@@ -80,7 +80,8 @@ def direct(tokens: int, runs: int, concurrency: int = 0,
     machine's speed hits both alike; its figures come back as ``served_aggregates``, in order with
     ``vllm_full_aggregates``. ``served_ttft(n)`` likewise returns ``n`` served first tokens (seconds):
     ``TTFT_ROUNDS`` blocks of it alternate with blocks of the ring's own (``served_ttft_samples_s``,
-    ``sharded_fast_ttft_samples_s``).
+    ``sharded_fast_ttft_samples_s``); ``door_ttft(n)``, if given, is a third side of each round (the
+    fast lane's door, ``serve.lanes.door``: ``door_ttft_samples_s``).
 
     ``idle_s``: for each, the ring's time to first token when it has been idle that long before each
     request (``sharded_fast_ttft_after_idle_s``, keyed by the seconds as a string; median of
@@ -140,7 +141,7 @@ def direct(tokens: int, runs: int, concurrency: int = 0,
     # Placed as the application places its engines by default (cluster/cpus.py; FASTMODE_CPUS=auto:
     # this process and vLLM's scheduler on the serving CPUs, vLLM's worker and the chips on the others).
     with patch.dict(os.environ, {cpus.ENV: os.environ.get(cpus.ENV, AppConfig().cpus)}), cpus.placed("serving"):
-        out |= _engines(tokens, runs, vllm_runs, compile, served_ttft, idle_s)
+        out |= _engines(tokens, runs, vllm_runs, compile, served_ttft, idle_s, door_ttft)
     print(f"direct    vLLM AsyncLLM, full model {out['vllm_full']:6.0f} tok/s   fastmode executor, fast model "
           f"{out['layout']} {out['sharded_fast']:6.0f} tok/s", flush=True)
     return out
@@ -189,7 +190,8 @@ def fast_ring(compile: bool = True, **config: Any) -> Iterator[FastRing]:
 
 
 def _engines(tokens: int, runs: int, vllm_runs, compile: bool = True,
-             served_ttft: Callable[[int], list[float]] | None = None, idle_s: Sequence[float] = ()) -> dict:
+             served_ttft: Callable[[int], list[float]] | None = None, idle_s: Sequence[float] = (),
+             door_ttft: Callable[[int], list[float]] | None = None) -> dict:
     import asyncio
 
     from sharding.sampling import SamplingParams
@@ -219,13 +221,15 @@ def _engines(tokens: int, runs: int, vllm_runs, compile: bool = True,
         if served_ttft is None:
             out["sharded_fast_ttft_s"] = statistics.median(engine_ttft(TTFT_TRIALS))
         else:  # alternate blocks of the two, so that the machine's drift hits both alike
-            ours, served = [], []
-            sides = [(served, served_ttft), (ours, engine_ttft)]
+            ours, served, door = [], [], []
+            sides = [(served, served_ttft), (ours, engine_ttft)] + ([(door, door_ttft)] if door_ttft else [])
             for r in range(TTFT_ROUNDS):
                 for figures, measure in round_order(sides, r):
                     figures.extend(measure(TTFT_TRIALS // TTFT_ROUNDS))
             out["sharded_fast_ttft_s"] = statistics.median(ours)
             out["sharded_fast_ttft_samples_s"], out["served_ttft_samples_s"] = ours, served
+            if door_ttft:
+                out["door_ttft_samples_s"] = door
         if idle_s:
             out["sharded_fast_ttft_after_idle_s"] = {
                 str(idle): statistics.median(engine_ttft(TTFT_TRIALS // 2, idle)) for idle in idle_s}

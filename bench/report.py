@@ -245,6 +245,10 @@ def gateway_section(doc: dict | None) -> list[str]:
                 f"hits both alike): p50 {a['warm_websocket']['p50']:.2f} ms against {a['physical_limit_ms']:.2f} ms, "
                 f"**{a['ratio']:.2f}x** the physical limit. The engine in process is the fast lane's ring with the "
                 "lane's options (spin, prefix cache, packed weights) and its blocking client, on the same prompt.", ""]
+        if "door_warm_websocket" in a:
+            out += [f"The fast lane's door (`GET /v1/door`: its ring's head chip serves the WebSocket in its own loop, "
+                    f"`serve/lanes/door.py`), a third side of the same rounds: p50 {a['door_warm_websocket']['p50']:.2f} "
+                    f"ms, **{a['door_ratio']:.2f}x** the physical limit.", ""]
     for n in doc.get("emulated_network", []):
         if "physical_limit_engine_idle_ms" in n:
             w = n["ttft_ms"]["warm_websocket"]["p50"]

@@ -32,8 +32,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    "--interactive, the first turn (optional)")
     p.add_argument("-i", "--interactive", action="store_true", help="a conversation: every line of stdin is "
                    "a turn continuing the last (previous_response_id); an empty line or EOF ends it")
-    p.add_argument("--model", default="fastmode-full", help="model id: fastmode-full, fastmode-fast or auto "
-                   "(default: %(default)s)")
+    p.add_argument("--model", default=None, help="model id: fastmode-full, fastmode-fast or auto "
+                   "(default: fastmode-full; with --door, fastmode-fast)")
     p.add_argument("--service-tier", default=None, help="priority, exact or default (fastmode-full's lane)")
     p.add_argument("--max-tokens", type=int, default=None, help="max output tokens (default: the server's)")
     p.add_argument("--temperature", type=float, default=None, help="sampling temperature (0: greedy)")
@@ -43,6 +43,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    "(default: the system's trust store)")
     p.add_argument("--api-key", default=None, help="API key (default: $FASTMODE_API_KEY)")
     p.add_argument("--json", action="store_true", help="print the complete response as one JSON object")
+    p.add_argument("--door", action="store_true", help="stream from the fast lane's door (GET /v1/door: its "
+                   "ring's head chip serves the WebSocket itself): fastmode-fast only, one response (no -i)")
     return p.parse_args(argv)
 
 
@@ -76,7 +78,7 @@ async def chat(args: argparse.Namespace) -> int:
         pass
     params = {"model": args.model, "service_tier": args.service_tier,
               "max_output_tokens": args.max_tokens, "temperature": args.temperature}
-    async with AsyncClient(args.url, args.api_key, max_attempts=3, ca_file=args.ca_file) as client:
+    async with AsyncClient(args.url, args.api_key, max_attempts=3, ca_file=args.ca_file, door=args.door) as client:
         if not args.interactive:
             return (await turn(client, {**params, "input": args.prompt}, args, interrupted))[0]
         previous, line = None, args.prompt
@@ -141,6 +143,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.prompt is None and not args.interactive:
         print("fastmode chat: a prompt is required (or --interactive)", file=sys.stderr)
         return 2
+    if args.door and (args.interactive or args.model not in (None, "fastmode-fast")):
+        print("fastmode chat: --door serves fastmode-fast's single responses (conversations, -i, and other "
+              "models are the gateway's)", file=sys.stderr)
+        return 2
+    args.model = args.model or ("fastmode-fast" if args.door else "fastmode-full")
     if args.prompt == "-":
         args.prompt = sys.stdin.read()
     if args.ca_file is not None and not responses_url(args.url).startswith("wss://"):

@@ -80,7 +80,8 @@ def build(config: AppConfig) -> Application:
             **({"max_constructor_retry_count": cfg.max_constructor_retry_count}
                if cfg.max_constructor_retry_count is not None else {}),
         ).bind(lane, model.id, model.path, cfg.model_dump(mode="json"), config.telemetry.model_dump(mode="json"),
-               draft_path=config.models.fast.path if lane == EXACT else None)
+               draft_path=config.models.fast.path if lane == EXACT else None,
+               door=config.model_dump(mode="json") if lane == FAST and config.door_on() else None)
     g = config.gateway
     stored = serve.deployment(StoredResponses).options(
         name="responses", num_replicas=1, ray_actor_options=actor_options(config, {"num_cpus": 0}),

@@ -118,6 +118,14 @@ class FastLaneConfig(LaneCommon):
         "lane sleeps.")
     packed_weights: PackedWeights = Field(default="auto", description=_PACKED + " Each chip decides for "
                                           "its own CPU.")
+    door: bool | None = Field(default=None, description="The head chip serves the fast lane's own "
+        "WebSocket in its loop (serve/lanes/door.py): the gateway's protocol for this model, without the "
+        "gateway's process on the way (a warm first token 1.07-1.09x the engine's own plus a round trip, "
+        "against 1.5-1.8x through the gateway: docs/serving.md). Bound to http.host, with the gateway's keys "
+        "and limits; GET /v1/door gives its URL. null: on unless http has TLS (the door has none); true with "
+        "TLS is refused.")
+    door_port: int = Field(default=0, ge=0, le=65535, description="The door's port (0: any free one, "
+                           "which changes when the ring is rebuilt; GET /v1/door says which).")
 
 
 class VLLMLaneConfig(LaneCommon):
@@ -420,6 +428,19 @@ class AppConfig(_Strict):
         "replicas run). The default turns on Ray Serve's throughput-optimized mode (user code and handle "
         "routing on the replica's own event loop, handle-to-replica calls over gRPC, buffered request "
         "logs) without its direct ingress (the gateway listens itself, http.server). {} keeps Ray's defaults.")
+
+
+    @model_validator(mode="after")
+    def _door_without_tls(self) -> AppConfig:
+        if self.lanes.fast.door and self.http.tls:
+            raise ValueError("lanes.fast.door: the fast lane's door has no TLS; with http.tls_certfile set, "
+                             "leave door unset or false")
+        return self
+
+    def door_on(self) -> bool:
+        """Whether the fast lane's head serves its door (``lanes.fast.door``; null: unless TLS)."""
+        door = self.lanes.fast.door
+        return (not self.http.tls) if door is None else door
 
 
 SERVE_ENV = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_DIRECT_INGRESS": "0"}

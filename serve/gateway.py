@@ -14,7 +14,10 @@ Service expect), which forwards each request and each streamed chunk to this rep
 - ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions``: OpenAI-compatible
   (``serve.openai_api``); ``POST /v1/responses``: OpenAI's Responses API over HTTP, with
   ``previous_response_id`` (``serve.openai_responses``);
-- ``POST /v1/generate``: the router's events as newline-delimited JSON (one event per line).
+- ``POST /v1/generate``: the router's events as newline-delimited JSON (one event per line);
+- ``GET /v1/door``: the URL of the fast lane's own WebSocket, which its ring's head chip serves in
+  its loop (``serve.lanes.door``), for clients that want the fast model's first token without
+  this process on the way.
 
 With API keys configured (``serve.auth``), every route but ``/health`` and the playground's files
 needs ``Authorization: Bearer KEY``: 401 on HTTP, close code 1008 on the WebSocket (where a browser
@@ -185,6 +188,21 @@ class Gateway:
             self.connections[key] -= 1
             if not self.connections[key]:
                 del self.connections[key]
+
+    @api.get("/v1/door")
+    async def door(self) -> JSONResponse:
+        """Where the fast lane's own WebSocket is (``serve.lanes.door``): the fast model's requests
+        there skip this process. 404 ``door_unavailable`` when the config has none, or its ring is
+        being rebuilt (ask again after ``retry_after``)."""
+        doors = await self.router.doors() if self.config.door_on() else []
+        if not doors:
+            why = ("the fast lane serves no door (lanes.fast.door is false, or http has TLS)"
+                   if not self.config.door_on() else "the fast lane's ring is starting or being rebuilt")
+            event = {"type": "error", "id": None, "code": "door_unavailable", "message": why, "status": 404}
+            if self.config.door_on():
+                event["retry_after"] = 5
+            return _error(event)
+        return JSONResponse({"object": "list", "data": doors})
 
     @api.get("/v1/models")
     async def list_models(self) -> JSONResponse:

@@ -346,6 +346,22 @@ class Router:
         """Whether every lane is warm for this front door (always, if ``start_warmup`` was not called)."""
         return self._warming is None or len(self.warm_lanes) == len(LANES)
 
+    async def doors(self, timeout_s: float = 10.0) -> list[dict[str, Any]]:
+        """The fast lane's doors (``serve.lanes.door``): each replica's ring head's WebSocket, as
+        ``{"url", "model", "replica"}``; none when the lane has no door or is rebuilding its ring.
+        Serve routes each ask to some replica, so it asks twice per replica, as link discovery does."""
+        handle, n = self.handles[FAST], self.tries[FAST]
+        answers = await asyncio.wait_for(asyncio.gather(*(handle.link_address.remote() for _ in range(2 * n)),
+                                                        return_exceptions=True), timeout_s)
+        doors: dict[str, dict[str, Any]] = {}
+        for where in answers:
+            door = (where.get("head") or {}).get("door") if isinstance(where, dict) else None
+            if door:
+                host = f"[{door['host']}]" if ":" in door["host"] else door["host"]
+                doors[where["replica"]] = {"url": f"ws://{host}:{door['port']}/v1/responses",
+                                           "model": self.ids[FAST], "replica": where["replica"]}
+        return sorted(doors.values(), key=lambda d: d["replica"])
+
     async def stats(self, timeout_s: float = 10.0) -> dict[str, Any]:
         """Each lane's load (from one of its replicas) and this front door's in-flight counts.
 

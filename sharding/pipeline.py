@@ -62,13 +62,15 @@ class ShardedModel:
             ``last_info`` the latest of them (its ``hops``: ``last_hops``).
         packed_linears: per chip, how many of its linears run from packed bfloat16 weights
             (``packed_weights``, ``sharding.packed``; 0: off on that chip).
+        door_address: ``(host, port)`` of the front door the head serves in its loop (option
+            ``door``: what opens it there, ``serve.lanes.door.DoorSpec``), or ``None``.
     """
 
     def __init__(self, path: str | Path, *, tp: int = 1, pp: int = 1, num_slots: int = 8,
                  max_len: int | None = None, dtype: torch.dtype = torch.float32, device: str = "cpu",
                  compile: bool = False, threads_per_chip: int = 1, spin_s: float = SPIN_S,
                  placement_timeout_s: float = 60.0, prefix_cache: bool = False,
-                 packed_weights: bool | str = False) -> None:
+                 packed_weights: bool | str = False, door=None) -> None:
         self.config = config = ModelConfig.from_pretrained(path)
         ranges = stage_layers(config, tp, pp)
         self.max_len = config.max_position_embeddings if max_len is None else max_len
@@ -78,7 +80,8 @@ class ShardedModel:
         if not isinstance(num_slots, int) or num_slots < 1:
             raise InvalidLayout(f"num_slots must be a positive int, got {num_slots!r}")
         self.num_slots, self.tp, self.pp, self.compile = num_slots, tp, pp, compile
-        self.prefix_cache = prefix_cache
+        self.prefix_cache, self.door = prefix_cache, door
+        self.door_address: tuple[str, int] | None = None
         require_chips(tp * pp)
         self._groups, self._workers = [], []
         self.layout: list[ChipPlacement] = []
@@ -120,11 +123,13 @@ class ShardedModel:
         links = ring_links(self.tp, self.pp)
         ray.get([w.connect.remote([(dst, ends[dst][0], ends[dst][1]) for src, dst in links if src == i])
                  for i, w in enumerate(self._workers)], timeout=timeout_s)
-        ray.get([w.start.remote({"returns": [s for s, d in links if d == 0]}, self.prefix_cache, self.secret)
-                 if i == 0 else
-                w.start.remote({"prev": [s for s, d in links if d == i]})
-                 for i, w in enumerate(self._workers)], timeout=timeout_s)
+        started = ray.get([w.start.remote({"returns": [s for s, d in links if d == 0]}, self.prefix_cache, self.secret,
+                                          self.door)
+                           if i == 0 else
+                           w.start.remote({"prev": [s for s, d in links if d == i]})
+                           for i, w in enumerate(self._workers)], timeout=timeout_s)
         self.client_address = (ends[0][0], ends[0][2])
+        self.door_address = started[0]
 
     @classmethod
     def from_pretrained(cls, path: str | Path, *, ray_address: str | None = None, **options) -> ShardedModel:

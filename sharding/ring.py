@@ -208,9 +208,12 @@ class Head(Chip):
 
     def __init__(self, role: ChipRole, runner: StageRunner, links: dict[str, Any], server,
                  flush_s: float = FLUSH_S, prefix_cache: bool = False, secret: bytes | None = None,
-                 spin_s: float = 0.0) -> None:
+                 spin_s: float = 0.0, door=None) -> None:
         super().__init__(role, runner, links)
         self.server, self.flush_s, self.secret, self.spin_s = server, flush_s, secret, spin_s
+        self.door = door
+        if door is not None:
+            door.abort = self._abort
         self._outputs: list[tuple] = []
         self._infos: list[tuple] = []
         self._flushed = 0.0
@@ -263,6 +266,8 @@ class Head(Chip):
             for sock in self._hellos:
                 sock.close()
             self.server.close()
+            if self.door is not None:
+                self.door.close()
 
     def _flush(self) -> None:
         """Send each client the outputs of its requests since the last flush, with the steps'
@@ -282,6 +287,9 @@ class Head(Chip):
                 self._send(client, ("out", outs, self._infos, report))
                 report = False
             self._outputs, self._infos = [], []
+        if self.door is not None:
+            for conn in self.door.flush():
+                self._lost_client(conn)
         self._flushed = time.perf_counter()
 
     def _list(self, name: str) -> list[Link]:
@@ -304,20 +312,33 @@ class Head(Chip):
             del self._owner[rid]
             self.aborted += self.scheduler.abort(rid)
 
+    def _abort(self, rid: str) -> None:
+        """Drop one request (its slot frees at the next step), whoever added it."""
+        if self._owner.pop(rid, None) is not None:
+            self.aborted += self.scheduler.abort(rid)
+
     def _wait(self, block: bool) -> list[socket.socket]:
         """The sockets with something to read: a new connection, a secret's bytes, a command."""
+        door = self.door
         watched, timeout = [self.server, *self._hellos, *self.clients], 0.0
+        if door is not None:
+            watched.append(door.server)
         if block and self.spin_s > 0 and poll(watched, self._flushed + self.spin_s):
             block = False  # something came within the window after the last step
         if block:
             deadlines = [d for _, d in self._hellos.values()]
+            if door is not None and (d := door.deadline()) is not None:
+                deadlines.append(d)
             timeout = None if not deadlines else max(0.0, min(deadlines) - time.monotonic())
-        ready = select.select(watched, [], [], timeout)[0]
+        ready, writable, _ = select.select(watched, door.want_write() if door is not None else [], [], timeout)
         now = time.monotonic()
         for sock, (_, deadline) in list(self._hellos.items()):
             if deadline <= now and sock not in ready:
                 del self._hellos[sock]
                 sock.close()
+        if door is not None:
+            for conn in door.writable(writable) + door.expired(now):
+                self._lost_client(conn)  # a dropped one's socket in ``ready`` is skipped: no client
         return ready
 
     def _hello(self, sock: socket.socket) -> None:
@@ -345,7 +366,10 @@ class Head(Chip):
                 return True
             block = False
             for sock in ready:
-                if sock is self.server:
+                if self.door is not None and sock is self.door.server:
+                    if (conn := self.door.accept()) is not None:
+                        self.clients[conn.sock] = conn
+                elif sock is self.server:
                     conn, _ = self.server.accept()
                     if self.secret:
                         self._hellos[conn] = (bytearray(), time.monotonic() + HELLO_TIMEOUT_S)
@@ -357,12 +381,18 @@ class Head(Chip):
                     return False
 
     def _command(self, client: Link) -> bool:
-        """Apply one message of ``client``; ``False`` on ``stop``."""
+        """Apply what ``client`` sent (one message of a ``Link``); ``False`` on ``stop``."""
         try:
-            msg, _ = client.recv()
+            msgs = client.read_messages()
         except LinkClosed:
             self._lost_client(client)
             return True
+        for msg in msgs:
+            if not self._apply(client, msg):
+                return False
+        return True
+
+    def _apply(self, client: Link, msg: tuple) -> bool:
         kind = msg[0]
         if kind == "add":
             _, rid, prompt, params = msg

@@ -147,6 +147,11 @@ class Link:
     def fileno(self) -> int:
         return self.sock.fileno()
 
+    def read_messages(self) -> list[Any]:
+        """``[meta]`` of the next message (``recv``): what a reader of several kinds of client takes
+        (``sharding.ring.Head``)."""
+        return [self.recv()[0]]
+
     def close(self) -> None:
         try:
             self.sock.close()

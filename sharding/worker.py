@@ -115,12 +115,15 @@ class ChipWorker:
         for index, host, port in targets:
             self._out[index] = Link.connect(host, port, hello=self.index)
 
-    def start(self, expected: dict[str, list[int]], prefix_cache: bool = False, secret: bytes | None = None) -> None:
+    def start(self, expected: dict[str, list[int]], prefix_cache: bool = False, secret: bytes | None = None,
+              door=None) -> tuple[str, int] | None:
         """Accept the incoming links and start the loop thread.
 
         ``expected``: ``{"prev": [index]}`` for a follower, ``{"returns": [indices]}`` for the head;
         ``prefix_cache``: the head's scheduler parks finished sequences' slots for reuse;
-        ``secret``: what the head's clients must send first (``sharding.ring.Head``).
+        ``secret``: what the head's clients must send first (``sharding.ring.Head``);
+        ``door``: (the head) what opens a front door in its loop (``open(model_config, max_len)``, as
+        ``serve.lanes.door.DoorSpec``). Answers the door's ``(host, port)``, or ``None``.
         """
         want = [i for ids in expected.values() for i in ids]
         got = accept(self._server, len(want))
@@ -138,8 +141,9 @@ class ChipWorker:
             links["peers"] = [link for i, link in self._out.items() if 0 < i < role.tp]
             # Rank 0 of the last stage (the tokens) first.
             links["returns"] = [got[i] for i in sorted(expected["returns"])]
+            opened = None if door is None else door.open(self.runner.model.config, self.runner.cache.max_len)
             chip = self.head = Head(role, self.runner, links, self._control, prefix_cache=prefix_cache,
-                                    secret=secret, spin_s=self.spin_s)
+                                    secret=secret, spin_s=self.spin_s, door=opened)
             target = chip.lead
         else:
             links["prev"] = got[expected["prev"][0]]
@@ -149,6 +153,10 @@ class ChipWorker:
             target = chip.follow
         self._thread = threading.Thread(target=self._run, args=(target,), name=f"ring-{role.chip}", daemon=True)
         self._thread.start()
+        if role.is_head and chip.door is not None:
+            host = chip.door.spec.host
+            return (self.node_ip if host in ("0.0.0.0", "::", "") else host), chip.door.port
+        return None
 
     def _run(self, target) -> None:
         try:

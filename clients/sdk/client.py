@@ -463,13 +463,18 @@ class AsyncClient:
     connection without ``store``, or the server answers ``previous_response_not_found``), sends the
     whole conversation as ``input`` instead, once (``stream.replayed``): the same prompt the server
     would have joined. A response the client does not know still fails with ``PreviousResponseNotFound``.
+
+    ``door``: connect to the fast lane's door instead (the WebSocket its ring's head chip serves
+    itself, ``docs/protocol.md``): the fast model only, without the gateway's process on the way to
+    the first token. Its URL is asked of the gateway (``GET /v1/door``) at every connect, so a
+    reconnect finds a door that moved with a rebuilt ring.
     """
 
     def __init__(self, base_url: str = DEFAULT_BASE_URL, api_key: str | None = None, *, max_attempts: int = 5,
                  backoff_initial_s: float = 0.25, backoff_max_s: float = 8.0, open_timeout_s: float = 10.0,
                  ping_interval_s: float | None = 20.0, ca_file: str | None = None, resubmit_attempts: int = 2,
                  reconnect_timeout_s: float = 60.0, history_responses: int = 64,
-                 history_bytes: int = 4 * 2**20) -> None:
+                 history_bytes: int = 4 * 2**20, door: bool = False) -> None:
         if max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
         if resubmit_attempts < 0:
@@ -481,6 +486,7 @@ class AsyncClient:
         if ca_file is not None and not self.url.startswith("wss://"):
             raise ValueError(f"ca_file is for a wss:// (or https://) server, not {self.url}")
         self.ca_file = ca_file
+        self.door = door
         self.api_key = api_key if api_key is not None else os.environ.get("FASTMODE_API_KEY")
         self.max_attempts, self.open_timeout_s = max_attempts, open_timeout_s
         self.ping_interval_s = ping_interval_s
@@ -538,7 +544,8 @@ class AsyncClient:
         while True:
             attempt += 1
             try:
-                ws = await connect(self.url, additional_headers=headers, max_size=None,
+                url = await self._door_url(headers) if self.door else self.url
+                ws = await connect(url, additional_headers=headers, max_size=None,
                                    open_timeout=self.open_timeout_s, ping_interval=self.ping_interval_s,
                                    **tls)
             except InvalidURI as e:
@@ -554,6 +561,12 @@ class AsyncClient:
                 last = e
             except (OSError, InvalidHandshake, TimeoutError) as e:
                 last = e
+            except ConnectionFailed:
+                raise
+            except FastmodeError as e:  # the door's address: not available yet (its ring is rebuilt)
+                if isinstance(e, AuthenticationError):
+                    raise
+                last = e
             else:
                 self.connects += 1
                 return _Connection(ws)
@@ -565,6 +578,28 @@ class AsyncClient:
             await asyncio.sleep(wait)
         raise ConnectionFailed("connection_failed", f"could not connect to {self.url} after "
                                f"{attempt} attempt(s): {type(last).__name__}: {last}") from last
+
+    async def _door_url(self, headers: dict[str, str]) -> str:
+        """The fast lane's door, asked of the gateway (``GET /v1/door``; one of them at random when the
+        lane has several replicas). ``AuthenticationError`` for a refused key, ``ConnectionFailed`` when
+        the server has no door at all; ``FastmodeError`` ``door_unavailable`` (retried) while its ring
+        is rebuilt."""
+        import httpx
+
+        parts = urlsplit(self.url)
+        base = urlunsplit(({"ws": "http", "wss": "https"}.get(parts.scheme, parts.scheme), parts.netloc, "", "", ""))
+        verify: Any = ssl.create_default_context(cafile=self.ca_file) if parts.scheme == "wss" else True
+        async with httpx.AsyncClient(base_url=base, headers=headers, timeout=self.open_timeout_s, verify=verify) as http:
+            r = await http.get("/v1/door")
+        if r.status_code in (401, 403):
+            raise AuthenticationError("unauthorized", f"the server refused the API key (HTTP {r.status_code})")
+        body = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
+        if r.status_code == 200 and body.get("data"):
+            return random.choice(body["data"])["url"]
+        if r.status_code == 404 and body.get("code") == "door_unavailable" and body.get("retry_after") is None:
+            raise ConnectionFailed("connection_failed", f"{base} serves no fast-lane door: {body.get('message')}")
+        raise FastmodeError(body.get("code") or "door_unavailable", body.get("message") or f"GET /v1/door: HTTP "
+                            f"{r.status_code}", retry_after=body.get("retry_after"))
 
     async def _start(self, body: dict[str, Any]) -> ResponseStream:
         deadline = None  # set once a connection drops under a create: then reconnect for a while

@@ -62,11 +62,13 @@ class Lane:
         engine: an engine another process owns, to serve from here (a front door's own fast lane,
             streaming from the head chip: ``serve.lanes.direct``); it is not rebuilt here when it
             fails (its owner rebuilds it). ``None``: build and own the lane's engine.
+        door: the fast lane: the application's config (a dict) when its head serves the lane's own
+            WebSocket (``serve.lanes.door``: bound to ``http.host``, with the gateway's keys and limits).
     """
 
     def __init__(self, lane: str, model_id: str, model_path: str, config: dict[str, Any],
                  telemetry_config: dict[str, Any] | None = None, draft_path: str | None = None,
-                 engine: LaneEngine | None = None) -> None:
+                 engine: LaneEngine | None = None, door: dict[str, Any] | None = None) -> None:
         if engine is None:
             telemetry.setup(f"{lane}-lane")
         self.lane, self.model_id = lane, model_id
@@ -74,6 +76,7 @@ class Lane:
         self.prompt_ids = PromptIds(self.tokenizer)
         """Tokenizes prompts; a conversation's next turn only its new text (``serve.lanes.prompt_ids``)."""
         self.config: FastLaneConfig | VLLMLaneConfig = LANE_CONFIGS[lane].model_validate(config)
+        self.door = None if door is None or lane != FAST else _door_spec(door, model_id, model_path, self.config)
         self._engine_args = (model_path, TelemetryConfig.model_validate(telemetry_config or {}), draft_path)
         self.owns_engine = engine is None
         self.engine: LaneEngine = self._build_engine() if engine is None else engine
@@ -95,7 +98,7 @@ class Lane:
         if self.lane == FAST:
             from .sharded_engine import ShardedLaneEngine
 
-            return ShardedLaneEngine(model_path, self.config, self.tokenizer, telemetry_config)
+            return ShardedLaneEngine(model_path, self.config, self.tokenizer, telemetry_config, door=self.door)
         if self.lane == EXACT and self.config.engine == "fastmode":
             from .speculative_engine import SpeculativeLaneEngine
 
@@ -379,6 +382,19 @@ class Lane:
                 engine.shutdown()
             except Exception:  # noqa: BLE001 - best effort at teardown
                 pass
+
+
+def _door_spec(app: dict[str, Any], model_id: str, model_path: str, config: FastLaneConfig):
+    """The fast lane's ``DoorSpec`` from the application's config: ``http.host``, the gateway's API
+    keys (read here as the gateway reads them; a public bind without keys is refused alike) and limits."""
+    from ..auth import load_keys
+    from ..config import load_config
+    from .door import DoorSpec
+
+    app_config = load_config(app)
+    return DoorSpec(model_id=model_id, model_path=model_path, price=config.price, host=app_config.http.host,
+                    port=config.door_port, keys=load_keys(app_config),
+                    limits=app_config.gateway.model_dump(mode="json"))
 
 
 def _shutdown_quietly(engine: LaneEngine) -> None:

@@ -75,14 +75,15 @@ class ShardedLaneEngine(HeadClient):
         config: the fast lane's section of the deployment config.
         tokenizer: the checkpoint's tokenizer (for detokenization and stop strings).
         telemetry: step-span sampling (``TelemetryConfig``).
+        door: what opens the lane's own WebSocket in the head's loop (``serve.lanes.door.DoorSpec``), or ``None``.
     """
 
     def __init__(self, path: str | Path, config: FastLaneConfig, tokenizer: Tokenizer,
-                 telemetry: TelemetryConfig | None = None) -> None:
+                 telemetry: TelemetryConfig | None = None, door=None) -> None:
         self.unanswered_checks = 0
         """Health checks in a row that a chip left unanswered (``UNANSWERED_CHECKS``)."""
         self.tp, self.pp, self.layout_reason = resolve_layout(path, config, cluster_chips())
-        self.model = ShardedModel.from_pretrained(path, tp=self.tp, pp=self.pp, **ring_options(config))
+        self.model = ShardedModel.from_pretrained(path, tp=self.tp, pp=self.pp, **ring_options(config), door=door)
         try:
             self.model.warmup()  # compile now, not on a user's request
             self.model.close_client()  # the warm-up's blocking client; the lane reads asynchronously
@@ -100,8 +101,9 @@ class ShardedLaneEngine(HeadClient):
         if self._error is not None:
             return None
         host, port = self.model.client_address
+        door = self.model.door_address
         return {"host": host, "port": port, "secret": self.model.secret, "max_len": self.max_len,
-                "layout": self.layout}
+                "layout": self.layout, "door": None if door is None else {"host": door[0], "port": door[1]}}
 
     async def prefix_stats(self) -> dict[str, int] | None:
         """The head's prefix cache (``ShardedModel.prefix_stats``), without blocking the loop."""

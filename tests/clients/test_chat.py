@@ -52,6 +52,19 @@ def test_json_prints_the_complete_response(app):
 
 
 @pytest.mark.slow
+def test_door_streams_from_the_fast_lanes_door(app):
+    a = app()
+    p = chat(a, "def main():\n", "--door", "--max-tokens", "16", "--temperature", "0", "--json")
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout)
+    _, ref = a.generate(model="fastmode-fast", input="def main():\n", max_output_tokens=16, temperature=0)
+    assert r["text"] == text_of(ref) and r["lane"] == "fast" and r["usage"]["output_tokens"] == 16
+    for wrong in (["--model", "fastmode-full"], ["-i"]):
+        p = chat(a, "x", "--door", *wrong)
+        assert p.returncode == 2 and "--door serves fastmode-fast" in p.stderr
+
+
+@pytest.mark.slow
 def test_plain_mode_streams_text_then_a_stats_line(app):
     a = app()
     p = chat(a, "def main():\n", "--service-tier", "priority", "--max-tokens", "12", "--temperature", "0")

@@ -374,6 +374,33 @@ def test_every_lane_streams_the_text_create_returns(app):
 
 
 @pytest.mark.slow
+def test_door_client_streams_the_fast_lanes_text_from_its_door(app):
+    a = app()
+
+    async def main():
+        async with AsyncClient(a.base, api_key=a.key, door=True) as client:
+            stream = await client.responses.stream(model="fastmode-fast", input=PROMPT, max_output_tokens=24,
+                                                   temperature=0)
+            texts = [t async for t in stream]
+            with pytest.raises(UnknownModel):  # the door serves the fast model only
+                await client.responses.create(model="fastmode-full", input=PROMPT, max_output_tokens=4)
+            return texts, stream.result, client.connects, client._conn.ws.remote_address[1]
+
+    texts, result, connects, port = run(main())
+    assert "".join(texts) == result.text == reference(a, "fast")
+    assert result.lane == "fast" and result.usage.output_tokens == 24 and connects == 1
+    door = a.client.get("/v1/door").json()["data"][0]["url"]
+    assert port != a.port and door.endswith(f":{port}/v1/responses")  # the door's port, not the gateway's
+
+    async def refused():
+        async with AsyncClient(a.base, api_key="sk-wrong", door=True) as client:
+            await client.responses.create(model="fastmode-fast", input=PROMPT, max_output_tokens=4)
+
+    with pytest.raises(AuthenticationError):
+        run(refused())
+
+
+@pytest.mark.slow
 def test_twenty_concurrent_streams_share_one_connection(app):
     a = app()
     refs = {lane: reference(a, lane, 40) for lane in ("fast", "standard")}

@@ -1,0 +1,346 @@
+"""The fast lane's door (``serve.lanes.door``): the gateway's WebSocket protocol, served by the ring's
+head chip in its own loop.
+
+Most tests run a ring in this process (one chip, eager, the shipped fast model) whose head serves
+a door with small limits, and talk to it as a client does; the text is checked against
+transformers' greedy output. The last ones use the shared app (``fastmode up``): the gateway hands
+out the door's URL, and the door answers with the gateway's own text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+
+import httpx
+import pytest
+import ray
+from tokenizers import Tokenizer
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from models import FAST
+from serve.lanes.door import DoorSpec
+from sharding.pipeline import ShardedModel
+from tests.serve.test_protocol import validate
+from tests.sharding.conftest import hf_greedy
+
+KEY = "sk-door-test"
+MODEL = "fastmode-fast"
+LIMITS = {"max_in_flight": 2, "frames_per_s": 50.0, "frame_burst": 30, "max_connections_per_key": 3,
+          "header_timeout_s": 1.0, "idle_timeout_s": 2.0, "max_frame_bytes": 4096}
+PROMPT = "def fibonacci(n):\n"
+
+
+@pytest.fixture(scope="module")
+def door():
+    """``(model, url)``: a one-chip ring of the fast model whose head serves a door."""
+    ray.init(address="local", resources={"chip": 1}, num_cpus=2, include_dashboard=False, log_to_driver=False)
+    spec = DoorSpec(model_id=MODEL, model_path=str(FAST), price=2.0, host="127.0.0.1",
+                    keys=frozenset({KEY}), limits=LIMITS)
+    try:
+        with ShardedModel.from_pretrained(FAST, num_slots=4, max_len=256, prefix_cache=True, door=spec) as m:
+            host, port = m.door_address
+            yield m, f"ws://{host}:{port}/v1/responses"
+    finally:
+        ray.shutdown()
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 120))
+
+
+def ws(url: str, key: str | None = KEY, **kw):
+    return connect(url, additional_headers={"Authorization": f"Bearer {key}"} if key else {}, max_size=None, **kw)
+
+
+def create(rid: str, **kw) -> str:
+    return json.dumps({"type": "response.create", "id": rid, "model": MODEL, "input": PROMPT,
+                       "max_output_tokens": 16, "temperature": 0, **kw})
+
+
+async def until_end(conn, rid: str) -> list[dict]:
+    """Every event of ``rid`` until it ends; each one checked against docs/protocol.schema.json."""
+    events = []
+    while True:
+        e = json.loads(await conn.recv())
+        validate(e)
+        if e["id"] == rid:
+            events.append(e)
+            if e["type"] in ("response.completed", "response.cancelled", "error"):
+                return events
+
+
+def text(events: list[dict]) -> str:
+    return "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+
+
+def running(m) -> int:
+    return ray.get(m.head_worker.ring_load.remote())["running"]
+
+
+def test_the_door_streams_transformers_greedy_text(door):
+    m, url = door
+    tok = Tokenizer.from_file(str(FAST / "tokenizer.json"))
+    ids = tok.encode(PROMPT).ids
+    want = tok.decode(hf_greedy(FAST, ids, 16))
+
+    async def main():
+        async with ws(url) as conn:
+            await conn.send(create("a"))
+            first = await until_end(conn, "a")
+            await conn.send(create("b"))  # the same prompt again: its prefix is cached
+            return first, await until_end(conn, "b")
+
+    first, second = run(main())
+    for events in (first, second):
+        assert [e["type"] for e in events][0] == "response.created"
+        assert events[-1]["type"] == "response.completed"
+        assert text(events) == want
+        assert [e["seq"] for e in events if e["type"] == "response.output_text.delta"] == list(
+            range(sum(e["type"] == "response.output_text.delta" for e in events)))
+    done = first[-1]
+    assert done["usage"]["input_tokens"] == len(ids) and done["usage"]["output_tokens"] == 16
+    assert done["finish_reason"] == "length" and done["lane"] == "fast" and done["model"] == MODEL
+    assert done["cost_units"] == pytest.approx(2.0 * (len(ids) + 16) / 1000)
+    assert first[0]["input_tokens"] == len(ids) and first[0]["protocol"] == "fastmode.responses.v1"
+
+
+def test_a_stop_string_ends_the_text_before_it(door):
+    m, url = door
+    tok = Tokenizer.from_file(str(FAST / "tokenizer.json"))
+    full = tok.decode(hf_greedy(FAST, tok.encode(PROMPT).ids, 16))
+    stop = full.strip()[3:6]  # some text from inside the greedy output
+
+    async def main():
+        async with ws(url) as conn:
+            await conn.send(create("s", stop=stop))
+            return await until_end(conn, "s")
+
+    events = run(main())
+    assert text(events) == full[:full.index(stop)]
+    assert events[-1]["finish_reason"] == "stop"
+    deadline = time.monotonic() + 10
+    while running(m) and time.monotonic() < deadline:  # the sequence was aborted at the head
+        time.sleep(0.05)
+    assert running(m) == 0
+
+
+@pytest.mark.parametrize("frame,code", [
+    ("not json", "invalid_json"),
+    ("[1, 2]", "invalid_event"),
+    (json.dumps({"type": "response.create", "model": MODEL, "input": "x"}), "invalid_request"),
+    (create("m", model="fastmode-full"), "unknown_model"),
+    (create("p", previous_response_id="resp-1"), "invalid_request"),
+    (create("t", temperature=5), "invalid_request"),
+    (create("l", input="word " * 300), "prompt_too_long"),
+    (json.dumps({"type": "response.cancel", "id": "nobody"}), "unknown_id"),
+    (json.dumps({"type": "response.delete", "id": "x"}), "unknown_event"),
+])
+def test_bad_frames_get_the_gateways_typed_errors_and_the_connection_lives_on(door, frame, code):
+    m, url = door
+
+    async def main():
+        async with ws(url) as conn:
+            await conn.send(frame)
+            err = json.loads(await conn.recv())
+            await conn.send(create("after"))
+            return err, await until_end(conn, "after")
+
+    err, after = run(main())
+    validate(err)
+    assert err["type"] == "error" and err["code"] == code, err
+    assert after[-1]["type"] == "response.completed"
+
+
+def test_a_binary_frame_a_duplicate_id_and_too_many_in_flight_are_refused(door):
+    m, url = door
+
+    async def main():
+        async with ws(url) as conn:
+            await conn.send(b"\x00\x01")
+            binary = json.loads(await conn.recv())
+            await conn.send(create("x", max_output_tokens=200, ignore_eos=True))
+            await conn.send(create("x"))
+            dup = json.loads(await conn.recv())
+            await conn.send(create("y", max_output_tokens=200, ignore_eos=True))
+            await conn.send(create("z"))  # a third one: max_in_flight is 2
+            events = []
+            while not any(e.get("id") == "z" for e in events):
+                events.append(json.loads(await conn.recv()))
+            for rid in ("x", "y"):
+                await conn.send(json.dumps({"type": "response.cancel", "id": rid}))
+            return binary, dup, [e for e in events if e["id"] == "z"][0]
+
+    binary, dup, third = run(main())
+    assert binary["code"] == "binary_frame"
+    assert dup["code"] == "duplicate_id" and dup["id"] == "x"
+    assert third["code"] == "too_many_in_flight"
+
+
+def test_cancel_and_disconnect_free_the_heads_sequences(door):
+    m, url = door
+    aborted = ray.get(m.head_worker.ring_load.remote())["aborted"]
+
+    async def main():
+        async with ws(url) as conn:
+            await conn.send(create("c", max_output_tokens=200, ignore_eos=True))
+            while json.loads(await conn.recv())["type"] != "response.output_text.delta":
+                pass
+            await conn.send(json.dumps({"type": "response.cancel", "id": "c"}))
+            events = []
+            while not events or events[-1]["type"] != "response.cancelled":
+                events.append(json.loads(await conn.recv()))
+            await conn.send(create("d", max_output_tokens=200, ignore_eos=True))
+            while json.loads(await conn.recv())["type"] != "response.output_text.delta":
+                pass
+        # the connection is closed with "d" in flight
+
+    run(main())
+    deadline = time.monotonic() + 10
+    while running(m) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert running(m) == 0
+    assert ray.get(m.head_worker.ring_load.remote())["aborted"] == aborted + 2
+
+
+async def closed_with(conn) -> tuple[int, str, list[dict]]:
+    """The close code and reason the server sent, and the events before it."""
+    events = []
+    with pytest.raises(ConnectionClosed) as e:
+        while True:
+            events.append(json.loads(await conn.recv()))
+    return e.value.rcvd.code, e.value.rcvd.reason, events
+
+
+def test_the_door_needs_the_key_and_its_path_and_keys_hold_a_bounded_number_of_connections(door):
+    m, url = door
+
+    async def main():
+        out = []
+        for key in (None, "sk-wrong"):  # as on the gateway: accepted, then closed with 1008
+            async with ws(url, key=key) as conn:
+                out.append(await closed_with(conn))
+        with pytest.raises(InvalidStatus) as e:
+            async with ws(url.replace("/v1/responses", "/v1/other")):
+                pass
+        out.append(e.value.response.status_code)
+        held = [await ws(url) for _ in range(LIMITS["max_connections_per_key"])]
+        async with ws(url) as conn:
+            out.append(await closed_with(conn))
+        for conn in held:
+            await conn.close()
+        await asyncio.sleep(0.2)
+        async with ws(url) as conn:  # closing one gives its place back
+            await conn.send(create("ok"))
+            out.append((await until_end(conn, "ok"))[-1]["type"])
+        return out
+
+    no_key, wrong_key, other_path, over, ok = run(main())
+    assert no_key == wrong_key == (1008, "missing or wrong API key", [])
+    assert other_path == 404
+    code, reason, events = over
+    assert code == 1008 and "too many connections" in reason and [e["code"] for e in events] == ["too_many_connections"]
+    assert ok == "response.completed"
+
+
+def test_the_browsers_key_subprotocol_is_accepted_and_the_version_selected(door):
+    import base64
+
+    m, url = door
+    encoded = base64.urlsafe_b64encode(KEY.encode()).decode().rstrip("=")
+
+    async def main():
+        async with connect(url, subprotocols=["fastmode.responses.v1", f"fastmode.key.{encoded}"]) as conn:
+            await conn.send(create("b"))
+            return conn.subprotocol, (await until_end(conn, "b"))[-1]["type"]
+
+    assert run(main()) == ("fastmode.responses.v1", "response.completed")
+
+
+def test_frames_over_the_rate_get_rate_limited(door):
+    m, url = door
+
+    async def main():
+        async with ws(url) as conn:
+            for _ in range(LIMITS["frame_burst"] + 5):
+                await conn.send(json.dumps({"type": "response.cancel", "id": "none"}))
+            codes = [json.loads(await conn.recv())["code"] for _ in range(LIMITS["frame_burst"] + 5)]
+            return codes
+
+    codes = run(main())
+    assert codes.count("unknown_id") >= LIMITS["frame_burst"] - 1
+    assert "rate_limited" in codes
+
+
+def test_a_frame_too_large_closes_with_1009_and_an_idle_connection_with_1000(door):
+    m, url = door
+
+    async def main():
+        async with ws(url) as conn:
+            await conn.send(create("big", input="x" * 5000))
+            with pytest.raises(ConnectionClosed) as big:
+                await conn.recv()
+        started = time.monotonic()
+        async with ws(url) as conn:
+            with pytest.raises(ConnectionClosed) as idle:
+                await conn.recv()
+        return big.value.rcvd.code, idle.value.rcvd.code, time.monotonic() - started
+
+    big, idle, waited = run(main())
+    assert big == 1009 and idle == 1000
+    assert LIMITS["idle_timeout_s"] - 0.1 <= waited < LIMITS["idle_timeout_s"] + 5
+
+
+def test_an_upgrade_that_never_comes_is_closed_and_a_reader_that_stops_does_not_stall_others(door):
+    m, url = door
+    host, port = m.door_address
+    mute = socket.create_connection((host, port))
+    mute.settimeout(LIMITS["header_timeout_s"] + 5)
+    started = time.monotonic()
+    assert mute.recv(1) == b""  # closed by the door after header_timeout_s
+    assert time.monotonic() - started >= LIMITS["header_timeout_s"] - 0.1
+    mute.close()
+
+    async def main():
+        stalled = await ws(url, max_queue=1)  # stops reading: the door must not wait for it
+        await stalled.send(create("long", max_output_tokens=200, ignore_eos=True))
+        async with ws(url) as conn:
+            await conn.send(create("other"))
+            events = await until_end(conn, "other")
+        await stalled.close()
+        return events
+
+    assert run(main())[-1]["type"] == "response.completed"
+
+
+# -- through the app -----------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_the_gateway_hands_out_the_door_and_it_answers_as_the_gateway_does(app):
+    a = app()
+    r = a.client.get("/v1/door", timeout=30)
+    assert r.status_code == 200, r.text
+    doors = r.json()["data"]
+    assert len(doors) == 1 and doors[0]["model"] == MODEL and doors[0]["url"].startswith("ws://")
+    assert httpx.get(a.base + "/v1/door", timeout=30).status_code == 401
+
+    async def main():
+        body = {"input": "class Stack:\n", "max_output_tokens": 24}
+        async with connect(a.ws_url, additional_headers={"Authorization": f"Bearer {a.key}"}) as gw:
+            await gw.send(create("g", **body))
+            through_gateway = await until_end(gw, "g")
+        async with ws(doors[0]["url"], key=a.key) as conn:
+            await conn.send(create("d", **body))
+            through_door = await until_end(conn, "d")
+        async with ws(doors[0]["url"], key="sk-wrong") as conn:
+            refused = await closed_with(conn)
+        return through_gateway, through_door, refused
+
+    gateway, door_, refused = run(main())
+    assert text(door_) == text(gateway) and text(door_)
+    assert door_[-1]["usage"]["output_tokens"] == gateway[-1]["usage"]["output_tokens"]
+    assert door_[-1]["cost_units"] == gateway[-1]["cost_units"]
+    assert refused[0] == 1008
