@@ -301,7 +301,7 @@ class Head(Chip):
             return
         try:
             client.send(msg)
-        except LinkClosed:
+        except Exception:  # noqa: BLE001 - gone (LinkClosed), or a client's fault: it goes, the ring serves on
             self._lost_client(client)
 
     def _lost_client(self, client: Link) -> None:
@@ -384,7 +384,7 @@ class Head(Chip):
         """Apply what ``client`` sent (one message of a ``Link``); ``False`` on ``stop``."""
         try:
             msgs = client.read_messages()
-        except LinkClosed:
+        except Exception:  # noqa: BLE001 - gone (LinkClosed), or what it sent cannot be read: it goes
             self._lost_client(client)
             return True
         for msg in msgs:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import itertools
 import json
 import socket
+import struct
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -55,7 +56,6 @@ from ..errors import InvalidRequest, LaneUnavailable, UnknownModel, clip, parse_
 from ..protocol import VERSION
 from ..request import GenerateRequest
 from ..websocket import CLOSE_NORMAL, CLOSE_POLICY, FrameBudget
-from .prompt_ids import PromptIds
 from .step_spans import HopTotals
 from .text import TextStream
 
@@ -101,7 +101,6 @@ class Door:
         self.spec, self.model_config, self.max_len = spec, model_config, max_len
         self.limits = GatewayConfig.model_validate(spec.limits)
         self.tokenizer = Tokenizer.from_file(f"{spec.model_path}/tokenizer.json")
-        self.prompt_ids = PromptIds(self.tokenizer)
         self.server = socket.create_server((spec.host, spec.port), family=socket.AF_INET6 if ":" in spec.host
                                            else socket.AF_INET, backlog=128)
         self.server.setblocking(False)
@@ -166,6 +165,19 @@ class Door:
         for conn in list(self.connections.values()):
             conn.close()
         self.server.close()
+
+
+def text_frame(payload: bytes) -> bytes:
+    """A server's unfragmented text frame (RFC 6455, 5.2: FIN, opcode 1, unmasked; no extension is
+    negotiated). Framed here, not by ``ServerProtocol.send_text``: the events on the way to a first
+    token are the head's own time, and this is a third of it; the protocol object still parses the
+    client's frames, answers pings and closes."""
+    n = len(payload)
+    if n < 126:
+        return bytes((0x81, n)) + payload
+    if n < 65536:
+        return struct.pack("!BBH", 0x81, 126, n) + payload
+    return struct.pack("!BBQ", 0x81, 127, n) + payload
 
 
 @dataclass
@@ -238,6 +250,8 @@ class DoorConnection:
         for event in self.proto.events_received():
             if isinstance(event, Request):
                 self._upgrade(event)
+            elif self.proto.state is not State.OPEN:
+                continue  # closing: what the client still sends is dropped unread
             elif event.opcode is Opcode.TEXT:
                 commands += self._frame(event.data)
             elif event.opcode is Opcode.BINARY:
@@ -321,7 +335,7 @@ class DoorConnection:
                 return self._error("too_many_in_flight", f"at most {self.door.limits.max_in_flight} responses "
                                    "in flight per connection", rid)
             try:
-                return [self._create(rid, {k: v for k, v in event.items() if k != "type"})]
+                return [self._create(rid, {k: v for k, v in event.items() if k != "type"}, data)]
             except Exception as e:  # noqa: BLE001 - the request's own fault, typed by to_event
                 ev = to_event(e, rid)
                 return self._error(ev["code"], ev["message"], rid)
@@ -335,16 +349,16 @@ class DoorConnection:
         return self._error("unknown_event", f"unknown event type {kind!r}; expected 'response.create' or "
                            "'response.cancel'", rid if isinstance(rid, str) else None)
 
-    def _create(self, rid: str, body: dict[str, Any]) -> tuple:
+    def _create(self, rid: str, body: dict[str, Any], source: bytes) -> tuple:
         door = self.door
-        req = GenerateRequest.parse(body)
+        req = GenerateRequest.parse(body, source)
         if req.model != door.spec.model_id:
             raise UnknownModel(f"model {req.model!r}: this door serves {door.spec.model_id!r} only; the "
                                "gateway serves every model")
         if req.previous_response_id is not None or req.store:
             raise InvalidRequest("previous_response_id and store: not served by the fast lane's door; the "
                                  "gateway's WebSocket serves conversations")
-        ids, _ = door.prompt_ids.encode_turn(req.prompt)
+        ids = door.tokenizer.encode(req.prompt).ids  # no conversations here: no prompt kept for a next turn
         max_tokens = req.max_output_tokens or door.max_len - len(ids)
         if len(ids) + max_tokens > door.max_len or max_tokens < 1:
             raise PromptTooLong(f"the prompt has {len(ids)} tokens; with max_output_tokens {max_tokens} it "
@@ -390,7 +404,9 @@ class DoorConnection:
             per[out[0]].append(out)
         if not per:
             return
-        infos, now = step_infos(raw_infos), time.perf_counter()
+        now = time.perf_counter()
+        # A one-chip ring's steps have no hops: then nothing to unpack on the way to a first token.
+        infos = step_infos(raw_infos) if any(raw[3] for raw in raw_infos) else []
         for head_rid, outs in per.items():
             r = self.responses.get(head_rid.removeprefix(self.prefix))
             if r is None:  # cancelled meanwhile
@@ -450,7 +466,8 @@ class DoorConnection:
     # -- to the client ---------------------------------------------------------------------------
     def _event(self, event: dict[str, Any]) -> None:
         if self.proto.state is State.OPEN:
-            self.proto.send_text(json.dumps(event, separators=(",", ":")).encode())
+            self._queue()  # the protocol's own frames (a pong) stay in order before this one
+            self.out += text_frame(json.dumps(event, separators=(",", ":")).encode())
 
     def _queue(self) -> None:
         for chunk in self.proto.data_to_send():

@@ -136,6 +136,7 @@ def test_a_stop_string_ends_the_text_before_it(door):
     (create("p", previous_response_id="resp-1"), "invalid_request"),
     (create("t", temperature=5), "invalid_request"),
     (create("l", input="word " * 300), "prompt_too_long"),
+    ('{"type": "response.create", "id": "u", "model": "fastmode-fast", "input": "a \\ud800 b"}', "invalid_request"),
     (json.dumps({"type": "response.cancel", "id": "nobody"}), "unknown_id"),
     (json.dumps({"type": "response.delete", "id": "x"}), "unknown_event"),
 ])
@@ -273,6 +274,24 @@ def test_frames_over_the_rate_get_rate_limited(door):
     codes = run(main())
     assert codes.count("unknown_id") >= LIMITS["frame_burst"] - 1
     assert "rate_limited" in codes
+
+
+def test_a_client_that_sends_on_through_its_refusals_is_closed_and_the_ring_serves_on(door):
+    m, url = door
+
+    async def main():
+        async with ws(url) as conn:
+            for _ in range(3 * LIMITS["frame_burst"]):  # many of them read by the head at once
+                await conn.send(json.dumps({"type": "response.cancel", "id": "none"}))
+            code, reason, events = await closed_with(conn)
+        async with ws(url) as conn:
+            await conn.send(create("after"))
+            return code, reason, events, (await until_end(conn, "after"))[-1]["type"]
+
+    code, reason, events, after = run(main())
+    assert code == 1008 and reason == "frame rate limit exceeded"
+    assert events[-1]["code"] == "rate_limited" and after == "response.completed"
+    assert ray.get(m.head_worker.alive.remote())[0]
 
 
 def test_a_frame_too_large_closes_with_1009_and_an_idle_connection_with_1000(door):
