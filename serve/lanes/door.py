@@ -19,7 +19,8 @@ per key, the upgrade's deadline, the idle timeout. A client that stops reading i
 connection that goes away frees its sequences (the head drops a client's requests).
 
 Not here (the gateway serves them): other models and lanes, ``previous_response_id`` and ``store``,
-TLS (the door is off when ``http`` has TLS), traces (the door records the lane's latency metrics).
+TLS (the door is off when ``http`` has TLS), traces (the door records the lane's metrics: requests by
+outcome, time to first token and per output token).
 ``response.created`` leaves with the first token, or at the head's next flush (``FLUSH_S``) if the
 request waits for a slot: writing it at once would put a send before the prefill.
 
@@ -219,8 +220,9 @@ class DoorConnection:
         self.budget = FrameBudget(limits.frames_per_s, limits.frame_burst)
         self.responses: dict[str, _Response] = {}
         self._closing = False
-        self._pending_metrics: list[tuple[float | None, float | None]] = []
-        """(ttft, time per output token) of responses completed since the last write: recorded after it."""
+        self._pending_metrics: list[tuple] = []
+        """Metrics of responses that ended since the last write (``serve.metrics`` calls): recorded
+        after it, not on the way to a client's frame."""
 
     # -- timing out ------------------------------------------------------------------------------
     def deadline(self) -> float | None:
@@ -338,12 +340,14 @@ class DoorConnection:
                 return [self._create(rid, {k: v for k, v in event.items() if k != "type"}, data)]
             except Exception as e:  # noqa: BLE001 - the request's own fault, typed by to_event
                 ev = to_event(e, rid)
+                self._pending_metrics.append((metrics.request, ("fast", ev["code"]), {}))
                 return self._error(ev["code"], ev["message"], rid)
         if kind == "response.cancel":
             if not isinstance(rid, str) or rid not in self.responses:
                 return self._error("unknown_id", f"no response with id {rid!r} is in flight",
                                    rid if isinstance(rid, str) else None)
             del self.responses[rid]
+            self._pending_metrics.append((metrics.request, ("fast", "cancelled"), {}))
             self._event({"type": "response.cancelled", "id": rid})
             return [("abort", self.prefix + rid)]
         return self._error("unknown_event", f"unknown event type {kind!r}; expected 'response.create' or "
@@ -384,6 +388,7 @@ class DoorConnection:
             r = self.responses.pop(msg[1].removeprefix(self.prefix), None)
             if r is not None:
                 ev = to_event(msg[2], r.rid)
+                self._pending_metrics.append((metrics.request, ("fast", ev["code"]), {}))
                 self._event({"type": "error", "id": r.rid, "code": ev["code"], "message": ev["message"]})
         elif kind == "fatal":
             err = LaneUnavailable(f"the fast lane's engine failed ({msg[1]}); it is being rebuilt, retry shortly",
@@ -392,6 +397,7 @@ class DoorConnection:
                 ev = to_event(err, r.rid)
                 self._event({"type": "error", "id": r.rid, "code": ev["code"], "message": ev["message"],
                              "retry_after": UNAVAILABLE_RETRY_S})
+                self._pending_metrics.append((metrics.request, ("fast", ev["code"]), {}))
             self.responses.clear()
             self.proto.send_close(1011, "the fast lane's engine failed")
         self._queue()
@@ -456,7 +462,9 @@ class DoorConnection:
             "cost_units": spec.price * total / 1000, "lane": "fast", "model": spec.model_id,
             "hops": r.hops.per_pair()})
         self.door.served += 1
-        self._pending_metrics.append((ttft, (r.last - r.first) / (r.n_out - 1) if r.n_out > 1 else None))
+        tpot = (r.last - r.first) / (r.n_out - 1) if r.n_out > 1 else None
+        self._pending_metrics += [(metrics.latency, ("fast",), {"ttft": ttft, "queue": None, "tpot": tpot}),
+                                  (metrics.request, ("fast", "completed"), {})]
 
     def created_pending(self) -> None:
         """``response.created`` for the responses that wait for a slot (the head's flush)."""
@@ -493,13 +501,15 @@ class DoorConnection:
         if not self.out and self._eof:
             return False
         if self._pending_metrics:
-            for ttft, tpot in self._pending_metrics:
-                metrics.latency("fast", ttft=ttft, queue=None, tpot=tpot)
+            for record, args, kwargs in self._pending_metrics:
+                record(*args, **kwargs)
             self._pending_metrics.clear()
         return True
 
     def close(self) -> None:
         self.door.forget(self)
+        for _ in self.responses:  # in flight as the connection went: their sequences are dropped
+            metrics.request("fast", "cancelled")
         self.responses.clear()
         try:
             self.sock.close()

@@ -184,6 +184,33 @@ def test_tls_files_resolve_against_the_config_file_and_load(tmp_path):
     assert not load_config(None).http.tls and not load_config(None).grpc.tls
 
 
+def test_the_fast_lanes_door_is_on_unless_tls_and_asking_for_it_with_tls_is_refused(tmp_path):
+    """``lanes.fast.door`` (serve/lanes/door.py has no TLS): null means on without TLS, off with it;
+    true with TLS is refused at load; the fast lane's deployment gets the app's config for it only
+    when it is on (its replica reads the keys and http.host from it)."""
+    from serve.app import build
+    from tests.serve.conftest import self_signed
+
+    cert, key = self_signed(tmp_path)
+    tls = {"http": {"tls_certfile": str(cert), "tls_keyfile": str(key)}}
+    assert load_config(None).door_on() and not load_config(tls).door_on()
+    assert not load_config({"lanes": {"fast": {"door": False}}}).door_on()
+    with pytest.raises(ConfigError, match="lanes.fast.door: the fast lane's door has no TLS"):
+        load_config({**tls, "lanes": {"fast": {"door": True}}})
+    with pytest.raises(ConfigError, match="lanes.fast.door_port"):
+        load_config({"lanes": {"fast": {"door_port": 70000}}})
+
+    def fast_lane_door(config):
+        gateway = build(config)._bound_deployment
+        lanes = {d.name: d for d in (a._bound_deployment for a in gateway.init_kwargs.values()) if d.name.endswith("-lane")}
+        return {name: d.init_kwargs.get("door") for name, d in lanes.items()}
+
+    doors = fast_lane_door(load_config(None))
+    assert doors["fast-lane"]["http"]["host"] == "127.0.0.1"
+    assert all(doors[n] is None for n in ("priority-lane", "standard-lane", "exact-lane"))
+    assert fast_lane_door(load_config(tls))["fast-lane"] is None
+
+
 @pytest.mark.parametrize("section", ["http", "grpc"])
 def test_bad_tls_files_are_refused_before_anything_starts(tmp_path, section):
     from tests.serve.conftest import self_signed

@@ -363,3 +363,46 @@ def test_the_gateway_hands_out_the_door_and_it_answers_as_the_gateway_does(app):
     assert door_[-1]["usage"]["output_tokens"] == gateway[-1]["usage"]["output_tokens"]
     assert door_[-1]["cost_units"] == gateway[-1]["cost_units"]
     assert refused[0] == 1008
+
+
+@pytest.mark.slow
+def test_the_doors_responses_count_in_the_lanes_metrics(app):
+    from tests.serve.test_metrics import scrape
+
+    a = app()
+    url = a.client.get("/v1/door", timeout=30).json()["data"][0]["url"]
+    keys = ["ray_fastmode_requests_total{lane=fast,outcome=completed}", "ray_fastmode_requests_total{lane=fast,outcome=cancelled}",
+            "ray_fastmode_requests_total{lane=fast,outcome=unknown_model}", "ray_fastmode_ttft_seconds_count{lane=fast}"]
+    before = scrape(a.metrics_url)
+
+    async def main():
+        async with ws(url, key=a.key) as conn:
+            for i in range(3):
+                await conn.send(create(f"m{i}"))
+                await until_end(conn, f"m{i}")
+            await conn.send(create("x", model="nope"))
+            await until_end(conn, "x")
+            await conn.send(create("c", max_output_tokens=200, ignore_eos=True))
+            await conn.send(json.dumps({"type": "response.cancel", "id": "c"}))
+            await until_end(conn, "c")
+
+    run(main())
+    deadline = time.monotonic() + 60
+    while True:
+        after = scrape(a.metrics_url)
+        grew = [after.get(k, 0) - before.get(k, 0) for k in keys]
+        if grew[0] >= 3 and grew[1] >= 1 and grew[2] >= 1 and grew[3] >= 3:
+            break
+        assert time.monotonic() < deadline, dict(zip(keys, grew))
+        time.sleep(1)
+
+
+def test_an_app_with_tls_has_no_door(secure_app):
+    """The door has no TLS: with ``http`` TLS the head serves none, and ``GET /v1/door`` says so."""
+    a = secure_app.app
+    r = a.client.get("/v1/door", timeout=30)
+    assert r.status_code == 404, r.text
+    body = r.json()
+    assert body["code"] == "door_unavailable" and "TLS" in body["message"] and "retry_after" not in body
+    status, events = a.generate(model=MODEL, input=PROMPT, max_output_tokens=4)  # the lane itself serves
+    assert status == 200 and events[-1]["type"] == "done", events
