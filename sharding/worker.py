@@ -171,12 +171,15 @@ class ChipWorker:
 
     def ring_load(self) -> dict[str, int]:
         """(The head) requests in its scheduler, from every client (``running``), the clients
-        connected (``clients``), and the requests dropped before their end since start (``aborted``:
-        ``sharding.ring.Head.aborted``)."""
+        connected (``clients``: a door's connections too), the requests dropped before their end since
+        start (``aborted``: ``sharding.ring.Head.aborted``), and with a door its ``connections`` and the
+        responses it ``served`` to their end (``door``; else ``None``)."""
         head = getattr(self, "head", None)
         if head is None:
-            return {"running": 0, "clients": 0, "aborted": 0}
-        return {"running": head.scheduler.num_unfinished, "clients": len(head.clients), "aborted": head.aborted}
+            return {"running": 0, "clients": 0, "aborted": 0, "door": None}
+        door = None if head.door is None else {"connections": len(head.door.connections), "served": head.door.served}
+        return {"running": head.scheduler.num_unfinished, "clients": len(head.clients), "aborted": head.aborted,
+                "door": door}
 
     def clear_prefix(self) -> None:
         """(The head, on an idle ring) free every parked slot."""

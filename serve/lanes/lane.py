@@ -347,7 +347,7 @@ class Lane:
             if not self._rebuilding:  # the ring's requests from every client, front doors' head links too
                 load = await self.engine.ring_load()
                 stats["running"], stats["ring_clients"] = load["running"], load["clients"]
-                stats["ring_aborted"] = load["aborted"]
+                stats["ring_aborted"], stats["door"] = load["aborted"], load.get("door")
             stats["layout"] = {"tp": self.engine.tp, "pp": self.engine.pp, "why": self.engine.layout_reason}
             stats["prefix_cache"] = None if self._rebuilding else await self.engine.prefix_stats()
             stats["packed_linears"] = None if self._rebuilding else self.engine.model.packed_linears

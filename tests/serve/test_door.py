@@ -37,7 +37,7 @@ PROMPT = "def fibonacci(n):\n"
 @pytest.fixture(scope="module")
 def door():
     """``(model, url)``: a one-chip ring of the fast model whose head serves a door."""
-    ray.init(address="local", resources={"chip": 1}, num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", resources={"chip": 3}, num_cpus=2, include_dashboard=False, log_to_driver=False)
     spec = DoorSpec(model_id=MODEL, model_path=str(FAST), price=2.0, host="127.0.0.1",
                     keys=frozenset({KEY}), limits=LIMITS)
     try:
@@ -335,6 +335,40 @@ def test_an_upgrade_that_never_comes_is_closed_and_a_reader_that_stops_does_not_
     assert run(main())[-1]["type"] == "response.completed"
 
 
+def test_a_pipelined_rings_door_reports_each_hop_and_a_dead_chip_ends_its_responses_retryably(door):
+    """pp=2 (a hop each way every step): the completed event carries the response's hops per chip
+    pair, and the text is the one-chip ring's; a chip that dies ends the door's responses with
+    ``lane_unavailable`` (retryable) and closes the connection with 1011."""
+    tok = Tokenizer.from_file(str(FAST / "tokenizer.json"))
+    want = tok.decode(hf_greedy(FAST, tok.encode(PROMPT).ids, 16))
+    spec = DoorSpec(model_id=MODEL, model_path=str(FAST), price=1.0, host="127.0.0.1")
+    ring = ShardedModel.from_pretrained(FAST, pp=2, num_slots=2, max_len=256, door=spec)
+    try:
+        url = f"ws://{ring.door_address[0]}:{ring.door_address[1]}/v1/responses"
+
+        async def main():
+            async with ws(url, key=None) as conn:
+                await conn.send(create("h"))
+                hops = await until_end(conn, "h")
+                await conn.send(create("k", max_output_tokens=200, ignore_eos=True))
+                while json.loads(await conn.recv())["type"] != "response.output_text.delta":
+                    pass
+                ray.kill(ring._workers[1])  # the second stage's chip
+                code, reason, events = await closed_with(conn)
+                return hops, code, events
+
+        hops, code, events = run(main())
+    finally:
+        ring.shutdown()
+    assert text(hops) == want
+    pairs = hops[-1]["hops"]
+    assert len(pairs) == 2 and {p["src"] for p in pairs} == {p["dst"] for p in pairs}
+    assert pairs[0]["count"] == pairs[1]["count"] >= 15 and all(p["bytes"] > 0 for p in pairs)
+    errors = [e for e in events if e["type"] == "error"]
+    assert [e["id"] for e in errors] == ["k"] and errors[0]["code"] == "lane_unavailable"
+    assert errors[0]["retry_after"] > 0 and code == 1011
+
+
 # -- through the app -----------------------------------------------------------------------------
 
 @pytest.mark.slow
@@ -359,6 +393,7 @@ def test_the_gateway_hands_out_the_door_and_it_answers_as_the_gateway_does(app):
         return through_gateway, through_door, refused
 
     gateway, door_, refused = run(main())
+    assert a.lane_stats("fast")["door"]["served"] >= 1  # /health shows the door
     assert text(door_) == text(gateway) and text(door_)
     assert door_[-1]["usage"]["output_tokens"] == gateway[-1]["usage"]["output_tokens"]
     assert door_[-1]["cost_units"] == gateway[-1]["cost_units"]
