@@ -160,13 +160,18 @@ def run(config: AppConfig, *, address: str | None, chips: int, verbose: bool = F
         if not serve.get_deployment_handle("gateway", config.name).wait_ready.remote().result():
             print("fastmode up: the gateway did not reach every lane within 10 minutes; see /health",
                   file=sys.stderr, flush=True)
-        layout = serve.get_deployment_handle("fast-lane", config.name).stats.remote().result()["layout"]
+        fast = serve.get_deployment_handle("fast-lane", config.name)
+        layout = fast.stats.remote().result()["layout"]
+        # One fast-lane replica's door (GET /v1/door lists them all); it moves when a ring is rebuilt.
+        door = (fast.link_address.remote().result().get("head") or {}).get("door") if config.door_on() else None
         if not address:  # Ray's daemons, idle workers, Serve's controller and this process: serving cores
             cpus.place_daemons(os.getpid(), config.cpus)
         m = config.models
         print(f"fastmode up: ready in {time.perf_counter() - started:.0f} s\n"
               f"  page     {base}{PLAYGROUND}/   (playground: race one prompt on every tier, in a browser)\n"
               f"  WS       {ws}{base[len(http):]}/v1/responses   (persistent WebSocket, docs/protocol.md)\n"
+              + (f"  door     ws://{door['host']}:{door['port']}/v1/responses   ({m.fast.id} from its ring's head "
+                 "chip itself; GET /v1/door)\n" if door else "") +
               f"  HTTP     {base}/v1   (OpenAI API: chat/completions, completions, models)\n"
               f"           {base}/health   {base}/v1/generate (NDJSON)\n"
               + ("" if address else f"  metrics  http://127.0.0.1:{config.http.metrics_port}/metrics   (Prometheus)\n")
