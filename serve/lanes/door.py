@@ -226,10 +226,15 @@ class DoorConnection:
 
     # -- timing out ------------------------------------------------------------------------------
     def deadline(self) -> float | None:
+        """When this connection times out: its upgrade, and a closing handshake the server began,
+        within ``header_timeout_s`` (a client that never answers a close holds nothing for long);
+        with nothing in flight, ``idle_timeout_s`` after it last sent anything."""
         limits = self.door.limits
         if self.proto.state is State.CONNECTING:
             return self.opened + limits.header_timeout_s
-        if self.responses or self.proto.state is not State.OPEN:
+        if self.proto.state is not State.OPEN:
+            return self.last_activity + limits.header_timeout_s
+        if self.responses:
             return None
         return self.last_activity + limits.idle_timeout_s
 
@@ -315,6 +320,7 @@ class DoorConnection:
                      "was not handled; send it again after retry_after seconds", "retry_after": round(wait, 3)})
         if self.budget.exhausted:
             self.proto.send_close(CLOSE_POLICY, "frame rate limit exceeded")
+            self.last_activity = time.monotonic()  # the closing handshake's deadline runs from here
         return False
 
     def _frame(self, data: bytes) -> list[tuple]:

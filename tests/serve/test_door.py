@@ -302,6 +302,33 @@ def test_a_client_that_sends_on_through_its_refusals_is_closed_and_the_ring_serv
     assert ray.get(m.head_worker.alive.remote())[0]
 
 
+def test_a_client_that_never_answers_the_close_is_dropped(door):
+    """The door closes (1008, frames past the budget) and the client neither answers nor hangs up:
+    the head drops the connection within header_timeout_s, and the key's place comes back."""
+    from websockets.client import ClientProtocol
+    from websockets.uri import parse_uri
+
+    m, url = door
+    proto = ClientProtocol(parse_uri(url))
+    request = proto.connect()
+    request.headers["Authorization"] = f"Bearer {KEY}"
+    proto.send_request(request)
+    sock = socket.create_connection(m.door_address)
+    sock.sendall(b"".join(proto.data_to_send()))
+    proto.receive_data(sock.recv(65536))  # the upgrade's answer
+    assert proto.events_received()[0].status_code == 101
+    for _ in range(3 * LIMITS["frame_burst"]):
+        proto.send_text(json.dumps({"type": "response.cancel", "id": "none"}).encode())
+    sock.sendall(b"".join(proto.data_to_send()))
+    sock.settimeout(LIMITS["header_timeout_s"] + 5)
+    started, got = time.monotonic(), b""
+    while chunk := sock.recv(65536):  # read everything, answer nothing, until the door hangs up
+        got += chunk
+    assert time.monotonic() - started < LIMITS["header_timeout_s"] + 5
+    assert b"\x88" in got  # a close frame came before the door hung up
+    sock.close()
+
+
 def test_a_frame_too_large_closes_with_1009_and_an_idle_connection_with_1000(door):
     m, url = door
 
