@@ -50,7 +50,8 @@ class SlowConsumer(Exception):
     pass
 
 
-def _error(code: str, message: str, rid: str | None = None, **extra) -> dict[str, Any]:
+def error_event(code: str, message: str, rid: str | None = None, **extra) -> dict[str, Any]:
+    """An ``error`` event (the message clipped): the gateway's and the fast lane's door's."""
     return {"type": "error", "id": rid, "code": code, "message": clip(message), **extra}
 
 
@@ -158,27 +159,27 @@ class Session:
             self.last_activity = time.monotonic()
             text, data = msg.get("text"), msg.get("bytes")
             if len((data or b"") if text is None else text.encode()) > self.config.max_frame_bytes:
-                await self._emit(_error("frame_too_large", f"a frame may carry at most "
+                await self._emit(error_event("frame_too_large", f"a frame may carry at most "
                                         f"{self.config.max_frame_bytes} bytes"))
                 return CLOSE_TOO_BIG
             if wait := self.budget.take():
                 c = self.config
-                await self._emit(_error("rate_limited", f"more than {c.frames_per_s:g} frames a second "
+                await self._emit(error_event("rate_limited", f"more than {c.frames_per_s:g} frames a second "
                                         f"({c.frame_burst} at once): this frame was not handled; send it again "
-                                        "after retry_after seconds", _id_of(text),
+                                        "after retry_after seconds", frame_id(text),
                                         retry_after=math.ceil(wait * 1e3) / 1e3))
                 if self.budget.exhausted:
                     return CLOSE_POLICY
                 continue
             if text is None:
-                await self._emit(_error("binary_frame", "frames must be text (JSON); binary frames are not "
+                await self._emit(error_event("binary_frame", "frames must be text (JSON); binary frames are not "
                                         "accepted"))
                 continue
             try:
                 await self._handle(text)
             except Exception as e:  # noqa: BLE001 - a bug, not the client's fault: say so, serve on
                 log.exception("a WebSocket frame could not be handled")
-                await self._emit(_ws_error(to_event(e), None))
+                await self._emit(error_from(to_event(e), None))
 
     def _next_deadline(self) -> float:
         now = time.monotonic()
@@ -192,23 +193,23 @@ class Session:
         try:
             event = parse_json(text, "the frame")
         except InvalidRequest as e:
-            await self._emit(_error("invalid_json", e.message))
+            await self._emit(error_event("invalid_json", e.message))
             return
         if not isinstance(event, dict):
-            await self._emit(_error("invalid_event", "an event must be a JSON object"))
+            await self._emit(error_event("invalid_event", "an event must be a JSON object"))
             return
         kind, rid = event.get("type"), event.get("id")
         if kind == "response.create":
             if not isinstance(rid, str) or not rid:
-                await self._emit(_error("invalid_request", "response.create needs an id (a non-empty string)"))
+                await self._emit(error_event("invalid_request", "response.create needs an id (a non-empty string)"))
             elif rid in self.tasks:
-                await self._emit(_error("duplicate_id", f"a response with id {rid!r} is already in flight on "
+                await self._emit(error_event("duplicate_id", f"a response with id {rid!r} is already in flight on "
                                         "this connection", rid))
             elif self.draining:
-                await self._emit(_error("connection_draining", "this connection has reached its maximum age; "
+                await self._emit(error_event("connection_draining", "this connection has reached its maximum age; "
                                         "open a new one", rid))
             elif len(self.tasks) >= self.config.max_in_flight:
-                await self._emit(_error("too_many_in_flight", f"at most {self.config.max_in_flight} responses "
+                await self._emit(error_event("too_many_in_flight", f"at most {self.config.max_in_flight} responses "
                                         "in flight per connection", rid))
             else:
                 body = {k: v for k, v in event.items() if k != "type"}
@@ -216,12 +217,12 @@ class Session:
         elif kind == "response.cancel":
             task = self.tasks.get(rid) if isinstance(rid, str) else None
             if task is None:
-                await self._emit(_error("unknown_id", f"no response with id {rid!r} is in flight", rid
+                await self._emit(error_event("unknown_id", f"no response with id {rid!r} is in flight", rid
                                         if isinstance(rid, str) else None))
             else:
                 task.cancel()
         else:
-            await self._emit(_error("unknown_event", f"unknown event type {kind!r}; expected "
+            await self._emit(error_event("unknown_event", f"unknown event type {kind!r}; expected "
                                     "'response.create' or 'response.cancel'", rid if isinstance(rid, str) else None))
 
     # -- one response ------------------------------------------------------------------------
@@ -267,7 +268,7 @@ class Session:
                     await self._put(completed)
                 elif kind == "error":
                     finished = True
-                    await self._put(_ws_error(ev, rid))
+                    await self._put(error_from(ev, rid))
         except asyncio.CancelledError:
             stream.cancel()
             if not finished:
@@ -275,11 +276,11 @@ class Session:
             raise
         except SlowConsumer:
             stream.cancel()
-            self._put_final(_error("slow_consumer", "the client did not read its deltas fast enough; "
+            self._put_final(error_event("slow_consumer", "the client did not read its deltas fast enough; "
                                             "the response was cancelled", rid))
         except Exception as e:  # noqa: BLE001 - reported on the connection, which lives on
             stream.cancel()
-            self._put_final(_ws_error(to_event(e, rid), rid))
+            self._put_final(error_from(to_event(e, rid), rid))
         finally:
             self.tasks.pop(rid, None)
 
@@ -356,7 +357,7 @@ def _drain(q: asyncio.Queue) -> list:
     return items
 
 
-def _id_of(text: str | None) -> str | None:
+def frame_id(text: str | bytes | None) -> str | None:
     """The ``id`` of a frame that was not handled, if it has one (so that its sender knows which)."""
     with contextlib.suppress(InvalidRequest):
         event = parse_json(text, "the frame") if text is not None else None
@@ -365,7 +366,9 @@ def _id_of(text: str | None) -> str | None:
     return None
 
 
-def _ws_error(ev: dict[str, Any], rid: str | None) -> dict[str, Any]:
+def error_from(ev: dict[str, Any], rid: str | None) -> dict[str, Any]:
+    """The WebSocket ``error`` event for ``ev`` (``serve.errors.to_event``): its code, message and
+    ``retry_after``, without the HTTP status."""
     out = {"type": "error", "id": rid, "code": ev["code"], "message": ev["message"]}
     if ev.get("retry_after") is not None:
         out["retry_after"] = ev["retry_after"]

@@ -53,10 +53,10 @@ from sharding.transport import LinkClosed
 
 from .. import metrics
 from ..auth import key_of, subprotocol_bearer
-from ..errors import InvalidRequest, LaneUnavailable, UnknownModel, clip, parse_json, to_event
+from ..errors import InvalidRequest, LaneUnavailable, UnknownModel, parse_json, to_event
 from ..protocol import VERSION
 from ..request import GenerateRequest
-from ..websocket import CLOSE_NORMAL, CLOSE_POLICY, FrameBudget
+from ..websocket import CLOSE_NORMAL, CLOSE_POLICY, REASONS, FrameBudget, error_event, error_from, frame_id
 from .step_spans import HopTotals
 from .text import TextStream
 
@@ -263,8 +263,8 @@ class DoorConnection:
                 commands += self._frame(event.data)
             elif event.opcode is Opcode.BINARY:
                 if self._budget(None):
-                    self._event({"type": "error", "id": None, "code": "binary_frame",
-                                 "message": "frames must be text (JSON); binary frames are not accepted"})
+                    self._event(error_event("binary_frame", "frames must be text (JSON); binary frames are not "
+                                            "accepted"))
         self._queue()
         if not self.write() or self.proto.state is State.CLOSED or self._closing:
             if commands:  # a connection closing after its last frame: nothing of it starts
@@ -289,9 +289,8 @@ class DoorConnection:
                 if key is None:
                     self.proto.send_close(CLOSE_POLICY, "missing or wrong API key")
                 elif door.per_key[key] >= limit:
-                    self._event({"type": "error", "id": None, "code": "too_many_connections", "message":
-                                 f"this API key holds {limit} connections to this door, its limit; close one, or "
-                                 "use one for many responses"})
+                    self._event(error_event("too_many_connections", f"this API key holds {limit} connections to "
+                                            "this door, its limit; close one, or use one for many responses"))
                     self.proto.send_close(CLOSE_POLICY, f"too many connections for this API key (limit {limit})")
                 else:
                     self.key = key
@@ -308,18 +307,11 @@ class DoorConnection:
         if not wait:
             return True
         limits = self.door.limits
-        rid = None
-        if text is not None:
-            try:
-                event = json.loads(text)
-                rid = event.get("id") if isinstance(event, dict) and isinstance(event.get("id"), str) else None
-            except ValueError:
-                pass
-        self._event({"type": "error", "id": rid, "code": "rate_limited", "message":
-                     f"more than {limits.frames_per_s:g} frames a second ({limits.frame_burst} at once): this frame "
-                     "was not handled; send it again after retry_after seconds", "retry_after": round(wait, 3)})
+        self._event(error_event("rate_limited", f"more than {limits.frames_per_s:g} frames a second "
+                                f"({limits.frame_burst} at once): this frame was not handled; send it again after "
+                                "retry_after seconds", frame_id(text), retry_after=round(wait, 3)))
         if self.budget.exhausted:
-            self.proto.send_close(CLOSE_POLICY, "frame rate limit exceeded")
+            self.proto.send_close(CLOSE_POLICY, REASONS[CLOSE_POLICY])
             self.last_activity = time.monotonic()  # the closing handshake's deadline runs from here
         return False
 
@@ -380,7 +372,7 @@ class DoorConnection:
         return ("add", self.prefix + rid, ids, params)
 
     def _error(self, code: str, message: str, rid: str | None = None) -> list[tuple]:
-        self._event({"type": "error", "id": rid, "code": code, "message": clip(message)})
+        self._event(error_event(code, message, rid))
         return []
 
     # -- from the head ---------------------------------------------------------------------------
@@ -395,14 +387,13 @@ class DoorConnection:
             if r is not None:
                 ev = to_event(msg[2], r.rid)
                 self._pending_metrics.append((metrics.request, ("fast", ev["code"]), {}))
-                self._event({"type": "error", "id": r.rid, "code": ev["code"], "message": ev["message"]})
+                self._event(error_from(ev, r.rid))
         elif kind == "fatal":
             err = LaneUnavailable(f"the fast lane's engine failed ({msg[1]}); it is being rebuilt, retry shortly",
                                   retry_after=UNAVAILABLE_RETRY_S)
             for r in list(self.responses.values()):
                 ev = to_event(err, r.rid)
-                self._event({"type": "error", "id": r.rid, "code": ev["code"], "message": ev["message"],
-                             "retry_after": UNAVAILABLE_RETRY_S})
+                self._event(error_from(ev, r.rid))  # with the error's retry_after
                 self._pending_metrics.append((metrics.request, ("fast", ev["code"]), {}))
             self.responses.clear()
             self.proto.send_close(1011, "the fast lane's engine failed")
