@@ -96,15 +96,19 @@ def direct(tokens: int, runs: int, concurrency: int = 0,
     out = {}
 
     async def vllm_runs() -> list[float]:
+        from tokenizers import Tokenizer
+
         from serve.lanes.engine import EngineRequest
         from serve.lanes.vllm_engine import VLLMLaneEngine
 
+        # the served side's prompt (bench.gateway sends TTFT_PROMPT), as the gateway tokenizes it
+        prompt = Tokenizer.from_file(str(FULL / "tokenizer.json")).encode(TTFT_PROMPT).ids
         engine = VLLMLaneEngine(FULL, StandardLaneConfig())
         rates = []
         try:
             for i in range(runs + 1):
                 n, first = 0, None
-                async for o in engine.generate(EngineRequest(f"d{i}", [0, 100, 200], tokens if i else 8,
+                async for o in engine.generate(EngineRequest(f"d{i}", prompt, tokens if i else 8,
                                                              temperature=0, ignore_eos=True)):
                     n += len(o.token_ids)
                     first = first or time.perf_counter()
@@ -113,7 +117,7 @@ def direct(tokens: int, runs: int, concurrency: int = 0,
             if concurrency:
                 async def one(rid: str) -> int:
                     n = 0
-                    async for o in engine.generate(EngineRequest(rid, [0, 100, 200], tokens,
+                    async for o in engine.generate(EngineRequest(rid, prompt, tokens,
                                                                  temperature=0, ignore_eos=True)):
                         n += len(o.token_ids)
                     return n
@@ -199,11 +203,11 @@ def _engines(tokens: int, runs: int, vllm_runs, compile: bool = True,
     out = {"vllm_full": statistics.median(asyncio.run(vllm_runs()))}
     with fast_ring(compile) as ring:
         m, prompt = ring.model, ring.prompt
-        m.generate([[0, 100, 200]], SamplingParams(temperature=0, max_tokens=8))
+        m.generate([prompt], SamplingParams(temperature=0, max_tokens=8))
         rates = []
         for _ in range(runs):
             t = time.perf_counter()
-            m.generate([[0, 100, 200]], SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True))
+            m.generate([prompt], SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True))
             rates.append(tokens / (time.perf_counter() - t))
         out["sharded_fast"] = statistics.median(rates)
 

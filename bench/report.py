@@ -215,8 +215,13 @@ def gateway_section(doc: dict | None) -> list[str]:
         rounds = (f" (medians of {c['rounds']} rounds alternating the two, A B, B A, ...; the ratio per round: "
                   + ", ".join(f"{x:.2f}x" for x in c["ratios"]) + ")") if len(c.get("ratios", [])) > 1 else ""
         out += [f"Throughput ceiling: the standard lane with {c['concurrency']} streams at once gives "
-                f"{c['websocket_aggregate_tokens_per_s']:.0f} tok/s over WebSockets against "
-                f"{c['in_process_aggregate_tokens_per_s']:.0f} tok/s from vLLM in process{rounds}: "
+                f"{c['websocket_aggregate_tokens_per_s']:.0f} tok/s over WebSockets"
+                + (f" (one each, opened before the timer starts, as a persistent WebSocket's client holds them: "
+                   f"the {c['concurrency']} handshakes took {c['connect_ms']['median']:.0f} ms a round, median)"
+                   if c.get("connect_ms") else "")
+                + " against "
+                f"{c['in_process_aggregate_tokens_per_s']:.0f} tok/s from vLLM in process"
+                + (" on the same prompt's tokens" if c.get("connect_ms") else "") + f"{rounds}: "
                 f"**{c['ratio']:.2f}x**" + (" (the rounds' median ratio; its 95% interval from the rounds, "
                 "distribution-free: [{:.2f}, {:.2f}])".format(*c["ratio_interval"]) if c.get("ratio_interval") else "")
                 + ". On this "
