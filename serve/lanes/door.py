@@ -14,7 +14,9 @@ It speaks the gateway's protocol (``docs/protocol.md``, ``fastmode.responses.v1`
 timing, cost units, the response's chip-to-chip hops), ``response.cancelled`` and ``error`` out,
 with the gateway's error codes. It keeps the gateway's limits (``gateway`` section): API keys on the
 upgrade (header or subprotocol), frame size, frames a second, responses in flight and connections
-per key, the upgrade's deadline, the idle timeout. A client that stops reading is dropped once
+per key, the upgrade's deadline, the idle timeout and the connection's maximum age (then new
+responses get ``connection_draining``, and the connection closes with 1001 once its last one ends).
+A client that stops reading is dropped once
 ``max_pending_chars`` of its frames are unsent (the head never blocks on a socket), and a
 connection that goes away frees its sequences (the head drops a client's requests).
 
@@ -56,7 +58,8 @@ from ..auth import key_of, subprotocol_bearer
 from ..errors import InvalidRequest, LaneUnavailable, UnknownModel, parse_json, to_event
 from ..protocol import VERSION
 from ..request import GenerateRequest
-from ..websocket import CLOSE_NORMAL, CLOSE_POLICY, REASONS, FrameBudget, error_event, error_from, frame_id
+from ..websocket import (CLOSE_GOING_AWAY, CLOSE_NORMAL, CLOSE_POLICY, REASONS, FrameBudget, error_event,
+                         error_from, frame_id)
 from .step_spans import HopTotals
 from .text import TextStream
 
@@ -145,13 +148,21 @@ class Door:
 
     def expired(self, now: float) -> list[DoorConnection]:
         """The connections to drop now: an upgrade that did not come in time, an idle connection
-        (closed with 1000 first)."""
+        (closed with 1000 first), one past ``max_connection_age_s`` with nothing in flight (1001).
+        One past its age with responses in flight drains instead: it refuses new ones and closes
+        once they end (``DoorConnection.drained``)."""
         out = []
         for conn in list(self.connections.values()):
             d = conn.deadline()
             if d is not None and d <= now:
                 if conn.proto.state is State.OPEN:
-                    conn.proto.send_close(CLOSE_NORMAL)
+                    if now >= conn.opened + self.limits.max_connection_age_s:
+                        conn.draining = True
+                        if conn.responses:
+                            continue
+                        conn.proto.send_close(CLOSE_GOING_AWAY, REASONS[CLOSE_GOING_AWAY])
+                    else:
+                        conn.proto.send_close(CLOSE_NORMAL)
                     conn.write()
                 out.append(conn)
         return out
@@ -219,6 +230,9 @@ class DoorConnection:
         self.opened = self.last_activity = time.monotonic()
         self.budget = FrameBudget(limits.frames_per_s, limits.frame_burst)
         self.responses: dict[str, _Response] = {}
+        self.draining = False
+        """Past ``max_connection_age_s``: new responses are refused, and the connection closes (1001)
+        once the ones in flight end."""
         self._closing = False
         self._pending_metrics: list[tuple] = []
         """Metrics of responses that ended since the last write (``serve.metrics`` calls): recorded
@@ -228,15 +242,23 @@ class DoorConnection:
     def deadline(self) -> float | None:
         """When this connection times out: its upgrade, and a closing handshake the server began,
         within ``header_timeout_s`` (a client that never answers a close holds nothing for long);
-        with nothing in flight, ``idle_timeout_s`` after it last sent anything."""
+        ``max_connection_age_s`` after it opened (then it drains); with nothing in flight,
+        ``idle_timeout_s`` after it last sent anything."""
         limits = self.door.limits
         if self.proto.state is State.CONNECTING:
             return self.opened + limits.header_timeout_s
         if self.proto.state is not State.OPEN:
             return self.last_activity + limits.header_timeout_s
+        age = self.opened + limits.max_connection_age_s
         if self.responses:
-            return None
-        return self.last_activity + limits.idle_timeout_s
+            return None if self.draining else age
+        return min(age, self.last_activity + limits.idle_timeout_s)
+
+    def drained(self) -> None:
+        """A draining connection whose last response has ended closes (1001)."""
+        if self.draining and not self.responses and self.proto.state is State.OPEN:
+            self.proto.send_close(CLOSE_GOING_AWAY, REASONS[CLOSE_GOING_AWAY])
+            self.last_activity = time.monotonic()  # the closing handshake's deadline runs from here
 
     # -- from the client -------------------------------------------------------------------------
     def read_messages(self) -> list[tuple]:
@@ -265,6 +287,7 @@ class DoorConnection:
                 if self._budget(None):
                     self._event(error_event("binary_frame", "frames must be text (JSON); binary frames are not "
                                             "accepted"))
+        self.drained()
         self._queue()
         if not self.write() or self.proto.state is State.CLOSED or self._closing:
             if commands:  # a connection closing after its last frame: nothing of it starts
@@ -331,6 +354,9 @@ class DoorConnection:
             if rid in self.responses:
                 return self._error("duplicate_id", f"a response with id {rid!r} is already in flight on this "
                                    "connection", rid)
+            if self.draining:
+                return self._error("connection_draining", "this connection has reached its maximum age; open a "
+                                   "new one", rid)
             if len(self.responses) >= self.door.limits.max_in_flight:
                 return self._error("too_many_in_flight", f"at most {self.door.limits.max_in_flight} responses "
                                    "in flight per connection", rid)
@@ -397,6 +423,7 @@ class DoorConnection:
                 self._pending_metrics.append((metrics.request, ("fast", ev["code"]), {}))
             self.responses.clear()
             self.proto.send_close(1011, "the fast lane's engine failed")
+        self.drained()
         self._queue()
         if not self.write():
             raise LinkClosed("the client is gone or too far behind")

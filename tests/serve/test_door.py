@@ -348,6 +348,61 @@ def test_a_frame_too_large_closes_with_1009_and_an_idle_connection_with_1000(doo
     assert LIMITS["idle_timeout_s"] - 0.1 <= waited < LIMITS["idle_timeout_s"] + 5
 
 
+def test_a_connection_past_its_maximum_age_drains_then_closes_with_1001(door):
+    """``max_connection_age_s`` as on the gateway: past it, an idle connection closes with 1001; one
+    with a response in flight refuses new ones (``connection_draining``), finishes it, then closes
+    with 1001. A second ring's door with a short age (the module's door keeps the default)."""
+    age = 0.4
+    spec = DoorSpec(model_id=MODEL, model_path=str(FAST), price=2.0, host="127.0.0.1", keys=frozenset({KEY}),
+                    limits=LIMITS | {"max_connection_age_s": age})
+    with ShardedModel.from_pretrained(FAST, num_slots=2, max_len=512, door=spec) as aged:
+        host, port = aged.door_address
+        url = f"ws://{host}:{port}/v1/responses"
+
+        async def idle() -> tuple[int, float]:
+            started = time.monotonic()
+            async with ws(url) as conn:
+                with pytest.raises(ConnectionClosed) as closed:
+                    await conn.recv()
+            return closed.value.rcvd.code, time.monotonic() - started
+
+        async def busy() -> tuple[list[dict], list[dict], int] | None:
+            """A long response, then a second one sent once the age has passed: ``None`` if the
+            first had already ended by then (nothing in flight to drain: the door closed at once)."""
+            async with ws(url) as conn:
+                opened = time.monotonic()
+                await conn.send(create("long", max_output_tokens=500, ignore_eos=True))
+                await asyncio.sleep(max(0.0, opened + age + 0.05 - time.monotonic()))
+                try:
+                    await conn.send(create("late"))
+                except ConnectionClosed:
+                    return None
+                events = []
+                try:
+                    while True:
+                        e = json.loads(await conn.recv())
+                        validate(e)
+                        events.append(e)
+                except ConnectionClosed as closed:
+                    code = closed.rcvd.code
+                late = [e for e in events if e["id"] == "late"]
+                if not late:
+                    return None  # "long" had ended before "late" came: the door closed it then
+                return [e for e in events if e["id"] == "long"], late, code
+
+        code, waited = run(idle())
+        assert code == 1001 and age - 0.1 <= waited < age + 5
+        for _ in range(5):  # a machine fast enough to finish 500 tokens within the age tries again
+            got = run(busy())
+            if got is not None:
+                break
+        assert got is not None, "the long response ended before the age every time"
+        long, late, code = got
+        assert [e["type"] for e in late] == ["error"] and late[0]["code"] == "connection_draining"
+        assert long[-1]["type"] == "response.completed" and long[-1]["usage"]["output_tokens"] == 500
+        assert code == 1001
+
+
 def test_an_upgrade_that_never_comes_is_closed_and_a_reader_that_stops_does_not_stall_others(door):
     m, url = door
     host, port = m.door_address
