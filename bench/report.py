@@ -221,6 +221,7 @@ def gateway_section(doc: dict | None) -> list[str]:
                    if c.get("connect_ms") else "")
                 + " against "
                 f"{c['in_process_aggregate_tokens_per_s']:.0f} tok/s from vLLM in process"
+                # runs with connect_ms (since c8d5127) also gave the engine the served prompt's tokens
                 + (" on the same prompt's tokens" if c.get("connect_ms") else "") + f"{rounds}: "
                 f"**{c['ratio']:.2f}x**" + (" (the rounds' median ratio; its 95% interval from the rounds, "
                 "distribution-free: [{:.2f}, {:.2f}])".format(*c["ratio_interval"]) if c.get("ratio_interval") else "")

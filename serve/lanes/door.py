@@ -158,9 +158,9 @@ class Door:
                 if conn.proto.state is State.OPEN:
                     if now >= conn.opened + self.limits.max_connection_age_s:
                         conn.draining = True
-                        if conn.responses:
-                            continue
-                        conn.proto.send_close(CLOSE_GOING_AWAY, REASONS[CLOSE_GOING_AWAY])
+                        conn.drained()
+                        if conn.proto.state is State.OPEN:
+                            continue  # responses in flight: it closes once they end
                     else:
                         conn.proto.send_close(CLOSE_NORMAL)
                     conn.write()
