@@ -20,6 +20,7 @@ import ray
 from tokenizers import Tokenizer
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.frames import Frame, Opcode
 
 from models import FAST
 from serve.lanes.door import DoorSpec
@@ -137,6 +138,8 @@ def test_a_stop_string_ends_the_text_before_it(door):
     (create("t", temperature=5), "invalid_request"),
     (create("l", input="word " * 300), "prompt_too_long"),
     ('{"type": "response.create", "id": "u", "model": "fastmode-fast", "input": "a \\ud800 b"}', "invalid_request"),
+    (create("n", temperature=float("nan")), "invalid_request"),  # NaN: read as Python's json reads it
+    ('{"type": "response.create", "id": "\\udc80", "model": "fastmode-fast", "input": "x"}', "invalid_request"),
     (json.dumps({"type": "response.cancel", "id": "nobody"}), "unknown_id"),
     (json.dumps({"type": "response.delete", "id": "x"}), "unknown_event"),
 ])
@@ -154,6 +157,102 @@ def test_bad_frames_get_the_gateways_typed_errors_and_the_connection_lives_on(do
     validate(err)
     assert err["type"] == "error" and err["code"] == code, err
     assert after[-1]["type"] == "response.completed"
+
+
+async def all_ended(conn, rids: set[str]) -> dict[str, list[dict]]:
+    """Every event of each of ``rids`` until all have ended."""
+    events: dict[str, list[dict]] = {rid: [] for rid in rids}
+    open_ = set(rids)
+    while open_:
+        e = json.loads(await conn.recv())
+        validate(e)
+        events[e["id"]].append(e)
+        if e["type"] in ("response.completed", "response.cancelled", "error"):
+            open_.discard(e["id"])
+    return events
+
+
+def masked(opcode: Opcode, payload: bytes, fin: bool = True) -> bytes:
+    """A client's frame, as the client serializes it (masked)."""
+    return Frame(opcode, payload, fin).serialize(mask=True, extensions=[])
+
+
+def test_frames_together_split_fragmented_and_long_are_read_as_websockets_sends_them(door):
+    """The door reads whole text frames itself and hands every other frame to websockets' protocol
+    object: two requests and a ping in one write, a frame in pieces, a fragmented message (sent by
+    websockets' own client), a frame with a 16-bit length, and a ping the client awaits."""
+    m, url = door
+    tok = Tokenizer.from_file(str(FAST / "tokenizer.json"))
+    want = tok.decode(hf_greedy(FAST, tok.encode(PROMPT).ids, 16))
+    long_prompt = "# " + "a long comment line " * 8 + "\n" + PROMPT  # over 125 bytes: a 16-bit length
+
+    async def main():
+        async with ws(url) as conn:
+            conn.transport.write(masked(Opcode.TEXT, create("t1").encode()) + masked(Opcode.PING, b"p")
+                                 + masked(Opcode.TEXT, create("t2").encode()))
+            together = await all_ended(conn, {"t1", "t2"})
+            frame = masked(Opcode.TEXT, create("s").encode())
+            for piece in (frame[:1], frame[1:5], frame[5:40], frame[40:]):
+                conn.transport.write(piece)
+                await asyncio.sleep(0.02)
+            split = await until_end(conn, "s")
+            whole = create("f")
+            await conn.send(iter([whole[:10], whole[10:50], whole[50:]]))  # TEXT, CONT, CONT (fin)
+            fragmented = await until_end(conn, "f")
+            await conn.send(create("l", input=long_prompt))
+            long = await until_end(conn, "l")
+            await asyncio.wait_for(await conn.ping(), 10)
+            return together, split, fragmented, long
+
+    together, split, fragmented, long = run(main())
+    for events in [*together.values(), split, fragmented]:
+        assert events[-1]["type"] == "response.completed", events
+        assert text(events) == want
+    assert long[-1]["type"] == "response.completed"
+    assert long[-1]["usage"]["input_tokens"] == len(tok.encode(long_prompt).ids)
+
+
+def test_an_unmasked_frame_closes_with_1002_and_a_frame_announced_too_large_with_1009_at_once(door):
+    """Both closes come from websockets' protocol object, as before the door read frames itself; the
+    frame announced over ``max_frame_bytes`` (a 64-bit length) is refused on its header alone."""
+    m, url = door
+
+    async def main():
+        async with ws(url) as conn:
+            conn.transport.write(Frame(Opcode.TEXT, create("u").encode()).serialize(mask=False, extensions=[]))
+            unmasked = await closed_with(conn)
+        async with ws(url) as conn:
+            conn.transport.write(bytes((0x81, 0x80 | 127)) + (100_000).to_bytes(8, "big") + b"\x00" * 4 + b"{")
+            announced = await closed_with(conn)
+        return unmasked, announced
+
+    unmasked, announced = run(main())
+    assert unmasked[0] == 1002 and unmasked[2] == []
+    assert announced[0] == 1009 and announced[2] == []
+
+
+def test_the_doors_json_reads_as_pythons_json(door):
+    """``decode_json`` (msgspec, then Python's ``json`` for what msgspec refuses) gives what
+    ``json.loads`` gives, and the gateway's error where ``json.loads`` fails; ``encode_json`` writes
+    what ``json.loads`` reads back equal, lone surrogates included."""
+    from serve.errors import InvalidRequest, parse_json
+    from serve.lanes.door import decode_json, encode_json
+
+    good = [b'{"a": [1, 2.5, -0.0, 1e-7, true, null, "\\u00e9\\n"]}', '{"\u00e9": "\u20ac"}'.encode(),
+            b'{"n": NaN, "i": Infinity}', b'{"big": 123456789012345678901234567890}', b'{"a": 1, "a": 2}',
+            b'{"x": 1e400}', '{"u": 1}'.encode("utf-16"), b'  {"ws" : 1 }\n', b'"\\ud800"']
+    for data in good:
+        got, ref = decode_json(data), json.loads(data)
+        assert json.dumps(got) == json.dumps(ref), data
+    for data in [b"not json", b'{"a": 1} x', b"[" * 100_000, b"\xff\xfe{", b'{"a": }']:
+        with pytest.raises(InvalidRequest) as e:
+            decode_json(data)
+        with pytest.raises(InvalidRequest) as ref:
+            parse_json(data, "the frame")
+        assert e.value.message == ref.value.message
+    for event in [{"type": "x", "id": "\ud800", "delta": "caf\u00e9 \u20ac", "n": 1.5, "none": None},
+                  {"type": "x", "nested": {"a": [1, 2]}}]:
+        assert json.loads(encode_json(event)) == event
 
 
 def test_a_binary_frame_a_duplicate_id_and_too_many_in_flight_are_refused(door):
