@@ -16,8 +16,11 @@
   least, and on a VM a first token after idle costs more than one sent back to back. On loopback the warm WebSocket is measured once more in blocks alternated
   with the engine's own first tokens (``loopback_warm_alternated``): minutes apart, the machine's
   speed drifts by more than the gap being measured. Where the fast lane has a door (``GET /v1/door``,
-  ``serve.lanes.door``: its head chip serves the WebSocket itself), a warm WebSocket on it is a third
-  side of the same rounds (``door_warm_websocket``, ``door_ratio``).
+  ``serve.lanes.door``: its head chip serves the WebSocket itself), a warm WebSocket on it is another
+  side of the same rounds (``door_warm_websocket``, ``door_ratio``). In those rounds the served
+  first tokens are timed by a blocking client (``bench.ws_blocking``), as the engine's own are
+  (its ring's blocking link); the same connections timed by ``websockets``' asyncio client, which
+  adds its event loop's time, are two more sides (``asyncio_client``).
 
 Needs a running application (``fastmode up``); the in-process engines are started here with the
 lanes' own configs.
@@ -46,6 +49,7 @@ from tqdm import tqdm
 from websockets.asyncio.client import connect
 
 from bench.lanes_quick import TTFT_PROMPT, TTFT_ROUNDS, direct
+from bench.ws_blocking import BlockingWebSocket
 from bench.load import median_interval
 
 REPO = Path(__file__).resolve().parents[1]
@@ -73,6 +77,22 @@ async def ws_response(conn, rid: str, model: str, tier: str | None, tokens: int,
     first = None
     while True:
         e = json.loads(await conn.recv())
+        if e["type"] == "response.output_text.delta" and first is None:
+            first = time.perf_counter() - start
+        elif e["type"] == "response.completed":
+            return first, time.perf_counter() - start, e
+        elif e["type"] == "error":
+            raise RuntimeError(e)
+
+
+def blocking_response(conn: BlockingWebSocket, rid: str, model: str, tier: str | None,
+                      tokens: int) -> tuple[float, float, dict]:
+    """``ws_response`` on a blocking client (``bench.ws_blocking``)."""
+    start = time.perf_counter()
+    conn.send(_create(rid, model, tier, tokens))
+    first = None
+    while True:
+        e = json.loads(conn.recv())
         if e["type"] == "response.output_text.delta" and first is None:
             first = time.perf_counter() - start
         elif e["type"] == "response.completed":
@@ -118,6 +138,17 @@ async def warm_ttft(url: str, key: str | None, trials: int, door: bool = False) 
     async with connect(ws_url, additional_headers=headers) as conn:
         await ws_response(conn, "warm", model, tier, 4)
         return [(await ws_response(conn, f"ttft-{i}", model, tier, 4))[0] for i in range(trials)]
+
+
+def warm_ttft_blocking(url: str, key: str | None, trials: int, door: bool = False) -> list[float]:
+    """``warm_ttft`` timed by a blocking client (``bench.ws_blocking``) instead of the asyncio one."""
+    ws_url, headers = _responses_ws(url, key)
+    if door:
+        ws_url = door_url(url, key)
+    model, tier = LANES["fast"]
+    with BlockingWebSocket(ws_url, headers) as conn:
+        blocking_response(conn, "warm", model, tier, 4)
+        return [blocking_response(conn, f"ttft-{i}", model, tier, 4)[0] for i in range(trials)]
 
 
 async def ttft(url: str, key: str | None, trials: int) -> dict:
@@ -191,13 +222,13 @@ async def ws_aggregate(url: str, key: str | None, tokens: int, concurrency: int,
 
 
 def client_trio(url: str, key: str | None, trials: int, prefix: list[str] = (), warm_only: bool = False,
-                door: bool = False):
+                door: bool = False, client: str = "asyncio"):
     """The TTFT trio measured by this module run with ``--ttft-only`` in a fresh process (behind
     ``prefix``: inside the client namespace), so loopback and emulated figures come from the same
     client in the same conditions. ``warm_only``: the warm WebSocket's samples only (seconds); with
-    ``door``, the fast lane's door's."""
+    ``door``, the fast lane's door's; ``client``: ``asyncio`` or ``blocking`` (``--client``)."""
     cmd = [*prefix, sys.executable, "-m", "bench.gateway", "--ttft-only", "--trials", str(trials), "--url", url,
-           *(["--warm-only"] if warm_only else []), *(["--door"] if door else [])]
+           *(["--warm-only", "--client", client] if warm_only else []), *(["--door"] if door else [])]
     env = dict(os.environ, FASTMODE_API_KEY=key or "")
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
     if r.returncode != 0:
@@ -278,6 +309,42 @@ def loopback_rtt_ms(trials: int) -> float:
         return _echo_rtt([], "127.0.0.1", port, trials)
 
 
+def served_ttft_sides(url: str, key: str | None, door: bool) -> dict:
+    """The served sides of the loopback rounds (``direct(served_ttft=...)``): the gateway's warm
+    WebSocket and, with ``door``, the fast lane's door, each timed by the blocking client
+    (``gateway``, ``door``) and by ``websockets``' asyncio client (``gateway_asyncio``,
+    ``door_asyncio``)."""
+    sides = {"gateway": lambda n: client_trio(url, key, n, warm_only=True, client="blocking")}
+    if door:
+        sides["door"] = lambda n: client_trio(url, key, n, warm_only=True, door=True, client="blocking")
+        sides["door_asyncio"] = lambda n: client_trio(url, key, n, warm_only=True, door=True)
+    sides["gateway_asyncio"] = lambda n: client_trio(url, key, n, warm_only=True)
+    return sides
+
+
+def alternated_ttft(samples_s: dict[str, list[float]], engine_ttft_ms: float, loop_rtt_ms: float) -> dict:
+    """``loopback_warm_alternated``: each served side's p50 and p90 (ms) and its ratio to the physical
+    limit (the loopback round trip plus the engine's own first token, the median of its blocks)."""
+    def stats(xs: list[float]) -> dict:
+        ms = sorted(1e3 * x for x in xs)
+        return {"p50": statistics.median(ms), "p90": ms[int(0.9 * (len(ms) - 1))]}
+
+    limit = loop_rtt_ms + engine_ttft_ms
+    out = {"rounds": TTFT_ROUNDS, "samples_per_side": len(samples_s["gateway"]), "engine_ttft_ms": engine_ttft_ms,
+           "physical_limit_ms": limit, "client": "blocking (bench.ws_blocking), as the engine's own",
+           "warm_websocket": stats(samples_s["gateway"])}
+    out["ratio"] = out["warm_websocket"]["p50"] / limit
+    if "door" in samples_s:  # the fast lane's door
+        out["door_warm_websocket"] = stats(samples_s["door"])
+        out["door_ratio"] = out["door_warm_websocket"]["p50"] / limit
+    out["asyncio_client"] = {}  # the same connections timed by websockets' asyncio client
+    for side, prefix in (("gateway_asyncio", ""), ("door_asyncio", "door_")):
+        if side in samples_s:
+            out["asyncio_client"][prefix + "warm_websocket"] = p = stats(samples_s[side])
+            out["asyncio_client"][prefix + "ratio"] = p["p50"] / limit
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
     ap = argparse.ArgumentParser(prog="fastmode bench gateway", description=__doc__.split("\n\n")[0])
@@ -295,14 +362,17 @@ def main(argv: list[str] | None = None) -> int:
                     "samples only, in seconds (the blocks alternated with the engine's own first tokens)")
     ap.add_argument("--door", action="store_true", help="with --warm-only: on the fast lane's door "
                     "(GET /v1/door) instead of the gateway's WebSocket")
+    ap.add_argument("--client", choices=["asyncio", "blocking"], default="asyncio", help="with --warm-only: "
+                    "websockets' asyncio client, or a blocking one (bench.ws_blocking)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
     if args.ttft_only:
-        if args.warm_only:
-            samples = warm_ttft(args.url, args.api_key or None, args.trials, door=args.door)
+        if args.warm_only and args.client == "blocking":
+            print(json.dumps(warm_ttft_blocking(args.url, args.api_key or None, args.trials, door=args.door)))
+        elif args.warm_only:
+            print(json.dumps(asyncio.run(warm_ttft(args.url, args.api_key or None, args.trials, door=args.door))))
         else:
-            samples = ttft(args.url, args.api_key or None, args.trials)
-        print(json.dumps(asyncio.run(samples)))
+            print(json.dumps(asyncio.run(ttft(args.url, args.api_key or None, args.trials))))
         return 0
     if args.quick:
         args.tokens, args.trials, args.concurrency = 32, 3, 4
@@ -336,26 +406,13 @@ def main(argv: list[str] | None = None) -> int:
                      compile=not args.quick,
                      served_aggregate=lambda: ws_aggregate(args.url, args.api_key, args.tokens, args.concurrency,
                                                                   connects),
-                     served_ttft=lambda n: client_trio(args.url, args.api_key, n, warm_only=True),
-                     idle_s=[net["rtt_ms"] / 1e3 for net in networks],
-                     door_ttft=(lambda n: client_trio(args.url, args.api_key, n, warm_only=True, door=True))
-                     if has_door else None)
+                     served_ttft=served_ttft_sides(args.url, args.api_key, has_door),
+                     idle_s=[net["rtt_ms"] / 1e3 for net in networks])
     bar.update()
     bar.close()
     ref = {"fast": engines["sharded_fast"], "standard": engines["vllm_full"]}
     engine_ttft_ms = 1e3 * engines["sharded_fast_ttft_s"]
-    served_warm_ms = sorted(1e3 * x for x in engines["served_ttft_samples_s"])
-    alternated = {"rounds": TTFT_ROUNDS, "samples_per_side": len(served_warm_ms),
-                  "warm_websocket": {"p50": statistics.median(served_warm_ms),
-                                     "p90": served_warm_ms[int(0.9 * (len(served_warm_ms) - 1))]},
-                  "engine_ttft_ms": engine_ttft_ms,
-                  "physical_limit_ms": loop_rtt_ms + engine_ttft_ms}
-    alternated["ratio"] = alternated["warm_websocket"]["p50"] / alternated["physical_limit_ms"]
-    if "door_ttft_samples_s" in engines:  # the fast lane's door: a third side of the same rounds
-        door_ms = sorted(1e3 * x for x in engines["door_ttft_samples_s"])
-        alternated["door_warm_websocket"] = {"p50": statistics.median(door_ms),
-                                             "p90": door_ms[int(0.9 * (len(door_ms) - 1))]}
-        alternated["door_ratio"] = alternated["door_warm_websocket"]["p50"] / alternated["physical_limit_ms"]
+    alternated = alternated_ttft(engines["served_ttft_samples_s"], engine_ttft_ms, loop_rtt_ms)
     for net in networks:  # one round trip (as measured through the emulated network) plus the engine's own TTFT
         net["physical_limit_ms"] = net["measured_rtt_ms"] + engine_ttft_ms
         net["physical_limit_nominal_rtt_ms"] = net["rtt_ms"] + engine_ttft_ms
@@ -397,12 +454,18 @@ def main(argv: list[str] | None = None) -> int:
             [(f"{n['rtt_ms']:g} ms RTT", n["ttft_ms"], n["physical_limit_ms"]) for n in networks]:
         print(f"time to first token, {label} (physical limit {limit:.1f} ms): " + ", ".join(
             f"{name} p50 {t['p50']:.1f} ms" for name, t in trio.items()))
-    print(f"warm WebSocket first token on loopback, {TTFT_ROUNDS} blocks alternated with the engine's own: "
+    print(f"warm WebSocket first token on loopback (a blocking client, as the engine's), {TTFT_ROUNDS} blocks "
+          "alternated with the engine's own: "
           f"p50 {alternated['warm_websocket']['p50']:.2f} ms against {alternated['physical_limit_ms']:.2f} ms "
           f"({alternated['ratio']:.2f}x)")
     if "door_ratio" in alternated:
         print(f"  the fast lane's door (GET /v1/door), in the same rounds: p50 "
               f"{alternated['door_warm_websocket']['p50']:.2f} ms ({alternated['door_ratio']:.2f}x)")
+    for key, what in (("", "the gateway"), ("door_", "the door")):
+        if key + "ratio" in alternated["asyncio_client"]:
+            print(f"  {what} timed by websockets' asyncio client, in the same rounds: p50 "
+                  f"{alternated['asyncio_client'][key + 'warm_websocket']['p50']:.2f} ms "
+                  f"({alternated['asyncio_client'][key + 'ratio']:.2f}x)")
     for n in networks:
         print(f"  {n['rtt_ms']:g} ms RTT emulated by: {n['method']}")
         if "physical_limit_engine_idle_ms" in n:

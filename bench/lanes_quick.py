@@ -25,12 +25,15 @@ from cluster import cpus
 
 LANES = {"fast": ("fastmode-fast", None), "priority": ("fastmode-full", "priority"),
          "standard": ("fastmode-full", "default")}
-TTFT_TRIALS = 40
+TTFT_TRIALS = 80
 """First tokens the fast executor's own time to first token is the median of (the physical limit
-``fastmode bench gateway`` holds the served first token against; 5 until 2026-11-27, then 20)."""
-TTFT_ROUNDS = 4
-"""With a served side to compare (``direct(served_ttft=...)``), the trials run in this many blocks
-of each, alternating (A B, B A, ...)."""
+``fastmode bench gateway`` holds the served first token against; 5 until 2026-11-27, then 20, then
+40 until 2026-11-29)."""
+TTFT_ROUNDS = 8
+"""With served sides to compare (``direct(served_ttft=...)``), the trials run in this many blocks
+of each, alternating (A B C, C B A, ...): one block the machine runs slow in (a fifth of them on this
+VM, about 0.3-0.5 ms a first token slower) moves the median of 8 less than that of 4, as until
+2026-11-29."""
 TTFT_PROMPT = "class Parser:\n"
 """The prompt of every first-token measurement, in process and served (``bench.gateway.PROMPT``)."""
 
@@ -59,8 +62,8 @@ def one(client: httpx.Client, model: str, tier: str | None, tokens: int) -> dict
 
 def direct(tokens: int, runs: int, concurrency: int = 0,
            served_aggregate: Callable[[], Awaitable[float]] | None = None, rounds: int = 1,
-           compile: bool = True, served_ttft: Callable[[int], list[float]] | None = None,
-           idle_s: Sequence[float] = (), door_ttft: Callable[[int], list[float]] | None = None) -> dict:
+           compile: bool = True, served_ttft: dict[str, Callable[[int], list[float]]] | None = None,
+           idle_s: Sequence[float] = ()) -> dict:
     """The lanes' engines without serving: vLLM AsyncLLM on the full model (the standard lane's
     config) and the fast model's ring with the fast lane's layout and options (``ring_options``:
     slots, spin, prefix cache, packed weights), driven by its own blocking client.
@@ -78,10 +81,9 @@ def direct(tokens: int, runs: int, concurrency: int = 0,
     ``served_aggregate``, awaited once per round, measures the same load on the served lane: the
     rounds alternate it with the engine in process (A B, B A, ...), so that slow drift of the
     machine's speed hits both alike; its figures come back as ``served_aggregates``, in order with
-    ``vllm_full_aggregates``. ``served_ttft(n)`` likewise returns ``n`` served first tokens (seconds):
-    ``TTFT_ROUNDS`` blocks of it alternate with blocks of the ring's own (``served_ttft_samples_s``,
-    ``sharded_fast_ttft_samples_s``); ``door_ttft(n)``, if given, is a third side of each round (the
-    fast lane's door, ``serve.lanes.door``: ``door_ttft_samples_s``).
+    ``vllm_full_aggregates``. Each of ``served_ttft`` (name -> ``f(n)``) likewise returns ``n`` served
+    first tokens (seconds): ``TTFT_ROUNDS`` blocks of each alternate with blocks of the ring's own, the
+    ring's second in each round (``served_ttft_samples_s``, by name; ``sharded_fast_ttft_samples_s``).
 
     ``idle_s``: for each, the ring's time to first token when it has been idle that long before each
     request (``sharded_fast_ttft_after_idle_s``, keyed by the seconds as a string; median of
@@ -145,7 +147,7 @@ def direct(tokens: int, runs: int, concurrency: int = 0,
     # Placed as the application places its engines by default (cluster/cpus.py; FASTMODE_CPUS=auto:
     # this process and vLLM's scheduler on the serving CPUs, vLLM's worker and the chips on the others).
     with patch.dict(os.environ, {cpus.ENV: os.environ.get(cpus.ENV, AppConfig().cpus)}), cpus.placed("serving"):
-        out |= _engines(tokens, runs, vllm_runs, compile, served_ttft, idle_s, door_ttft)
+        out |= _engines(tokens, runs, vllm_runs, compile, served_ttft, idle_s)
     print(f"direct    vLLM AsyncLLM, full model {out['vllm_full']:6.0f} tok/s   fastmode executor, fast model "
           f"{out['layout']} {out['sharded_fast']:6.0f} tok/s", flush=True)
     return out
@@ -194,8 +196,8 @@ def fast_ring(compile: bool = True, **config: Any) -> Iterator[FastRing]:
 
 
 def _engines(tokens: int, runs: int, vllm_runs, compile: bool = True,
-             served_ttft: Callable[[int], list[float]] | None = None, idle_s: Sequence[float] = (),
-             door_ttft: Callable[[int], list[float]] | None = None) -> dict:
+             served_ttft: dict[str, Callable[[int], list[float]]] | None = None,
+             idle_s: Sequence[float] = ()) -> dict:
     import asyncio
 
     from sharding.sampling import SamplingParams
@@ -222,18 +224,17 @@ def _engines(tokens: int, runs: int, vllm_runs, compile: bool = True,
             return xs
 
         engine_ttft(2)  # the prompt's first run (its prefix is cached from then on, as on the lane)
-        if served_ttft is None:
+        if not served_ttft:
             out["sharded_fast_ttft_s"] = statistics.median(engine_ttft(TTFT_TRIALS))
-        else:  # alternate blocks of the two, so that the machine's drift hits both alike
-            ours, served, door = [], [], []
-            sides = [(served, served_ttft), (ours, engine_ttft)] + ([(door, door_ttft)] if door_ttft else [])
+        else:  # alternate blocks of each, so that the machine's drift hits all alike
+            ours, served = [], {name: [] for name in served_ttft}
+            sides = [(served[name], f) for name, f in served_ttft.items()]
+            sides.insert(1, (ours, engine_ttft))
             for r in range(TTFT_ROUNDS):
                 for figures, measure in round_order(sides, r):
                     figures.extend(measure(TTFT_TRIALS // TTFT_ROUNDS))
             out["sharded_fast_ttft_s"] = statistics.median(ours)
             out["sharded_fast_ttft_samples_s"], out["served_ttft_samples_s"] = ours, served
-            if door_ttft:
-                out["door_ttft_samples_s"] = door
         if idle_s:
             out["sharded_fast_ttft_after_idle_s"] = {
                 str(idle): statistics.median(engine_ttft(TTFT_TRIALS // 2, idle)) for idle in idle_s}

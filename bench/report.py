@@ -250,11 +250,20 @@ def gateway_section(doc: dict | None) -> list[str]:
                 f"own first tokens (A B, B A, ...; {a['samples_per_side']} of each, so that the machine's drift "
                 f"hits both alike): p50 {a['warm_websocket']['p50']:.2f} ms against {a['physical_limit_ms']:.2f} ms, "
                 f"**{a['ratio']:.2f}x** the physical limit. The engine in process is the fast lane's ring with the "
-                "lane's options (spin, prefix cache, packed weights) and its blocking client, on the same prompt.", ""]
+                "lane's options (spin, prefix cache, packed weights) and its blocking client, on the same prompt"
+                + ("; the served first tokens are timed by a blocking WebSocket client too (`bench/ws_blocking.py`)"
+                   if a.get("client") else "") + ".", ""]
         if "door_warm_websocket" in a:
             out += [f"The fast lane's door (`GET /v1/door`: its ring's head chip serves the WebSocket in its own loop, "
-                    f"`serve/lanes/door.py`), a third side of the same rounds: p50 {a['door_warm_websocket']['p50']:.2f} "
+                    f"`serve/lanes/door.py`), another side of the same rounds: p50 {a['door_warm_websocket']['p50']:.2f} "
                     f"ms, **{a['door_ratio']:.2f}x** the physical limit.", ""]
+        if a.get("asyncio_client"):
+            c = a["asyncio_client"]
+            out += ["The same connections timed by `websockets`' asyncio client (standard event loop), two more sides "
+                    "of the same rounds, which add that client's event loop to each first token: the gateway "
+                    f"{c['warm_websocket']['p50']:.2f} ms ({c['ratio']:.2f}x)"
+                    + (f", the door {c['door_warm_websocket']['p50']:.2f} ms ({c['door_ratio']:.2f}x)"
+                       if "door_ratio" in c else "") + ".", ""]
     for n in doc.get("emulated_network", []):
         if "physical_limit_engine_idle_ms" in n:
             w = n["ttft_ms"]["warm_websocket"]["p50"]

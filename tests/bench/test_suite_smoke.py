@@ -86,10 +86,17 @@ def test_gateway(quick_run):
     assert doc["loopback_physical_limit_ms"] == pytest.approx(doc["loopback_rtt_ms"] + doc["engine_ttft_ms"])
     # The warm WebSocket's first token against the engine's own, in alternating blocks of each.
     alt, direct = doc["loopback_warm_alternated"], doc["in_process"]
-    assert len(direct["served_ttft_samples_s"]) == len(direct["sharded_fast_ttft_samples_s"]) == alt["samples_per_side"]
+    # The served sides: the gateway and the door, each timed by the blocking client and the asyncio one.
+    assert set(direct["served_ttft_samples_s"]) == {"gateway", "door", "door_asyncio", "gateway_asyncio"}
+    for samples in direct["served_ttft_samples_s"].values():
+        assert len(samples) == len(direct["sharded_fast_ttft_samples_s"]) == alt["samples_per_side"]
+        assert all(0 < x < 5 for x in samples)
     assert alt["samples_per_side"] >= alt["rounds"] > 1
     assert alt["physical_limit_ms"] == pytest.approx(doc["loopback_physical_limit_ms"])
     assert alt["ratio"] == pytest.approx(alt["warm_websocket"]["p50"] / alt["physical_limit_ms"])
+    assert alt["door_ratio"] == pytest.approx(alt["door_warm_websocket"]["p50"] / alt["physical_limit_ms"])
+    for key in ("ratio", "door_ratio"):
+        assert alt["asyncio_client"][key] > 0
     assert direct["sharded_fast_options"]["prefix_cache"] == "True"  # the ring as the lane runs it
     assert doc["throughput_ceiling"]["concurrency"] == 4 and doc["throughput_ceiling"]["ratio"] > 0
     assert doc["throughput_ceiling"]["ratio_interval"] is None  # --quick: one round, too few for an interval
