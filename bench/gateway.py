@@ -56,6 +56,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 PROMPT = TTFT_PROMPT
 LANES = {"fast": ("fastmode-fast", None), "standard": ("fastmode-full", "default")}
+DECODE_ROUNDS = 9
+"""The standard lane's single stream over the WebSocket alternates with vLLM's in process this many
+times (about 3 s a round here; ``single_stream_alternated``). Until 2026-11-29 the served figure was
+the median of 3 taken at the stage's start and the in-process one minutes later: one ``make bench``
+read 0.81x that way while its other runs read 1.01-1.07x."""
 CEILING_ROUNDS = 9
 """The throughput ceiling alternates the served lane and the engine in process this many times (about
 8 s a round here). One round's ratio moves by 0.8-0.97x between rounds on this VM; with 9 the median
@@ -198,6 +203,17 @@ async def decode(url: str, key: str | None, tokens: int) -> dict:
                 rates.append((done["usage"]["output_tokens"] - 1) / (total - first))
             out["decode_tokens_per_s"][lane] = statistics.median(rates)
     return out
+
+
+async def standard_decode(url: str, key: str | None, tokens: int) -> float:
+    """One standard-lane stream's decode tokens/s over a warm WebSocket (after an 8-token request), as
+    ``decode`` takes it: the output tokens after the first over the time after the first."""
+    ws_url, headers = _responses_ws(url, key)
+    model, tier = LANES["standard"]
+    async with connect(ws_url, additional_headers=headers, max_queue=None) as conn:
+        await ws_response(conn, "warm", model, tier, 8)
+        first, total, done = await ws_response(conn, "decode", model, tier, tokens)
+    return (done["usage"]["output_tokens"] - 1) / (total - first)
 
 
 async def ws_aggregate(url: str, key: str | None, tokens: int, concurrency: int,
@@ -402,7 +418,9 @@ def main(argv: list[str] | None = None) -> int:
     bar.set_description(steps[-1])
     has_door = door_url(args.url, args.api_key) is not None
     connects: list[float] = []
-    engines = direct(args.tokens, 3, args.concurrency, rounds=CEILING_ROUNDS if not args.quick else 1,
+    engines = direct(args.tokens, DECODE_ROUNDS if not args.quick else 3, args.concurrency,
+                     rounds=CEILING_ROUNDS if not args.quick else 1,
+                     served_decode=lambda: standard_decode(args.url, args.api_key, args.tokens),
                      compile=not args.quick,
                      served_aggregate=lambda: ws_aggregate(args.url, args.api_key, args.tokens, args.concurrency,
                                                                   connects),
@@ -430,6 +448,11 @@ def main(argv: list[str] | None = None) -> int:
               "loopback_physical_limit_ms": loop_rtt_ms + engine_ttft_ms, "loopback_warm_alternated": alternated,
               "emulated_network": networks,
               "emulated_network_skipped": skipped}
+    single = list(zip(engines["served_decodes"], engines["vllm_full_decodes"], strict=True))
+    result["single_stream_alternated"] = {  # the standard lane, one stream, alternated with vLLM in process
+        "rounds": len(single), "websocket_tokens_per_s": [a for a, _ in single],
+        "in_process_tokens_per_s": [b for _, b in single], "ratios": [a / b for a, b in single],
+        "ratio": statistics.median(a / b for a, b in single), "ratio_interval": median_interval([a / b for a, b in single])}
     if args.concurrency:
         pairs = list(zip(engines["served_aggregates"], engines["vllm_full_aggregates"], strict=True))
         result["throughput_ceiling"] = {
@@ -444,6 +467,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{lane:<9} in process {ref[lane]:6.0f} tok/s   over the WebSocket "
               f"{served['decode_tokens_per_s'][lane]:6.0f} tok/s   overhead "
               f"{result['overhead_ms_per_token'][lane]:+.2f} ms/token")
+    one = result["single_stream_alternated"]
+    print(f"standard, 1 stream, {one['rounds']} rounds alternated with vLLM in process: over the WebSocket "
+          f"{statistics.median(one['websocket_tokens_per_s']):.0f} tok/s, in process "
+          f"{statistics.median(one['in_process_tokens_per_s']):.0f} tok/s ({one['ratio']:.2f}x"
+          + (", 95% interval [{:.2f}, {:.2f}])".format(*one["ratio_interval"]) if one["ratio_interval"] else ")"))
     if args.concurrency:
         c = result["throughput_ceiling"]
         print(f"standard, {c['concurrency']} streams: over the WebSocket {c['websocket_aggregate_tokens_per_s']:.0f} "

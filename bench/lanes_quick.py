@@ -63,7 +63,7 @@ def one(client: httpx.Client, model: str, tier: str | None, tokens: int) -> dict
 def direct(tokens: int, runs: int, concurrency: int = 0,
            served_aggregate: Callable[[], Awaitable[float]] | None = None, rounds: int = 1,
            compile: bool = True, served_ttft: dict[str, Callable[[int], list[float]]] | None = None,
-           idle_s: Sequence[float] = ()) -> dict:
+           idle_s: Sequence[float] = (), served_decode: Callable[[], Awaitable[float]] | None = None) -> dict:
     """The lanes' engines without serving: vLLM AsyncLLM on the full model (the standard lane's
     config) and the fast model's ring with the fast lane's layout and options (``ring_options``:
     slots, spin, prefix cache, packed weights), driven by its own blocking client.
@@ -84,6 +84,10 @@ def direct(tokens: int, runs: int, concurrency: int = 0,
     ``vllm_full_aggregates``. Each of ``served_ttft`` (name -> ``f(n)``) likewise returns ``n`` served
     first tokens (seconds): ``TTFT_ROUNDS`` blocks of each alternate with blocks of the ring's own, the
     ring's second in each round (``served_ttft_samples_s``, by name; ``sharded_fast_ttft_samples_s``).
+
+    ``served_decode``, awaited once per run, measures one stream's decode tokens/s on the served
+    standard lane: then the ``runs`` single-stream runs of vLLM in process alternate with it (A B,
+    B A, ...; ``served_decodes``, in order with ``vllm_full_decodes``).
 
     ``idle_s``: for each, the ring's time to first token when it has been idle that long before each
     request (``sharded_fast_ttft_after_idle_s``, keyed by the seconds as a string; median of
@@ -106,16 +110,25 @@ def direct(tokens: int, runs: int, concurrency: int = 0,
         # the served side's prompt (bench.gateway sends TTFT_PROMPT), as the gateway tokenizes it
         prompt = Tokenizer.from_file(str(FULL / "tokenizer.json")).encode(TTFT_PROMPT).ids
         engine = VLLMLaneEngine(FULL, StandardLaneConfig())
-        rates = []
+        rates, served_rates = [], []
+
+        async def single(i: int, n_tokens: int) -> float:
+            n, first = 0, None
+            async for o in engine.generate(EngineRequest(f"d{i}", prompt, n_tokens, temperature=0, ignore_eos=True)):
+                n += len(o.token_ids)
+                first = first or time.perf_counter()
+            return (n - 1) / (time.perf_counter() - first)
+
         try:
-            for i in range(runs + 1):
-                n, first = 0, None
-                async for o in engine.generate(EngineRequest(f"d{i}", prompt, tokens if i else 8,
-                                                             temperature=0, ignore_eos=True)):
-                    n += len(o.token_ids)
-                    first = first or time.perf_counter()
-                if i:
-                    rates.append((n - 1) / (time.perf_counter() - first))
+            await single(0, 8)
+            for r in range(runs):
+                sides = [(served_rates, served_decode), (rates, lambda r=r: single(r + 1, tokens))]
+                for figures, measure in round_order(sides, r):
+                    if measure is not None:
+                        figures.append(await measure())
+            out["vllm_full_decodes"] = rates
+            if served_decode is not None:
+                out["served_decodes"] = served_rates
             if concurrency:
                 async def one(rid: str) -> int:
                     n = 0

@@ -208,8 +208,17 @@ def gateway_section(doc: dict | None) -> list[str]:
     ref = {"fast": eng["sharded_fast"], "standard": eng["vllm_full"]}
     rows = [[lane, _f(ref[lane], "{:.0f}"), _f(s["decode_tokens_per_s"][lane], "{:.0f}"),
              _f(doc["overhead_ms_per_token"][lane], "{:+.2f}")] for lane in doc["overhead_ms_per_token"]]
-    out += [f"Single stream, {doc['tokens']} tokens (median of 3):", ""]
+    out += [f"Single stream, {doc['tokens']} tokens (over the WebSocket the median of 3 at the stage's start; in "
+            "process the median of its runs, minutes later):", ""]
     out += _table(["lane", "engine in process tok/s", "over the WebSocket tok/s", "added ms per token"], rows) + [""]
+    if doc.get("single_stream_alternated"):
+        o = doc["single_stream_alternated"]
+        out += [f"The standard lane's single stream measured again in {o['rounds']} rounds alternated with vLLM in "
+                f"process (A B, B A, ...; median {statistics.median(o['websocket_tokens_per_s']):.0f} against "
+                f"{statistics.median(o['in_process_tokens_per_s']):.0f} tok/s; the ratio per round: "
+                + ", ".join(f"{x:.2f}x" for x in o["ratios"]) + f"): **{o['ratio']:.2f}x**"
+                + (" (95% interval from the rounds: [{:.2f}, {:.2f}])".format(*o["ratio_interval"])
+                   if o.get("ratio_interval") else "") + ".", ""]
     if doc.get("throughput_ceiling"):
         c = doc["throughput_ceiling"]
         rounds = (f" (medians of {c['rounds']} rounds alternating the two, A B, B A, ...; the ratio per round: "
@@ -260,7 +269,7 @@ def gateway_section(doc: dict | None) -> list[str]:
         if a.get("asyncio_client"):
             c = a["asyncio_client"]
             out += ["The same connections timed by `websockets`' asyncio client (standard event loop), two more sides "
-                    "of the same rounds, which add that client's event loop to each first token: the gateway "
+                    "of the same rounds: the gateway "
                     f"{c['warm_websocket']['p50']:.2f} ms ({c['ratio']:.2f}x)"
                     + (f", the door {c['door_warm_websocket']['p50']:.2f} ms ({c['door_ratio']:.2f}x)"
                        if "door_ratio" in c else "") + ".", ""]

@@ -98,6 +98,11 @@ def test_gateway(quick_run):
     for key in ("ratio", "door_ratio"):
         assert alt["asyncio_client"][key] > 0
     assert direct["sharded_fast_options"]["prefix_cache"] == "True"  # the ring as the lane runs it
+    # The standard lane's single stream, alternated with vLLM in process (3 rounds with --quick).
+    one = doc["single_stream_alternated"]
+    assert one["rounds"] == len(one["ratios"]) == len(direct["served_decodes"]) == len(direct["vllm_full_decodes"]) == 3
+    assert one["ratios"] == pytest.approx([a / b for a, b in zip(direct["served_decodes"], direct["vllm_full_decodes"])])
+    assert one["ratio"] == pytest.approx(sorted(one["ratios"])[1])
     assert doc["throughput_ceiling"]["concurrency"] == 4 and doc["throughput_ceiling"]["ratio"] > 0
     assert doc["throughput_ceiling"]["ratio_interval"] is None  # --quick: one round, too few for an interval
     if can_emulate() is None:  # root: the namespace was built and the 20 ms round trip is visible
