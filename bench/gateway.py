@@ -79,15 +79,21 @@ async def ws_response(conn, rid: str, model: str, tier: str | None, tokens: int,
     counted from ``start`` (default: sending the request)."""
     start = time.perf_counter() if start is None else start
     await conn.send(_create(rid, model, tier, tokens))
-    first = None
-    while True:
-        e = json.loads(await conn.recv())
-        if e["type"] == "response.output_text.delta" and first is None:
-            first = time.perf_counter() - start
-        elif e["type"] == "response.completed":
-            return first, time.perf_counter() - start, e
-        elif e["type"] == "error":
-            raise RuntimeError(e)
+    first, done = None, None
+    while done is None:
+        first, done = _timed_event(await conn.recv(), start, first)
+    return first, time.perf_counter() - start, done
+
+
+def _timed_event(text: str, start: float, first: float | None) -> tuple[float | None, dict | None]:
+    """One event of a response being timed from ``start``: (seconds to its first delta, so far; the
+    ``response.completed`` event, once it came); ``RuntimeError`` on an ``error`` event."""
+    e = json.loads(text)
+    if e["type"] == "response.output_text.delta" and first is None:
+        first = time.perf_counter() - start
+    elif e["type"] == "error":
+        raise RuntimeError(e)
+    return first, e if e["type"] == "response.completed" else None
 
 
 def blocking_response(conn: BlockingWebSocket, rid: str, model: str, tier: str | None,
@@ -95,15 +101,10 @@ def blocking_response(conn: BlockingWebSocket, rid: str, model: str, tier: str |
     """``ws_response`` on a blocking client (``bench.ws_blocking``)."""
     start = time.perf_counter()
     conn.send(_create(rid, model, tier, tokens))
-    first = None
-    while True:
-        e = json.loads(conn.recv())
-        if e["type"] == "response.output_text.delta" and first is None:
-            first = time.perf_counter() - start
-        elif e["type"] == "response.completed":
-            return first, time.perf_counter() - start, e
-        elif e["type"] == "error":
-            raise RuntimeError(e)
+    first, done = None, None
+    while done is None:
+        first, done = _timed_event(conn.recv(), start, first)
+    return first, time.perf_counter() - start, done
 
 
 def http_ttft(url: str, headers: dict, model: str, tier: str | None, tokens: int) -> float:
