@@ -226,7 +226,9 @@ def test_cancel_and_disconnect_free_the_engine_sequences(app):
         await conn.send(create("d1", "standard", max_output_tokens=400, ignore_eos=True))
         while json.loads(await conn.recv())["type"] != "response.output_text.delta":
             pass
-        assert a.lane_stats("standard")["running"] == 1
+        # At once: the standard lane makes 400 tokens in about 2.5 s here (162 tok/s, make bench
+        # 2026-11-29), so a status call in between (a /health under CI's load took longer, once)
+        # can let the stream end before the client vanishes. The count below proves it was cut.
         conn.transport.abort()  # no close handshake
         return ended
 
