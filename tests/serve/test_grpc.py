@@ -199,8 +199,7 @@ def test_a_cancelled_call_frees_the_sequence(app, client):
     before = cancelled(a.lane_stats("fast"))
     call = client.stream("fastmode-fast", "class Parser:\n", max_output_tokens=480, ignore_eos=True)
     next(call)
-    assert a.lane_stats("fast")["running"] == 1
-    call.cancel()
+    call.cancel()  # at once (a status call in between may outlast the stream): the count proves it was cut
     wait_idle(a, "fast", before)
 
 
