@@ -22,6 +22,8 @@ from collections import Counter, OrderedDict
 
 from tokenizers import Tokenizer
 
+from .word_ids import WordIds
+
 KEPT_TOKENS = 262_144
 """Prompt ids kept at most (all prompts together; least recently used first out): about 10 MB, the
 histories of a few hundred conversations of ~1,000 tokens."""
@@ -48,6 +50,8 @@ class PromptIds:
 
     def __init__(self, tokenizer: Tokenizer, kept_tokens: int = KEPT_TOKENS) -> None:
         self.tokenizer, self.kept_tokens = tokenizer, kept_tokens
+        self.words = WordIds(tokenizer)
+        """What tokenizes the new text: the tokenizer's own ids, from kept words (``serve.lanes.word_ids``)."""
         self.incremental = kept_tokens > 0 and splits_at_newlines(tokenizer) and self._joins()
         """Whether prompts reuse kept ids (see the module docstring)."""
         self._kept: OrderedDict[str, list[int]] = OrderedDict()
@@ -64,7 +68,7 @@ class PromptIds:
                                                            + self._continuation("\n" + b))
 
     def _continuation(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
+        return self.words.encode(text, add_special_tokens=False)
 
     def encode(self, text: str) -> list[int]:
         """The ids of ``text`` (a new list: the caller may keep or change it)."""
@@ -74,7 +78,7 @@ class PromptIds:
         """The ids of ``text`` (a new list), and whether ``text`` continues a kept prompt: a
         conversation's next turn, sent with ``previous_response_id`` or re-sent whole."""
         if not self.incremental:
-            return self.tokenizer.encode(text).ids, False
+            return self.words.encode(text), False
         ids = None
         cut = len(text)
         while (cut := text.rfind("\n", 0, cut)) > 0:  # the longest kept prompt that ``text`` continues
@@ -85,7 +89,7 @@ class PromptIds:
                 break
         continues = ids is not None
         if ids is None:
-            ids = self.tokenizer.encode(text).ids
+            ids = self.words.encode(text)
         self._keep(text, ids)
         return list(ids), continues
 
