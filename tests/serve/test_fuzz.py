@@ -32,6 +32,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import TypeAdapter, ValidationError
 from websockets.exceptions import ConnectionClosed
+from websockets.protocol import State
 
 from clients.grpc_client import error_code
 from serve.config import GatewayConfig
@@ -171,20 +172,31 @@ CLOSES = {1009: "frame_too_large", 1007: None, 1008: "rate_limited"}
 that is not UTF-8, closed by the WebSocket layer)."""
 
 
+async def _put(conn, message: str | bytes, **kw) -> None:
+    """Send one message while the connection is open; once the server has closed it, raise
+    ``ConnectionClosed`` without sending (the reader has the close code). Sending on a closed
+    connection makes websockets abort its transport, which Python 3.11's asyncio fails with an
+    ``AttributeError`` when the transport closed itself after flushing its buffer (make bench,
+    2026-11-29 10:35 UTC). No loop turn between this check and websockets' own."""
+    if conn.protocol.state is not State.OPEN:
+        raise ConnectionClosed(None, None)
+    await conn.send(message, **kw)
+
+
 async def _send(conn, frame: tuple[str, object]) -> None:
     kind, payload = frame
     if kind == "text":
-        await conn.send(payload)
+        await _put(conn, payload)
     elif kind == "binary":
-        await conn.send(payload, text=False)
+        await _put(conn, payload, text=False)
     elif kind == "badutf8":
-        await conn.send(payload, text=True)  # text frame, bytes as they are
+        await _put(conn, payload, text=True)  # text frame, bytes as they are
     elif kind == "flood":
         for i in range(payload):
-            await conn.send(json.dumps({"type": "response.cancel", "id": f"f{i % 3}"}))
+            await _put(conn, json.dumps({"type": "response.cancel", "id": f"f{i % 3}"}))
     else:
         big = Big("x" * (MAX_FRAME + 1))
-        await conn.send(big if payload == "text" else big.encode(), text=payload == "text")
+        await _put(conn, big if payload == "text" else big.encode(), text=payload == "text")
 
 
 async def exchange(a, frames: list[tuple[str, object]]) -> tuple[list[dict], int | None]:
@@ -220,7 +232,7 @@ async def exchange(a, frames: list[tuple[str, object]]) -> tuple[list[dict], int
         try:
             for frame in frames:
                 await _send(conn, frame)
-            await conn.send(json.dumps({"type": "response.cancel", "id": probe}))
+            await _put(conn, json.dumps({"type": "response.cancel", "id": probe}))
         except ConnectionClosed:
             pass  # the server closed: the reader has its code
         code = await asyncio.wait_for(reader, TIMEOUT_S)
