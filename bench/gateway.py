@@ -198,12 +198,15 @@ async def decode(url: str, key: str | None, tokens: int) -> dict:
     async with connect(ws_url, additional_headers=headers, max_queue=None) as conn:
         for lane, (model, tier) in LANES.items():
             await ws_response(conn, f"warm-{lane}", model, tier, 8)
-            rates = []
-            for i in range(3):
-                first, total, done = await ws_response(conn, f"{lane}-{i}", model, tier, tokens)
-                rates.append((done["usage"]["output_tokens"] - 1) / (total - first))
+            rates = [await _decode_rate(conn, f"{lane}-{i}", model, tier, tokens) for i in range(3)]
             out["decode_tokens_per_s"][lane] = statistics.median(rates)
     return out
+
+
+async def _decode_rate(conn, rid: str, model: str, tier: str | None, tokens: int) -> float:
+    """One response's decode tokens/s: the output tokens after the first over the time after the first."""
+    first, total, done = await ws_response(conn, rid, model, tier, tokens)
+    return (done["usage"]["output_tokens"] - 1) / (total - first)
 
 
 async def standard_decode(url: str, key: str | None, tokens: int) -> float:
@@ -213,8 +216,7 @@ async def standard_decode(url: str, key: str | None, tokens: int) -> float:
     model, tier = LANES["standard"]
     async with connect(ws_url, additional_headers=headers, max_queue=None) as conn:
         await ws_response(conn, "warm", model, tier, 8)
-        first, total, done = await ws_response(conn, "decode", model, tier, tokens)
-    return (done["usage"]["output_tokens"] - 1) / (total - first)
+        return await _decode_rate(conn, "decode", model, tier, tokens)
 
 
 async def ws_aggregate(url: str, key: str | None, tokens: int, concurrency: int,

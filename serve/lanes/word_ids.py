@@ -36,16 +36,11 @@ _WORD = re.compile(rf"""'s|'t|'re|'ve|'m|'ll|'d| ?[A-Za-z]+| ?[0-9]+| ?[^{_WS}A-
 
 
 def _bytes_to_unicode() -> list[str]:
-    """GPT-2's byte -> printable character map (HF ``ByteLevel``): a word's bytes as BPE sees them."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    out, n = {}, 0
-    for b in range(256):
-        if b in keep:
-            out[b] = chr(b)
-        else:
-            out[b] = chr(256 + n)
-            n += 1
-    return [out[b] for b in range(256)]
+    """GPT-2's byte -> printable character map (HF ``ByteLevel``): a word's bytes as BPE sees them.
+    Printable Latin-1 bytes stand for themselves; the others, in order, for 256, 257, ..."""
+    keep = {*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)}
+    moved = iter(range(256, 512))
+    return [chr(b) if b in keep else chr(next(moved)) for b in range(256)]
 
 
 _BYTE = _bytes_to_unicode()
@@ -76,9 +71,11 @@ class WordIds:
         self._words: dict[str, list[int]] = {}
         self._added = [t.content for t in tokenizer.get_added_tokens_decoder().values()]
         self.prefix, self.suffix = self._around()
-        self._newline = [t.id for t in tokenizer.model.tokenize(_BYTE[ord("\n")])]
-        self.fast = byte_level_bpe(tokenizer) and self.prefix is not None and self._agrees()
+        self.fast = byte_level_bpe(tokenizer) and self.prefix is not None
         """Whether ASCII texts take the kept words' way (else every text is the tokenizer's)."""
+        if self.fast:
+            self._newline = self._bpe("\n")
+            self.fast = self._agrees()
 
     def _around(self) -> tuple[list[int] | None, list[int] | None]:
         """The special tokens the post-processor puts before and after a text's ids."""
