@@ -1,7 +1,7 @@
 """``WordIds``: a byte-level BPE tokenizer's ids for ASCII text, from a cache of each word's ids.
 
 Why: on the fast lane's door a first token waits for its prompt's ids, and HF tokenizers' ``encode``
-costs 35-40 us there (p50 with the caches cold, as a model step leaves them), of which its regex is
+costs 39-48 us there (p50 with the caches cold, as a model step leaves them; bench/results/word_ids_2026_11_29), of which its regex is
 most: about 3% of a 1.4 ms first token on the 2-core VM. A prompt's words recur (code repeats its
 names), and BPE never merges across a word's edge, so a word's ids can be kept and reused.
 
