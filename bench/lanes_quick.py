@@ -21,7 +21,7 @@ from unittest.mock import patch
 import httpx
 
 from bench.load import round_order
-from cluster import cpus
+from sharding import cpus
 
 LANES = {"fast": ("fastmode-fast", None), "priority": ("fastmode-full", "priority"),
          "standard": ("fastmode-full", "default")}
@@ -157,7 +157,7 @@ def direct(tokens: int, runs: int, concurrency: int = 0,
             engine.shutdown()
         return rates
 
-    # Placed as the application places its engines by default (cluster/cpus.py; FASTMODE_CPUS=auto:
+    # Placed as the application places its engines by default (sharding/cpus.py; FASTMODE_CPUS=auto:
     # this process and vLLM's scheduler on the serving CPUs, vLLM's worker and the chips on the others).
     with patch.dict(os.environ, {cpus.ENV: os.environ.get(cpus.ENV, AppConfig().cpus)}), cpus.placed("serving"):
         out |= _engines(tokens, runs, vllm_runs, compile, served_ttft, idle_s)

@@ -561,7 +561,7 @@ async def vanish_grpc(target: str, key: str | None, lane: str) -> None:
 def cancelled(stats: dict[str, Any]) -> int:
     """A lane's streams closed before their end, from its ``/health`` stats: on the fast lane the
     requests its ring dropped, whichever client sent them (front doors stream from its head chip
-    themselves, ``serve.lanes.direct``: the replica sees none of theirs); elsewhere the replica's count."""
+    themselves, ``serve.lanes.head_links``: the replica sees none of theirs); elsewhere the replica's count."""
     return stats["ring_aborted"] if "ring_aborted" in stats else stats.get("cancelled", 0)
 
 

@@ -13,7 +13,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "up": ("serve.up:main", "run every lane, the router and HTTP on Ray Serve until Ctrl-C"),
     "grpc-chat": ("clients.grpc_chat:main", "stream a completion over the gRPC API"),
-    "demo": ("models.demo:main", "generate with both shipped models, without serving"),
+    "demo": ("clients.demo:main", "generate with both shipped models, without serving"),
     "eval": ("models.eval.run:main", "quality eval: bits per byte, next-line exact match, agreement"),
     "plan": ("sharding.planner:main", "choose tp x pp for a model on a kind of chip; predict tokens/s"),
     "chat": ("clients.chat:main", "stream a completion to the terminal; ends with time to first token and tokens/s"),

@@ -8,7 +8,7 @@
 
 Each front door holds a ``serve.router.Router`` (a library: it picks the lane and streams from the
 lane's replica directly), so a token's chunk crosses lane replica -> front door -> client; the fast
-lane's from the ring's head chip itself (``serve.lanes.direct``). (The
+lane's from the ring's head chip itself (``serve.lanes.head_links``). (The
 gateway holds the gRPC server's handle only so that Serve deploys it with the application.)
 
 It is also the ``import_path`` for ``serve deploy`` / ``serve run``:
@@ -22,7 +22,7 @@ from typing import Any
 from ray import serve
 from ray.serve import Application
 
-from cluster import cpus
+from sharding import cpus
 
 from .config import AppConfig, load_config
 from .conversation import StoredResponses
@@ -55,7 +55,7 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
 
 def actor_options(config: AppConfig, options: dict[str, Any]) -> dict[str, Any]:
     """``options`` with ``config.serve_env`` and ``config.cpus`` (``FASTMODE_CPUS``, read by
-    ``cluster.cpus.place``) in its ``runtime_env``'s ``env_vars`` (those already there win)."""
+    ``sharding.cpus.place``) in its ``runtime_env``'s ``env_vars`` (those already there win)."""
     options = dict(options)
     runtime_env = dict(options.get("runtime_env") or {})
     runtime_env["env_vars"] = (dict(config.serve_env) | {cpus.ENV: config.cpus}

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-from cluster import cpus as _cpus
+from sharding import cpus as _cpus
 from models import FAST, FULL
 
 from .errors import ConfigError, validate_mapping
@@ -257,10 +257,10 @@ class RouterConfig(_Strict):
         "standard (route.spilled_from). See docs/serving.md for how the default was measured.")
     auto_max_tokens: int = Field(default=128, ge=1, description="Score only the prompt's last N tokens.")
     lane_links: bool = Field(default=True, description="Stream from each lane replica over a direct TCP "
-        "link (serve/lanes/link.py: no Serve call per request, no Serve item per chunk); false: through "
+        "link (serve/lanes/lane_links.py: no Serve call per request, no Serve item per chunk); false: through "
         "Ray Serve's handles only.")
     head_links: bool = Field(default=True, description="With lane_links: each front door streams the fast "
-        "lane from its ring's head chip itself (serve/lanes/direct.py: the front door tokenizes and "
+        "lane from its ring's head chip itself (serve/lanes/head_links.py: the front door tokenizes and "
         "detokenizes; the lane replica, which owns the ring, is not on the request's path); false: through "
         "the fast lane's replica.")
 
@@ -416,7 +416,7 @@ class AppConfig(_Strict):
     auth: AuthConfig = AuthConfig()
     cpus: Annotated[str, BeforeValidator(lambda v: "off" if v is False else v),
                     AfterValidator(_cpus.validate)] = Field(default="auto", description="Where the "
-        "processes of a node without a GPU run (cluster/cpus.py): 'off' (YAML's false) leaves placement to "
+        "processes of a node without a GPU run (sharding/cpus.py): 'off' (YAML's false) leaves placement to "
         "the OS; 'auto' keeps vLLM's rule, the node's last "
         "CPU for the serving processes (gateway, gRPC, lane replicas, vLLM's scheduler, Ray's daemons under "
         "fastmode up) and the others for compute (vLLM's workers, the fast lane's chips); a CPU list such "

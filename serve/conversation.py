@@ -26,7 +26,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from cluster import cpus
+from sharding import cpus
 
 from .errors import FastmodeError
 
@@ -53,7 +53,7 @@ class Turn:
     lane: str
     """The lane that served it (the next turn prefers the same lane's replica that holds its prefix)."""
     replica: str | None
-    """That lane replica's id, when known (``serve.lanes.link``)."""
+    """That lane replica's id, when known (``serve.lanes.lane_links``)."""
     owner: str = ""
     """Who may continue it: ``serve.auth.owner_of`` of the creator's API key."""
 

@@ -45,7 +45,7 @@ from fastapi.responses import JSONResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 from ray import serve
 
-from cluster import cpus
+from sharding import cpus
 
 from . import openai_api, openai_responses, telemetry
 from .auth import insecure_warning, key_of, load_keys, owner_of, subprotocol_bearer

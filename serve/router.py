@@ -41,8 +41,8 @@ from .conversation import ResponseStore, Turn, as_messages, not_found
 from .difficulty import DifficultyScorer
 from .errors import Overloaded, UnknownModel, UnknownServiceTier, to_event, unwrap
 from .lanes.lane import EXACT, FAST, LANES, PRIORITY, STANDARD
-from .lanes.direct import HeadConn
-from .lanes.link import LaneLinks
+from .lanes.head_links import HeadConn
+from .lanes.lane_links import LaneLinks
 from .request import GenerateRequest, LaneRequest, Message
 
 TIERS = {None: STANDARD, "auto": STANDARD, "default": STANDARD, "priority": PRIORITY, "exact": EXACT}
@@ -297,7 +297,7 @@ class Router:
 
     async def _start(self, lane: str, lane_request: LaneRequest, tried: set[str], prefer: str | None = None):
         """Start the stream on one of ``lane``'s replicas (not one in ``tried``; ``prefer`` first if
-        it is up): over its link when one is up (``serve.lanes.link``), else through Serve's handle.
+        it is up): over its link when one is up (``serve.lanes.lane_links``), else through Serve's handle.
         Returns ``(replica id or None, stream)``."""
         links = self.links.get(lane)
         if links is not None:
@@ -309,7 +309,7 @@ class Router:
         return None, self.handles[lane].options(stream=True).generate.remote(lane_request)
 
     async def _open_head(self, replica: str, head: dict[str, Any]) -> HeadConn:
-        """This front door's own fast lane on ``replica``'s ring (``serve.lanes.direct``)."""
+        """This front door's own fast lane on ``replica``'s ring (``serve.lanes.head_links``)."""
         return await HeadConn.open(replica, head, self.ids[FAST], self.config.models.fast.path,
                                    self.config.lanes.fast.model_dump(mode="json"),
                                    self.config.telemetry.model_dump(mode="json"))
@@ -383,7 +383,7 @@ class Router:
         for name in LANES:
             lanes[name]["front_door_in_flight"] = self.in_flight[name]
             heads = self.links[name].heads if name in self.links else {}
-            if heads:  # this front door's own lane on each replica's ring (serve.lanes.direct)
+            if heads:  # this front door's own lane on each replica's ring (serve.lanes.head_links)
                 lanes[name]["head_links"] = {
                     "up": sum(h.alive for h in heads.values()), "in_flight": sum(h.lane.in_flight for h in heads.values()),
                     "cancelled": sum(h.lane.cancelled for h in heads.values())}

@@ -21,7 +21,7 @@ import time
 
 import yaml
 
-from cluster import cpus
+from sharding import cpus
 
 from .auth import insecure_warning, load_keys
 from .config import AppConfig, dump_config, load_config

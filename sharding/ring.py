@@ -189,7 +189,7 @@ class Head(Chip):
     """The head chip: scheduler, first stage, and its clients' links (see the module docstring).
 
     Several clients may be connected at once (the lane replica that owns the ring, and each front
-    door that streams from the head itself: ``serve.lanes.direct``). Each request belongs to the
+    door that streams from the head itself: ``serve.lanes.head_links``). Each request belongs to the
     client that added it: its outputs and errors go there, and a client that goes away takes only
     its own requests with it. A client must open with ``secret`` (when one is set); anything else
     is closed unread.

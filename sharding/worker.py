@@ -20,7 +20,7 @@ import ray
 import torch
 import torch.distributed as dist
 
-from cluster import cpus
+from . import cpus
 
 from .packed import resolve as resolve_packed
 from .ring import Chip, ChipRole, Head
@@ -50,7 +50,7 @@ class ChipWorker:
         if self.device.type == "cpu":
             torch.set_num_threads(max(1, threads))
             # Loading and compiling on every CPU of the node; ``place`` moves it to the compute cores
-            # once warm (FASTMODE_CPUS, cluster/cpus.py).
+            # once warm (FASTMODE_CPUS, sharding/cpus.py).
             cpus.unplace()
         self._max_chips = num_stages * tp_size * max(1, threads)
         self.runner: StageRunner | None = None
@@ -63,7 +63,7 @@ class ChipWorker:
 
     def place(self) -> tuple[int, ...] | None:
         """Run this chip on the compute cores if its layout's chips fit there, else on every CPU of
-        the node (FASTMODE_CPUS, ``cluster.cpus``): called once the ring is warm. Returns the CPUs,
+        the node (FASTMODE_CPUS, ``sharding.cpus``): called once the ring is warm. Returns the CPUs,
         or ``None`` where nothing is placed."""
         if self.device.type != "cpu":
             return None

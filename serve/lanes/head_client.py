@@ -8,7 +8,7 @@ and hands each request its tokens. Nothing per token crosses a thread or a Ray c
 work in this process is detokenizing.
 
 The fast lane's replica holds one (``ShardedLaneEngine``, which also owns the ring), and so does
-each front door that streams from the head itself (``serve.lanes.direct``).
+each front door that streams from the head itself (``serve.lanes.head_links``).
 """
 
 from __future__ import annotations

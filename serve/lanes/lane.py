@@ -27,7 +27,7 @@ from ..errors import LaneUnavailable, Overloaded, to_event
 from ..request import LaneRequest
 from ..stream import coalesce
 from .engine import EngineOutput, EngineRequest, LaneEngine
-from .link import LinkServer
+from .lane_links import LinkServer
 from .prompt_ids import PromptIds
 
 FAST = "fast"
@@ -60,7 +60,7 @@ class Lane:
         telemetry: the config's ``telemetry`` section (step spans of the fast lane).
         draft_path: the exact lane's drafter (the fast model's checkpoint).
         engine: an engine another process owns, to serve from here (a front door's own fast lane,
-            streaming from the head chip: ``serve.lanes.direct``); it is not rebuilt here when it
+            streaming from the head chip: ``serve.lanes.head_links``); it is not rebuilt here when it
             fails (its owner rebuilds it). ``None``: build and own the lane's engine.
         door: the fast lane: the application's config (a dict) when its head serves the lane's own
             WebSocket (``serve.lanes.door``: bound to ``http.host``, with the gateway's keys and limits).
@@ -144,16 +144,16 @@ class Lane:
                 self._rebuilding = None
 
     async def link_address(self) -> dict[str, Any]:
-        """Where a front door's router streams from this replica directly (``serve.lanes.link``):
+        """Where a front door's router streams from this replica directly (``serve.lanes.lane_links``):
         replica id, host (this node's IP), port and the connection's secret; on the fast lane also
-        ``head``, where it may stream from the ring's head chip itself (``serve.lanes.direct``)."""
+        ``head``, where it may stream from the ring's head chip itself (``serve.lanes.head_links``)."""
         import ray
 
         host = ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
         where = await self.link.address(host)
         head_address = getattr(self.engine, "head_address", None)
         if head_address is not None and self._rebuilding is None:
-            where["head"] = head_address()  # the fast lane: its ring's head chip (serve.lanes.direct)
+            where["head"] = head_address()  # the fast lane: its ring's head chip (serve.lanes.head_links)
         return where
 
     async def generate(self, request: LaneRequest) -> AsyncIterator[dict[str, Any]]:
@@ -250,7 +250,7 @@ class Lane:
         """The engine's coalesced outputs; a dead engine's failure becomes ``lane_unavailable``
         (retryable) and starts the engine's rebuild.
 
-        A front door's own lane (an engine it does not own: ``serve.lanes.direct``) passes each output
+        A front door's own lane (an engine it does not own: ``serve.lanes.head_links``) passes each output
         on as it comes: its events cross no process (no Serve item, no link frame) on their way to the
         caller, and the head already bundles a request's tokens per message (``sharding.ring.FLUSH_S``),
         so coalescing would buy nothing but a task and a queue between the head and the first token.

@@ -3,7 +3,7 @@
 The fast model runs on a ring of chips (``sharding.pipeline.ShardedModel``) that decodes by
 itself. This engine builds and owns the ring, and streams from its head chip as one of its
 clients (``HeadClient``): the fast lane's replica holds it. Front doors may stream from the same
-head themselves (``serve.lanes.direct``), with the address and secret ``head_address`` hands out.
+head themselves (``serve.lanes.head_links``), with the address and secret ``head_address`` hands out.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ class ShardedLaneEngine(HeadClient):
                                      "fastmode.transport": config.transport}, telemetry)
 
     def head_address(self) -> dict[str, Any] | None:
-        """Where a front door streams from the head itself (``serve.lanes.direct``): host, port,
+        """Where a front door streams from the head itself (``serve.lanes.head_links``): host, port,
         secret, and what its ``HeadClient`` needs (``max_len``, ``layout``); ``None`` once the ring
         has failed."""
         if self._error is not None:

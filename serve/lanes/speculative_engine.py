@@ -6,7 +6,7 @@ aborts from a queue, running a step, and handing each request's output to the ev
 asked for it. Nothing per token crosses a process; the per-token work on the event loop is detokenizing.
 
 The thread (``exact-engine``, by that name in ``top`` and ``py-spy``) runs on the node's compute
-cores (``cluster.cpus``: the replica's other threads stay on the serving ones) with ``threads``
+cores (``sharding.cpus``: the replica's other threads stay on the serving ones) with ``threads``
 torch threads: on the 2-core machine, beside vLLM's engines, as they run.
 """
 
@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
-from cluster import cpus
+from sharding import cpus
 from sharding.errors import DuplicateRequest
 from sharding.packed import resolve as resolve_packed
 from sharding.speculative import SpecStats, SpeculativeEngine

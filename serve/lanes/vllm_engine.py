@@ -14,7 +14,7 @@ import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from cluster import cpus
+from sharding import cpus
 
 from ..config import ExactLaneConfig, VLLMLaneConfig
 from ..errors import LaneUnavailable
@@ -71,7 +71,7 @@ class VLLMLaneEngine:
             # (its engine core is a process of its own either way).
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if backend == "uni" else "1"
         if (bind := cpus.vllm_omp_bind()) and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
-            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = bind  # the workers on the compute cores (cluster/cpus.py)
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = bind  # the workers on the compute cores (sharding/cpus.py)
         if backend == "uni" and cpus.plan() is not None:
             # The model runs in the engine-core process, which inherits this replica's CPUs when spawned:
             # spawn it on the compute cores, then put this replica back on the serving ones.

@@ -30,7 +30,7 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from cluster import cpus
+from sharding import cpus
 
 from .. import telemetry
 from ..auth import insecure_warning, key_of, load_keys, owner_of

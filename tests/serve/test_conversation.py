@@ -164,7 +164,7 @@ def test_a_response_still_streaming_or_failed_is_not_kept():
 
 
 def test_the_next_turn_prefers_the_replica_that_holds_the_prefix():
-    from serve.lanes.link import LaneLinks, LinkServer
+    from serve.lanes.lane_links import LaneLinks, LinkServer
     from tests.serve.test_link import Handle, Scripted
 
     async def main():

@@ -120,7 +120,7 @@ def test_done_reports_usage_timing_and_cost(app, lane):
 @pytest.mark.slow
 def test_the_fast_lane_streams_from_its_rings_head(app):
     """The front door runs the fast lane's request path itself and streams from the ring's head chip
-    (``serve.lanes.direct``); the replica, which owns the ring, is one more client of it."""
+    (``serve.lanes.head_links``); the replica, which owns the ring, is one more client of it."""
     a = app()
     status, events = a.generate(**request("fast", "def add(a, b):\n", max_output_tokens=16))
     assert status == 200 and events[-1]["type"] == "done", events

@@ -61,7 +61,7 @@ def test_fastmode_up_prints_https_and_wss_urls(tls):
 
 @pytest.mark.slow
 def test_cpus_auto_keeps_serving_processes_off_the_engines_cores(tls):
-    """``cpus: auto`` (cluster/cpus.py; this app sets it, to spare CI an app of its own): vLLM's
+    """``cpus: auto`` (sharding/cpus.py; this app sets it, to spare CI an app of its own): vLLM's
     engines (the engine-core processes that run the model, the lanes' default ``executor: uni``), the
     fast lane's chips (where they fit on them) and the exact lane's engine thread compute on the compute
     cores; the gateway, gRPC, lane replicas, Ray's daemons and the engines' gloo threads (idle pollers)
@@ -72,7 +72,7 @@ def test_cpus_auto_keeps_serving_processes_off_the_engines_cores(tls):
 
     import psutil
 
-    from cluster import cpus
+    from sharding import cpus
 
     plan = cpus.plan("auto")
     if plan is None:

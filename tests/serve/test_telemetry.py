@@ -74,7 +74,7 @@ def test_one_trace_from_the_caller_down_to_each_hop(traced):
 
     lane = next(s for s in by_id.values() if s.name == "fastmode.lane fast")
     # The front door runs the fast lane's request path itself, streaming from the ring's head chip
-    # (serve.lanes.direct): the lane's span and its steps' come from the gateway's process.
+    # (serve.lanes.head_links): the lane's span and its steps' come from the gateway's process.
     assert lane.parent_span_id == request.span_id and process[lane.span_id] == "gateway"
     totals = attrs(lane)
     steps = [s for s in by_id.values() if s.name in ("fastmode.prefill", "fastmode.decode")]

@@ -254,7 +254,7 @@ def _read_until_done(link: Link, rid: str) -> tuple[list[int], set[str]]:
 @_pipe([(1, 2, "tiny-full", EAGER)])
 def test_clients_stream_side_by_side_and_each_keeps_its_own(pipe):
     """The head takes several clients at once (the lane replica's and each front door's head link,
-    ``serve.lanes.direct``): each gets its own requests' tokens, transformers' greedy ones; one
+    ``serve.lanes.head_links``): each gets its own requests' tokens, transformers' greedy ones; one
     that goes away takes only its own requests; a connection without the secret is closed unread."""
     model, path = pipe
     ids, other_ids = prompt_ids(path, 6), prompt_ids(path, 9, seed=1)

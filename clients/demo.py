@@ -1,4 +1,4 @@
-"""``fastmode demo``: the embedded default until the serving lanes land.
+"""``fastmode demo``: both models generating on fastmode's own executor, without serving.
 
 Completes one Python prompt (greedy) with both shipped models on fastmode's own executor: the
 full model in process, the fast model as a two-stage pipeline across two chip actors on a local

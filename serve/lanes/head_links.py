@@ -32,13 +32,13 @@ from sharding.config import ModelConfig
 from ..config import TelemetryConfig
 from .head_client import HeadClient
 from .lane import FAST, Lane
-from .link import _picklable
+from .lane_links import _picklable
 
 
 class HeadConn:
     """A front door's own fast lane on one replica's ring: ``start(request)`` streams a
     ``LaneRequest``'s events as the replica's link would (the interface of
-    ``serve.lanes.link.LinkStream``).
+    ``serve.lanes.lane_links.LinkStream``).
 
     Args:
         replica: the lane replica that owns the ring.

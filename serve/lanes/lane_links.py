@@ -24,7 +24,7 @@ closed unread. When a connection breaks, its open streams end with ``lane_unavai
 next request discovers the replicas again; while no link can be had, the router uses the handle.
 
 On the fast lane a front door goes one process further: it streams from the ring's head chip
-itself, with a ``Lane`` of its own (``serve.lanes.direct``); ``LaneLinks`` opens those head links
+itself, with a ``Lane`` of its own (``serve.lanes.head_links``); ``LaneLinks`` opens those head links
 beside the replicas' links and prefers them while they are up.
 """
 
@@ -230,7 +230,7 @@ class LaneLinks:
         handle: the lane's Serve handle (for ``link_address``, Serve-routed to some replica).
         replicas: how many replicas the lane has (discovery asks until it has seen this many).
         head: builds a front door's own link to a replica's ring head from ``(replica, its
-            link_address()["head"])`` (the fast lane: ``serve.lanes.direct.HeadConn.open``);
+            link_address()["head"])`` (the fast lane: ``serve.lanes.head_links.HeadConn.open``);
             a request to a replica goes there while it is up, else over the replica's link.
             ``None``: replicas' links only.
     """

@@ -1,4 +1,4 @@
-"""``cluster.cpus``: the compute / serving split of a CPU host, and placing a process on it."""
+"""``sharding.cpus``: the compute / serving split of a CPU host, and placing a process on it."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from cluster import cpus
+from sharding import cpus
 from serve.config import load_config
 from serve.errors import ConfigError
 
@@ -61,7 +61,7 @@ def test_place_moves_every_thread_of_the_process():
     p = cpus.plan("auto")
     code = textwrap.dedent("""
         import json, os, sys, threading
-        from cluster import cpus
+        from sharding import cpus
         stop = threading.Event()
         t = threading.Thread(target=stop.wait); t.start()
         placed = cpus.place(sys.argv[1], max_chips=int(sys.argv[2]))
@@ -102,7 +102,7 @@ def test_an_engines_gloo_threads_go_to_the_serving_cpus(tmp_path):
     driver = textwrap.dedent(f"""
         import json, os, subprocess, sys, time
         from pathlib import Path
-        from cluster import cpus
+        from sharding import cpus
         child = subprocess.Popen(["taskset", "-c", {cpus.format_cpu_list(p.compute)!r}, sys.executable, "-c",
                                   {engine!r}])
         try:
@@ -139,7 +139,7 @@ def test_an_engine_thread_warms_up_on_every_cpu_then_moves_with_its_threads():
     p = cpus.plan("auto")
     code = textwrap.dedent("""
         import json, os, sys, threading
-        from cluster import cpus
+        from sharding import cpus
         def mask():
             return sorted(os.sched_getaffinity(0))
         stop, seen = threading.Event(), {}
@@ -169,7 +169,7 @@ def test_an_engine_thread_warms_up_on_every_cpu_then_moves_with_its_threads():
     assert seen["engine_after"] == seen["helper_after"] == list(p.compute), seen
     assert seen["main"] == list(p.serving), seen  # the replica's own thread stayed
     assert seen["whole"] == every and seen["main_after_whole"] == every, seen
-    off = subprocess.run([sys.executable, "-c", "from cluster import cpus; print(cpus.unplace(), "
+    off = subprocess.run([sys.executable, "-c", "from sharding import cpus; print(cpus.unplace(), "
                           "cpus.place_unplaced('compute'))"], env=os.environ | {cpus.ENV: "off"},
                          capture_output=True, text=True, check=True).stdout.split()
     assert off == ["None", "0"]
@@ -186,7 +186,7 @@ def test_once_ready_the_daemons_go_to_the_serving_cpus():
     sleeper = "import time; time.sleep(60)"
     driver = textwrap.dedent(f"""
         import json, os, subprocess, sys, time
-        from cluster import cpus
+        from sharding import cpus
         daemon = subprocess.Popen([sys.executable, "-c", {sleeper!r}])
         engine = subprocess.Popen(["taskset", "-c", {cpus.format_cpu_list(p.compute)!r}, sys.executable, "-c",
                                    {sleeper!r}])

@@ -1,4 +1,4 @@
-"""Lane links (``serve.lanes.link``) in process: a ``LinkServer`` over a scripted ``generate``, and
+"""Lane links (``serve.lanes.lane_links``) in process: a ``LinkServer`` over a scripted ``generate``, and
 the ``LaneLinks`` a router holds, over loopback TCP. The app-level tests (test_router, test_lanes,
 test_websocket, ...) run every request of the served app over these links too."""
 
@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from serve.errors import LaneUnavailable, Overloaded
-from serve.lanes.link import LaneLinks, LinkServer
+from serve.lanes.lane_links import LaneLinks, LinkServer
 
 
 class Scripted:
@@ -49,7 +49,7 @@ class Handle:
 
 
 class HandleWithHead(Handle):
-    """A fast lane's handle: each replica's address also names its ring's head (``serve.lanes.direct``)."""
+    """A fast lane's handle: each replica's address also names its ring's head (``serve.lanes.head_links``)."""
 
     async def remote(self):
         return {**await super().remote(), "head": {"host": "127.0.0.1", "port": 1}}
@@ -204,7 +204,7 @@ def test_a_request_sent_after_a_cancel_finds_the_cancelled_streams_slot_free():
 
 
 def test_a_head_link_that_cannot_open_leaves_requests_on_the_replicas_link():
-    """The fast lane's head link (``serve.lanes.direct``) failing to open, for whatever reason, is
+    """The fast lane's head link (``serve.lanes.head_links``) failing to open, for whatever reason, is
     logged and the requests go over the replica's own link."""
     async def main():
         lane = Scripted(n=2)
