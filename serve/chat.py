@@ -1,0 +1,132 @@
+"""``ChatTemplate``: chat messages as a model's prompt ids, through the model's own chat template.
+
+Every front door (chat completions, Responses over HTTP and the WebSocket, the fast lane's door,
+gRPC) turns a conversation into ids here, once, for whichever lane serves it: the template
+(``chat_template.jinja`` or ``tokenizer_config.json``'s ``chat_template``, or the config's
+override) is rendered by transformers' ``apply_chat_template`` with the generation prompt added,
+and the text is tokenized without adding special tokens, as ``apply_chat_template(...,
+tokenize=True)`` does. So a lane receives exactly the ids transformers would give the model.
+
+User text cannot forge control tokens. A message's content is rendered with each special-token
+string in it (``<|im_start|>``, ``<|eot_id|>``, ...) stood in for by a private-use character; the
+rendered text is then tokenized piecewise: the template's own text with its special tokens, each
+stood-in string as plain text (the tokenizer's ``encode_special_tokens``). A conversation without
+such strings in its contents (every ordinary one) tokenizes as the whole text does.
+
+A model without a chat template has none to apply: ``ChatTemplate.of`` returns ``None`` and the
+front doors join the messages as before (``serve.request.join_messages``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .errors import InvalidRequest
+
+_PRIVATE = 0xF0000
+"""First code point of the stand-ins (Supplementary Private Use Area-A: no template or tokenizer
+gives these a meaning, and no whitespace strip removes them)."""
+
+
+class ChatTemplate:
+    """A model's chat template and tokenizer (thread-safe).
+
+    Args:
+        path: the model's checkpoint directory.
+        template: a Jinja chat template to use instead of the checkpoint's (vLLM's ``--chat-template``).
+        kwargs: extra variables for every rendering (vLLM's ``chat_template_kwargs``, e.g.
+            ``{"enable_thinking": false}``); a request's own ``chat_template_kwargs`` win over them.
+    """
+
+    def __init__(self, path: str | Path, template: str | None = None, kwargs: dict[str, Any] | None = None) -> None:
+        from transformers import AutoTokenizer
+
+        self.path = Path(path)
+        self.hf = AutoTokenizer.from_pretrained(str(self.path))
+        self.template = template or self.hf.chat_template
+        if not self.template:
+            raise ValueError(f"{path}: the model has no chat template (ChatTemplate.of returns None for it)")
+        self.kwargs = dict(kwargs or {})
+        self.tokenizer = self.hf.backend_tokenizer
+        """The fast (``tokenizers``) tokenizer the ids come from."""
+        specials = sorted({t.content for t in self.hf.added_tokens_decoder.values() if t.special}, key=len,
+                          reverse=True)
+        self._special = re.compile("|".join(map(re.escape, specials))) if specials else None
+        # encode_special_tokens is a property of the shared tokenizer: one encoding at a time.
+        self._lock = threading.Lock()
+
+    @classmethod
+    def of(cls, path: str | Path, template: str | None = None,
+           kwargs: dict[str, Any] | None = None) -> ChatTemplate | None:
+        """The model's template, or ``None`` if it has none and no override is given."""
+        if template is None and not has_chat_template(path):
+            return None
+        return cls(path, template, kwargs)
+
+    def text(self, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool = True,
+             kwargs: dict[str, Any] | None = None) -> str:
+        """The rendered prompt, as ``apply_chat_template(..., tokenize=False)`` gives it."""
+        try:
+            return self.hf.apply_chat_template(list(messages), chat_template=self.template, tokenize=False,
+                                               add_generation_prompt=add_generation_prompt,
+                                               **(self.kwargs | (kwargs or {})))
+        except Exception as e:  # noqa: BLE001 - jinja2's TemplateError, a template's raise_exception, ...
+            raise InvalidRequest(f"messages: the model's chat template refused them: {e}") from None
+
+    def ids(self, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool = True,
+            kwargs: dict[str, Any] | None = None) -> list[int]:
+        """The prompt's ids: the rendered template with its special tokens, contents as plain text."""
+        stood_in: list[str] = []
+
+        def stand_in(match: re.Match) -> str:
+            stood_in.append(match.group(0))
+            return chr(_PRIVATE + len(stood_in) - 1)
+
+        safe = [self._defang(m, stand_in) for m in messages] if self._special else list(messages)
+        text = self.text(safe, add_generation_prompt=add_generation_prompt, kwargs=kwargs)
+        if not stood_in:
+            with self._lock:
+                return self.tokenizer.encode(text, add_special_tokens=False).ids
+        ids: list[int] = []
+        pieces = re.split(f"([{chr(_PRIVATE)}-{chr(_PRIVATE + len(stood_in) - 1)}])", text)
+        with self._lock:
+            for i, piece in enumerate(pieces):
+                if not piece:
+                    continue
+                if i % 2:  # a stood-in string: plain text
+                    self.tokenizer.encode_special_tokens = True
+                    try:
+                        ids += self.tokenizer.encode(stood_in[ord(piece) - _PRIVATE], add_special_tokens=False).ids
+                    finally:
+                        self.tokenizer.encode_special_tokens = False
+                else:
+                    ids += self.tokenizer.encode(piece, add_special_tokens=False).ids
+        return ids
+
+    def _defang(self, message: dict[str, Any], stand_in) -> dict[str, Any]:
+        content = message.get("content")
+        if isinstance(content, str):
+            return message | {"content": self._special.sub(stand_in, content)}
+        if isinstance(content, list):  # content parts: {"type": "text", "text": ...}
+            parts = [p | {"text": self._special.sub(stand_in, p["text"])}
+                     if isinstance(p, dict) and isinstance(p.get("text"), str) else p for p in content]
+            return message | {"content": parts}
+        return message
+
+
+def has_chat_template(path: str | Path) -> bool:
+    """Whether the checkpoint at ``path`` carries a chat template (``chat_template.jinja``, or
+    ``chat_template`` in ``tokenizer_config.json``), read without loading its tokenizer."""
+    path = Path(path)
+    if (path / "chat_template.jinja").is_file() or (path / "chat_template.json").is_file():
+        return True
+    try:
+        config = json.loads((path / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return bool(config.get("chat_template"))
