@@ -62,7 +62,7 @@ from ..request import GenerateRequest
 from ..websocket import (CLOSE_GOING_AWAY, CLOSE_NORMAL, CLOSE_POLICY, REASONS, FrameBudget, error_event,
                          error_from, frame_id)
 from .step_spans import HopTotals
-from .text import TextStream
+from .detokenizer import TextStream
 from .word_ids import WordIds
 
 PATH = "/v1/responses"

@@ -35,7 +35,7 @@ from ..config import TelemetryConfig
 from ..errors import LaneUnavailable
 from .engine import EngineOutput, EngineRequest
 from .step_spans import HopTotals, StepSpans
-from .text import TextStream
+from .detokenizer import TextStream
 
 
 class HeadClient:

@@ -32,7 +32,7 @@ from sharding.speculative import SpecStats, SpeculativeEngine
 from ..config import ExactLaneConfig
 from ..errors import LaneUnavailable
 from .engine import EngineOutput, EngineRequest
-from .text import TextStream
+from .detokenizer import TextStream
 
 START_TIMEOUT_S = 900.0
 """How long the replica waits for the engine thread to load, compile and warm up both models."""

@@ -53,7 +53,7 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from .engine import EngineRequest
-from .text import TextStream
+from .detokenizer import TextStream
 
 
 PARKED_KV_SHARE = 0.25
