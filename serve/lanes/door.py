@@ -60,7 +60,8 @@ from ..websocket import (CLOSE_GOING_AWAY, CLOSE_NORMAL, CLOSE_POLICY, REASONS, 
 from .step_spans import HopTotals
 from .detokenizer import TextStream
 from .word_ids import WordIds
-from .ws_frames import FrameReader, decode_json, encode_json, offered_subprotocols, server_protocol, text_frame
+from .ws_frames import (FrameReader, decode_json, encode_json, offered_subprotocols, server_protocol,
+                        text_frame)
 
 PATH = "/v1/responses"
 UNAVAILABLE_RETRY_S = 5.0

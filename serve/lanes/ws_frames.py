@@ -35,8 +35,10 @@ def server_protocol(subprotocol: str, max_size: int) -> ServerProtocol:
     """websockets' protocol object for one server connection: ``subprotocol`` is selected when
     the client offers it (a browser offers it beside its key), and a client that offers none is
     served too; a message over ``max_size`` bytes fails the connection (1009)."""
-    return ServerProtocol(select_subprotocol=lambda _, offered: subprotocol if subprotocol in offered else None,
-                          max_size=max_size)
+    def select(_, offered: list[str]) -> str | None:
+        return subprotocol if subprotocol in offered else None
+
+    return ServerProtocol(select_subprotocol=select, max_size=max_size)
 
 
 def offered_subprotocols(request: Request) -> list[str]:
@@ -189,5 +191,5 @@ def encode_json(event: dict[str, Any]) -> bytes:
         return json.dumps(event, separators=(",", ":")).encode()
 
 
-__all__ = ["FrameHandler", "FrameReader", "decode_json", "encode_json", "offered_subprotocols", "server_protocol",
-           "text_frame"]
+__all__ = ["FrameHandler", "FrameReader", "decode_json", "encode_json", "offered_subprotocols",
+           "server_protocol", "text_frame"]

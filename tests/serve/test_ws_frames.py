@@ -113,7 +113,8 @@ def test_a_websockets_clients_frames_are_read_as_websockets_reads_them_in_any_pi
     want = reference(upgrade + frames)
     assert [m[0] for m in want].count("text") == 8 and ("binary",) in want
     rng = random.Random(0)
-    splits = {"whole": [], "byte by byte (the first 300 bytes)": list(range(len(upgrade), len(upgrade) + 300)),
+    splits = {"whole": [],
+              "byte by byte (the first 300 bytes)": list(range(len(upgrade), len(upgrade) + 300)),
               **{f"random {i}": sorted(rng.sample(range(len(upgrade) + 1, len(upgrade) + len(frames)), 40))
                  for i in range(5)}}
     for name, cuts in splits.items():
