@@ -68,9 +68,10 @@ class FrameReader:
     close, binary, fragments, reserved bits) goes whole to the protocol object, which answers it
     as ever, and a frame announced over ``max_size`` or unmasked goes to it at once, to fail the
     connection (1009, 1002). The protocol object is only ever handed whole frames, so it always
-    waits at a frame's start when a text frame comes. Bytes that came after the upgrade request in
-    its read are left to the protocol object for good (``whole`` off), as is everything after a
-    frame it fails. Once the connection is no longer open, what the client sends is dropped unread.
+    waits at a frame's start when a text frame comes. Whole frames that came in the upgrade
+    request's read are the protocol object's; if that read ends inside a frame, the protocol object
+    reads on for good (``whole`` off), as it does after a frame it fails. Once the connection is no
+    longer open, what the client sends is dropped unread.
     """
 
     def __init__(self, proto: ServerProtocol) -> None:
@@ -80,8 +81,8 @@ class FrameReader:
         self.buf = bytearray()
         """Received bytes of an open connection's next frame, not yet whole."""
         self.whole = True
-        """Whether the protocol object is only ever handed whole frames; off for good once bytes
-        came after the upgrade request in its own read, or a frame fails it."""
+        """Whether the protocol object is only ever handed whole frames; off for good once the
+        upgrade request's read ended inside a frame, or a frame fails it."""
         self._parts: list[bytes] | None = None
         """The fragments so far of a fragmented text message."""
 
@@ -92,7 +93,7 @@ class FrameReader:
         if not self.whole or proto.state is not State.OPEN:
             proto.receive_data(data)
             got = self._events(on)
-            if proto.reader.buffer:  # frames sent with the upgrade request: the protocol reads on
+            if proto.reader.buffer:  # mid-frame after the upgrade request's read: the protocol reads on
                 self.whole = False
             return got
         buf = self.buf
