@@ -12,7 +12,7 @@ lane's from the ring's head chip itself (``serve.lanes.head_links``). (The
 gateway holds the gRPC server's handle only so that Serve deploys it with the application.)
 
 It is also the ``import_path`` for ``serve deploy`` / ``serve run``:
-``serve.app:build_app`` with ``args: {config: <path or inline mapping>}`` (see docs/serving.md).
+``serve.app:build_app`` with ``args: {config: <path or inline mapping>}`` (see docs/operating.md).
 """
 
 from __future__ import annotations

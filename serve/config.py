@@ -54,8 +54,8 @@ class LaneCommon(_Strict):
     stream_interval_ms: float = Field(default=50.0, ge=0, le=1000, description="The longest coalescing window: "
                                       "tokens produced within the window after the previous chunk travel as "
                                       "one chunk. The window adapts (5 ms up to this) so that a chunk costs "
-                                      "at most 2% of the stream (Ray Serve spends about 0.5 ms per streamed "
-                                      "item). The first token and a response's end are never held.")
+                                      "at most 2% of the stream (Ray Serve has a fixed cost per streamed item). "
+                                      "The first token and a response's end are never held.")
     replicas: int = Field(default=1, ge=1, description="Serve replicas of this lane (each its own engine).")
     max_constructor_retry_count: int | None = Field(default=None, ge=1, description="How many failed starts "
         "of this lane's replicas Serve allows before the deployment fails and fastmode up exits naming the "
@@ -93,8 +93,7 @@ class FastLaneConfig(LaneCommon):
         "cluster offers (Ray resource 'chip', divided among the lane's replicas).")
     pp: LayoutSize = Field(default="auto", description="Pipeline stages, "
         "each on its own chips (pp=2 puts a chip-to-chip hop in every step, even on one machine); 'auto': "
-        "the planner's pick. On a 2-core machine it picks 1x1, measured the fastest layout there "
-        "(fastmode bench sharding).")
+        "the planner's pick (fastmode plan says which and why; fastmode bench sharding compares layouts).")
     num_slots: int = Field(default=8, ge=1, description="Sequences decoded at once (KV-cache slots); "
                            "more requests wait in FIFO order.")
     max_len: int | None = Field(default=None, ge=1, description="Tokens per sequence; default: the "
@@ -102,8 +101,8 @@ class FastLaneConfig(LaneCommon):
     dtype: Literal["float32", "bfloat16", "float16"] = Field(default="float32", description=
                                                              "Weights and activations.")
     transport: Literal["tcp"] = Field(default="tcp", description="How the chips of the ring pass each "
-        "step on: TCP links (sharding/transport.py; 60-120 us a hop on one machine, fastmode bench sharding, across nodes "
-        "unchanged). docs/sharding.md compares it with Ray actor calls and compiled graphs.")
+        "step on: TCP links (sharding/transport.py), the same on one machine and across nodes. docs/sharding.md "
+        "compares it with Ray actor calls and compiled graphs; fastmode bench sharding times a hop.")
     device: Literal["cpu", "cuda"] = Field(default="cpu", description="Where each chip computes.")
     compile: bool = Field(default=True, description="torch.compile each chip's step (warmed up at "
                           "start, over every shape the lane meets, so no request waits for a compile).")
@@ -120,8 +119,7 @@ class FastLaneConfig(LaneCommon):
                                           "its own CPU.")
     door: bool | None = Field(default=None, description="The head chip serves the fast lane's own "
         "WebSocket in its loop (serve/lanes/door.py): the gateway's protocol for this model, without the "
-        "gateway's process on the way (a warm first token 1.07-1.09x the engine's own plus a round trip, "
-        "against 1.5-1.8x through the gateway: docs/serving.md). Bound to http.host, with the gateway's keys "
+        "gateway's process on a first token's way (docs/front-doors.md). Bound to http.host, with the gateway's keys "
         "and limits; GET /v1/door gives its URL. null: on unless http has TLS (the door has none); true with "
         "TLS is refused.")
     door_port: int = Field(default=0, ge=0, le=65535, description="The door's port (0: any free one, "
@@ -142,15 +140,15 @@ class VLLMLaneConfig(LaneCommon):
     block_size: int | None = Field(default=32, ge=1, description="vLLM's KV-cache block: its prefix cache "
         "reuses whole blocks, so a conversation's next turn re-prefills up to block_size - 1 history tokens "
         "(unless it continues its session: sessions). "
-        "32 (vLLM's CPU default is 128): turn 20's first token 0.80x turn 1's against 1.25x, decode within "
-        "3% (fastmode bench turns / lanes, docs/serving.md); null: vLLM's default. vLLM's CPU attention takes "
-        "multiples of 32 only (16 is refused when the engine starts).")
+        "32 (vLLM's CPU default is 128): a long conversation's turns re-prefill less of their history, and "
+        "decode is not slower (docs/multi-turn.md; fastmode bench turns measures it); null: vLLM's default. "
+        "vLLM's CPU attention takes multiples of 32 only (16 is refused when the engine starts).")
     executor: Literal["auto", "uni", "mp"] = Field(default="auto", description="Where vLLM runs the model: "
         "'uni' in its engine-core process, beside the scheduler; 'mp' in a worker process of its own, which the "
         "scheduler polls over shared memory (vLLM's choice on CPU, where it forces 'mp'). 'auto': 'uni' on one "
-        "chip (tensor and pipeline parallel 1 in engine_args), else vLLM's default. On the 2-core CPU, 'uni' "
-        "decoded 1.15-1.3x faster per stream and 1.2x at 32 streams, with 16-20% less CPU per token "
-        "(docs/serving.md, 'vLLM's executor').")
+        "chip (tensor and pipeline parallel 1 in engine_args), else vLLM's default: 'uni' spares every step "
+        "the hand-off to another process, so it decodes faster and with less CPU per token (docs/lanes.md; "
+        "the measurement: docs/decisions/).")
     sessions: bool = Field(default=True, description="Keep a conversation's sequence in vLLM between its "
         "turns (vLLM's streaming input, serve/lanes/vllm_sessions.py): the next turn appends its new tokens "
         "and reuses every computed one, where the prefix cache reuses whole blocks only. A parked session "
@@ -169,7 +167,8 @@ class PriorityLaneConfig(VLLMLaneConfig):
 
     max_num_seqs: int = Field(default=2, ge=1, description="vLLM's batch cap per replica.")
     admission: Literal["reject", "queue"] = Field(default="reject", description="See VLLMLaneConfig.")
-    price: float = Field(default=6.0, ge=0, description="Cost multiplier (the seeds' 6x).")
+    price: float = Field(default=6.0, ge=0, description="Cost multiplier: 6x, the price of Anthropic's "
+                         "published fast mode (2.5x the speed at 6x the price).")
 
 
 class StandardLaneConfig(VLLMLaneConfig):
@@ -184,35 +183,34 @@ class ExactLaneConfig(VLLMLaneConfig):
     forward pass and keeps the longest prefix it agrees with (greedy: token for token the full
     model's greedy output; sampled: the rejection rule keeps the full model's distribution).
 
-    ``engine`` picks who runs it, measured (``fastmode bench speculative``, docs/serving.md):
+    ``engine`` picks who runs it (``fastmode bench speculative`` compares them; docs/lanes.md):
     fastmode's own executor (``sharding/speculative.py``, in the lane replica's process) or vLLM's
     ``draft_model`` speculative decoding (the vLLM fields below apply to it only). Sampled requests
     for the exact tier run on the priority lane when the engine is vLLM: its speculative sampling
-    did not keep the full model's distribution on this CPU build (docs/serving.md, "Sampling on the
-    exact lane")."""
+    does not keep the full model's distribution on vLLM's CPU build (docs/lanes.md)."""
 
     engine: Literal["fastmode", "vllm"] = Field(default="fastmode", description="'fastmode': both models "
         "on fastmode's executor in the replica (torch.compile, a prefix cache, one engine thread on the "
-        "compute cores); 'vllm': vLLM's speculative decoding (method draft_model). On the 2-core CPU "
-        "fastmode's decoded a stream faster and kept the distribution when sampling; vLLM's answered long "
-        "prompts with short outputs sooner: see docs/serving.md, 'Where the exact lane runs'.")
+        "compute cores); 'vllm': vLLM's speculative decoding (method draft_model). fastmode's keeps the full "
+        "model's distribution when sampling; where each is faster: docs/lanes.md, the measurement that "
+        "chose the default: docs/decisions/.")
     max_num_seqs: int = Field(default=2, ge=1, description="The batch cap per replica (low, as "
                               "priority's: speculative decoding pays where a step is not already full).")
     admission: Literal["reject", "queue"] = Field(default="reject", description="See VLLMLaneConfig.")
     price: float = Field(default=6.0, ge=0, description="Cost multiplier: the priority lane's, whose batch "
                          "cap it shares.")
     sessions: Literal[False] = Field(default=False, description="Not on this lane: vLLM's streaming input is "
-        "not measured with its speculative decoding; fastmode's engine keeps its own prefix cache (prefix_cache).")
+        "not tested with its speculative decoding; fastmode's engine keeps its own prefix cache (prefix_cache).")
     num_speculative_tokens: int = Field(default=3, ge=1, le=16, description="Tokens the fast model drafts "
-        "per verify step (k; at most 8 on fastmode's engine). 3 was the fastest on the 2-core CPU on both "
-        "engines (fastmode bench speculative: 1, 3 and 5 tried); rerun it on your hardware.")
+        "per verify step (k; at most 8 on fastmode's engine). The default is fastmode bench speculative's "
+        "pick on both engines (docs/decisions/); rerun it on your hardware.")
     num_speculative_tokens_per_batch_size: list[tuple[int, int, int]] | None = Field(default=None,
         description="vLLM's batch-size schedule of k: [[from, to, k], ...] (inclusive batch-size ranges), "
         "e.g. fewer drafts when a larger batch already fills each step. engine: vllm only.")
     adaptive_k: bool = Field(default=False, description="fastmode's engine: choose k each round from the "
         "acceptance and step times measured so far (sharding.speculative.best_k), starting at "
-        "num_speculative_tokens. Off by default: it chose k = 6 and ran slower than a fixed 3 on the 2-core "
-        "CPU (fastmode bench speculative).")
+        "num_speculative_tokens. Off by default: a fixed num_speculative_tokens measured faster "
+        "(fastmode bench speculative; docs/decisions/).")
     compile: bool = Field(default=True, description="fastmode's engine: torch.compile both models (warmed "
                           "up at start over every shape the lane meets).")
     threads: int = Field(default=1, ge=1, description="fastmode's engine: torch threads of the engine "
@@ -245,7 +243,7 @@ class RouterConfig(_Strict):
 
     auto_threshold: float = Field(default=2.965, gt=0, description="The difficulty (the prompt's mean "
         "per-token loss under the fast model, nats) that splits `auto`'s prompts between the fast lane and "
-        "the full model (auto_fast_when says which side goes fast). See docs/serving.md for how the default "
+        "the full model (auto_fast_when says which side goes fast). docs/lanes.md says how the default "
         "was measured.")
     auto_fast_when: Literal["easy", "hard"] = Field(default="hard", description="'hard': prompts scored "
         "above auto_threshold go to the fast lane (the quality benchmark measured the full model's lead "
@@ -254,7 +252,7 @@ class RouterConfig(_Strict):
     auto_full_tier: Literal["default", "priority", "exact"] = Field(default="exact", description="Where "
         "`auto` sends the prompts that do not go fast, unless the request names a service_tier: 'default' "
         "(the standard lane), 'priority' or 'exact'. When that lane is full, the request is served on "
-        "standard (route.spilled_from). See docs/serving.md for how the default was measured.")
+        "standard (route.spilled_from). docs/lanes.md says how the default was measured.")
     auto_max_tokens: int = Field(default=128, ge=1, description="Score only the prompt's last N tokens.")
     lane_links: bool = Field(default=True, description="Stream from each lane replica over a direct TCP "
         "link (serve/lanes/lane_links.py: no Serve call per request, no Serve item per chunk); false: through "
@@ -420,9 +418,8 @@ class AppConfig(_Strict):
         "the OS; 'auto' keeps vLLM's rule, the node's last "
         "CPU for the serving processes (gateway, gRPC, lane replicas, vLLM's scheduler, Ray's daemons under "
         "fastmode up) and the others for compute (vLLM's workers, the fast lane's chips); a CPU list such "
-        "as '1' or '6-7' names the serving CPUs. Nothing is placed on a node with a GPU. Measured on a 2-core "
-        "host (docs/serving.md): 'auto' gives the standard lane's 32-stream ceiling and the warm first token "
-        "their best figures, at about 25-40 s more startup and a slower /health.")
+        "as '1' or '6-7' names the serving CPUs. Nothing is placed on a node with a GPU. 'auto' keeps compute "
+        "off the serving CPU, at the cost of a longer start and a slower /health (docs/cpu-placement.md).")
     serve_env: dict[str, str] = Field(default_factory=lambda: dict(SERVE_ENV), description="Environment "
         "variables of every replica of the application (Ray Serve's own knobs, read where its handles and "
         "replicas run). The default turns on Ray Serve's throughput-optimized mode (user code and handle "

@@ -1,8 +1,8 @@
 """``listen``: serve an ASGI app on a TCP port from inside a Serve replica (the gateway's own server).
 
 Behind Ray Serve's HTTP proxy, every request and every streamed chunk of a response crosses two
-processes (proxy -> replica, then replica -> proxy as a streamed item, about 0.5 ms of CPU each on
-this machine). With ``http.server: gateway`` the gateway replica listens itself, so a token's chunk
+processes (proxy -> replica, then replica -> proxy as a streamed item, each a fixed CPU cost).
+With ``http.server: gateway`` the gateway replica listens itself, so a token's chunk
 travels lane replica -> gateway -> client. The port is not shared (no ``SO_REUSEPORT``): a second
 server on it fails at once instead of silently taking half of the connections.
 

@@ -231,9 +231,9 @@ class ClosingStream(StreamingResponse):
     it ends. The body generator's own ``finally`` is not enough: it never runs when the client hangs
     up before the body started, and when the client hangs up while a write waits for it (it stopped
     reading), the write is what gets cancelled, the generator stays suspended at its ``yield``, and
-    its ``finally`` runs only once the garbage collector finalizes it: 0.5-2.6 s later in 2-10% of
-    the tries on this 2-core VM (2026-11-28), by which time a short response may have finished and
-    its engine sequence run on (``tests/serve/test_stream.py``)."""
+    its ``finally`` runs only once the garbage collector finalizes it, which may be seconds later, by
+    which time a short response may have finished and its engine sequence run on
+    (``tests/serve/test_openai.py``)."""
 
     def __init__(self, content: AsyncIterator[str], on_close, media_type: str = "text/event-stream") -> None:
         super().__init__(content, media_type=media_type,

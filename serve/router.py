@@ -106,8 +106,8 @@ class Router:
         With the exact lane on vLLM (``lanes.exact.engine: vllm``), a sampled request (temperature at
         or above ``GREEDY_BELOW``) for the exact tier runs on the priority lane (``route["sampled_on"]``):
         the same full model, price and batch cap, without drafts. vLLM's speculative decoding
-        (``draft_model``) on this CPU build does not keep the full model's distribution when it samples
-        (docs/serving.md, "Sampling on the exact lane"), and the exact tier promises the full model's
+        (``draft_model``) on vLLM's CPU build does not keep the full model's distribution when it samples
+        (docs/lanes.md), and the exact tier promises the full model's
         own output. fastmode's engine does (``sharding.speculative.accept_sampled``)."""
         lane, route = await self._pick(req)
         if lane == EXACT and req.temperature >= GREEDY_BELOW and self.config.lanes.exact.engine == "vllm":

@@ -86,14 +86,12 @@ def _cpu_core() -> ChipSpec:
         link_latency_collective=1.5e-3,
         layer_overhead=0.15e-3,
         source=("this host's caches (sysfs) and memory / cores; bandwidths typical of one server core. "
-                "Measured on the 2-core dev machine (2026-11-23, the ring of sharding.ring, compiled "
-                "chips): link = one hop of the ring's TCP links between chip actors (medians 41-76 us "
-                "for 8-512 bytes with the spin window); layer overhead = a compiled single-stream "
-                "decode step of models/fast on the ring's stages (262 + 417 us for 2 + 2 layers, "
-                "embedding, head, sampling and scheduling included); collective = one gloo all-reduce "
-                "between two chip actors on this 2-core machine (a tp=2 step of models/fast spends "
-                "14.1 ms in its 9 collectives against 0.5 ms of compute at tp=1, bench.sharding "
-                "2026-11-23: gloo waits in the kernel, so each collective pays the cores' wake-ups)"),
+                "Latencies measured by fastmode bench sharding on a small CPU host (docs/decisions/): link = "
+                "one hop of the ring's TCP links between chip actors (small messages, with the spin window); "
+                "layer overhead = a compiled single-stream decode step of models/fast on the ring's stages, "
+                "per layer (embedding, head, sampling and scheduling included); collective = one gloo "
+                "all-reduce between two chip actors (gloo waits in the kernel, so each collective pays the "
+                "cores' wake-ups)"),
     )
 
 

@@ -4,8 +4,8 @@ vLLM's CPU worker binds its OpenMP threads to the cores of its NUMA node except 
 it reserves "for other processes" (its scheduler process, the API frontend), and then leaves those
 other processes wherever the OS puts them. On a small host the OS often puts them, and fastmode's
 gateway, lane replicas and Ray's daemons, on the worker's core: each wake-up preempts the engine's
-step. On this 2-core VM (docs/serving.md, "CPU placement") the standard lane gave 1,423 tokens/s at
-32 streams with the OS's placement and 1,861 with the serving processes kept off the worker's core.
+step, and a busy standard lane decodes markedly slower than with the serving processes kept off the
+worker's core (docs/cpu-placement.md has the measurements).
 
 So fastmode places its processes itself (``AppConfig.cpus``, carried to every replica in the
 ``FASTMODE_CPUS`` environment variable):
@@ -21,8 +21,8 @@ So fastmode places its processes itself (``AppConfig.cpus``, carried to every re
 While they start, the engines fastmode builds (the fast lane's chips, the exact lane's engine
 thread) load and compile on every CPU and are placed once warm (``unplace``, then ``place`` or
 ``place_unplaced``); Ray's daemons, started by ``fastmode up``, go to the serving CPUs once the
-application is ready (``place_daemons``). Placed from the start, everything loading on one core, the
-default application took 108-109 s to start on a 2-core VM; placed once warm, 75 s.
+application is ready (``place_daemons``). Placed from the start, everything would load and compile on
+one core, and the application would take much longer to start.
 
 ``auto`` keeps vLLM's own rule, the node's last CPU for serving and the rest for compute; a CPU list
 (``"1"``, ``"6-7"``) names the serving CPUs; ``off`` leaves placement to the OS. Nothing is placed on
@@ -228,8 +228,7 @@ IDLE_POLLERS = frozenset({"gloo_tcp_loop"})
 """Threads of an engine's processes that wake while idle and never compute a step here: gloo's TCP
 loop (``gloo/transport/tcp/loop.cc``: ``epoll_wait`` with a 10 ms timeout), one per process group
 vLLM makes, 13 per engine at world size 1, about 1,300 wake-ups a second each engine. On the compute
-cores they preempt the model's step: moving them to the serving core took the standard lane at 32
-streams from 2,062 to 2,149 tokens/s (docs/serving.md, "CPU placement")."""
+cores they preempt the model's step, so they go to the serving core (docs/cpu-placement.md)."""
 
 
 def place_pollers(pid: int, setting: str | None = None) -> int:

@@ -49,8 +49,8 @@ TRANSPORT = "tcp"
 FLUSH_S = 0.010
 """How often the head sends its client the outputs of the steps since the last send (a
 request's first token and its end are sent at once). Each message wakes the client, whose
-process shares the machine with the chips; 10 ms bundles ~10 steps of the fast model here,
-well inside a lane's own coalescing window (``stream_interval_ms``, 50 ms)."""
+process shares the machine with the chips; 10 ms bundles several decode steps of the fast model,
+well inside a lane's own coalescing window (``stream_interval_ms``, 50 ms by default)."""
 HELLO_TIMEOUT_S = 10.0
 """How long a new client connection has to send the head's secret before it is closed."""
 SECRET_BYTES = 32

@@ -1,11 +1,10 @@
 """``Link``: a one-way chip-to-chip channel for per-token hops, over a TCP socket.
 
 A hop of the fast lane carries a few hundred bytes per token (one row of hidden states, or the
-sampled token ids), so what matters is latency and what an idle chip costs, not bandwidth.
-Measured here (``fastmode bench sharding``, ``docs/sharding.md``): driver -> a -> b -> driver
-over these links takes 0.15 ms, against 1.07 ms over a Ray compiled graph and 2.7 ms over actor
-calls, and an idle link reader uses 1% of a core (compiled-graph readers spin one). The same code
-crosses nodes unchanged.
+sampled token ids), so what matters is latency and what an idle chip costs, not bandwidth: a
+round trip over these links is several times shorter than over a Ray compiled graph or actor
+calls, and an idle link reader sleeps where a compiled-graph reader spins a core (``fastmode bench
+sharding`` measures all three; ``docs/sharding.md``). The same code crosses nodes unchanged.
 
 A message is a small picklable ``meta`` plus a list of tensors sent as raw bytes after it, in one
 ``sendmsg`` (no copy of the tensors on the way out):
@@ -72,13 +71,12 @@ class Link:
     """One end of a connected socket: ``send(meta, tensors)`` / ``recv() -> (meta, tensors)``.
 
     ``spin_s``: before blocking, ``recv`` polls the socket for up to this long. Waking a sleeping
-    core costs far more than a hop (measured 100-250 us on a VM whose idle vCPUs halt; a few us
-    on bare metal), and during decoding the next message comes within one step (well under a
-    millisecond on the fast model), so a chip that has just sent its work polls for it. With no
-    request running, the window runs out and the chip sleeps: an idle ring uses no CPU.
-    Polling yields the core between polls (``sched_yield``), so other processes that share the
-    core still run (during development, without it the 1x2 ring on 2 cores ran 4x slower:
-    203 against 865 tok/s, a throwaway script's measurement).
+    core costs far more than a hop (most on a VM whose idle vCPUs halt; least on bare metal), and
+    during decoding the next message comes within one step (well under a millisecond on the fast
+    model), so a chip that has just sent its work polls for it. With no request running, the
+    window runs out and the chip sleeps: an idle ring uses no CPU. Polling yields the core between
+    polls (``sched_yield``), so other processes that share the core still run: without it, a ring
+    whose chips share their cores with other processes runs several times slower.
     """
 
     def __init__(self, sock: socket.socket, spin_s: float = SPIN_S) -> None:

@@ -1,6 +1,6 @@
 """``fastmode eval``: the quality of the shipped pair (or any checkpoints) on the held-out files.
 
-Metrics, each from text alone (so later issues run the same eval through the serving lanes):
+Metrics, each from text alone (so the same eval runs through the serving lanes too):
 - bits per byte of the held-out files;
 - next-line exact match: greedy-decode the line after a prefix that ends at a newline, compare
   with the true line, character for character (indentation included);

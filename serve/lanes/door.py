@@ -1,12 +1,13 @@
 """The fast lane's door: a WebSocket that the ring's head chip serves itself, inside its loop.
 
 Why: a first token through the gateway crosses a front door process (a WebSocket frame in, the
-router, a send to the head, the head's answer back, a frame out): 0.6-0.8 ms of that process's
-wake-ups, sends and Python on the 2-core VM, against 0.25 ms that 1.2x the limit leaves
-(docs/serving.md, "A warm first token inside the gateway"). The door puts the WebSocket in the head
-chip's own process and its select loop (``sharding.ring.Head``): a ``response.create`` frame is
-read, parsed and tokenized between two steps, the request joins the next step, and the first
-token's frame is written when the step ends. No other process wakes on the way.
+router, a send to the head, the head's answer back, a frame out), whose wake-ups, sends and Python
+are a large part of a warm first token on a small host (docs/front-doors.md). The door puts the
+WebSocket in the head chip's own process and its select loop (``sharding.ring.Head``): a
+``response.create`` frame is read, parsed and tokenized between two steps, the request joins the
+next step, and the first token's frame is written when the step ends. No other process wakes on
+the way. The frames and their JSON are read and written by ``serve.lanes.ws_frames``; this module
+is the protocol.
 
 It speaks the gateway's protocol (``docs/protocol.md``, ``fastmode.responses.v1``) at
 ``/v1/responses`` for the fast model only: ``response.create`` and ``response.cancel`` in;
@@ -33,20 +34,15 @@ process only, built there from a picklable ``DoorSpec``.
 from __future__ import annotations
 
 import itertools
-import json
 import socket
-import struct
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgspec
 from tokenizers import Tokenizer
-from websockets.frames import Close, Opcode, apply_mask  # the C one where built (websockets.speedups)
 from websockets.http11 import Request
 from websockets.protocol import State
-from websockets.server import ServerProtocol
 
 from sharding.errors import PromptTooLong
 from sharding.ring import step_infos
@@ -56,14 +52,16 @@ from sharding.transport import LinkClosed
 
 from .. import metrics
 from ..auth import key_of, subprotocol_bearer
-from ..errors import InvalidRequest, LaneUnavailable, UnknownModel, parse_json, to_event
+from ..errors import InvalidRequest, LaneUnavailable, UnknownModel, to_event
 from ..protocol import VERSION
 from ..request import GenerateRequest
 from ..websocket import (CLOSE_GOING_AWAY, CLOSE_NORMAL, CLOSE_POLICY, REASONS, FrameBudget, error_event,
                          error_from, frame_id)
 from .step_spans import HopTotals
-from .text import TextStream
+from .detokenizer import TextStream
 from .word_ids import WordIds
+from .ws_frames import (FrameReader, decode_json, encode_json, offered_subprotocols, server_protocol,
+                        text_frame)
 
 PATH = "/v1/responses"
 UNAVAILABLE_RETRY_S = 5.0
@@ -108,7 +106,8 @@ class Door:
         self.limits = GatewayConfig.model_validate(spec.limits)
         self.tokenizer = Tokenizer.from_file(f"{spec.model_path}/tokenizer.json")
         self.words = WordIds(self.tokenizer)
-        """The prompt's ids, from kept words' ids (``serve.lanes.word_ids``): 19 against 48 us cold."""
+        """The prompt's ids, from kept words' ids (``serve.lanes.word_ids``): shorter than the
+        tokenizer's own encode in a process whose caches a step has just emptied."""
         self.server = socket.create_server((spec.host, spec.port), family=socket.AF_INET6 if ":" in spec.host
                                            else socket.AF_INET, backlog=128)
         self.server.setblocking(False)
@@ -183,46 +182,6 @@ class Door:
         self.server.close()
 
 
-def text_frame(payload: bytes) -> bytes:
-    """A server's unfragmented text frame (RFC 6455, 5.2: FIN, opcode 1, unmasked; no extension is
-    negotiated). Framed here, not by ``ServerProtocol.send_text``: the events on the way to a first
-    token are the head's own time, and this is a third of it; the protocol object still parses the
-    client's frames, answers pings and closes."""
-    n = len(payload)
-    if n < 126:
-        return bytes((0x81, n)) + payload
-    if n < 65536:
-        return struct.pack("!BBH", 0x81, 126, n) + payload
-    return struct.pack("!BBQ", 0x81, 127, n) + payload
-
-
-_DECODER = msgspec.json.Decoder()
-_ENCODER = msgspec.json.Encoder()
-
-
-def decode_json(data: bytes) -> Any:
-    """A client frame's JSON. Read by msgspec (C): a fifth of the time of Python's ``json`` in a
-    process whose caches a step has just emptied (docs/serving.md, "The door's own JSON and
-    frames"). What msgspec refuses is read again by ``serve.errors.parse_json``, so what the door
-    accepts and the errors it gives are the gateway's: NaN, UTF-16/32, integers past 64 bits are
-    read as Python's ``json`` reads them, and a frame neither reads is ``invalid_json`` with
-    Python's message."""
-    try:
-        return _DECODER.decode(data)
-    except (msgspec.DecodeError, RecursionError):
-        return parse_json(data, "the frame")
-
-
-def encode_json(event: dict[str, Any]) -> bytes:
-    """An event's compact UTF-8 JSON (msgspec, as ``decode_json``); Python's ``json`` (with
-    ``\\u`` escapes) for the text msgspec will not write: a lone surrogate that a client's id
-    carried in as an escape."""
-    try:
-        return _ENCODER.encode(event)
-    except UnicodeEncodeError:
-        return json.dumps(event, separators=(",", ":")).encode()
-
-
 @dataclass
 class _Response:
     rid: str
@@ -248,21 +207,12 @@ class DoorConnection:
         if sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         limits = door.limits
-        # The protocol's version is selected when offered (a browser offers it beside its key), and
-        # a client that offers none is served too, as by the gateway.
-        self.proto = ServerProtocol(select_subprotocol=lambda _, offered: VERSION if VERSION in offered else None,
-                                    max_size=limits.max_frame_bytes)
+        self.proto = server_protocol(VERSION, limits.max_frame_bytes)  # as the gateway: VERSION if offered
+        self.frames = FrameReader(self.proto)
         self.prefix = f"door{serial}:"
         """The head's request ids of this connection's responses: the prefix, then the client's id
         (ids are the client's to choose, and the head's are shared by all its clients)."""
         self.key: str | None = None
-        self._in = bytearray()
-        """Received bytes of an open connection's next frame, not yet whole (``_whole_frames``)."""
-        self._whole: bool = True
-        """Whether the protocol object is only ever handed whole frames (``_whole_frames``); off for
-        good once bytes came after the upgrade request in its own read, or a frame fails it."""
-        self._parts: list[bytes] | None = None
-        """The fragments so far of a fragmented text message."""
         self.out = bytearray()
         self._eof = False
         self.opened = self.last_activity = time.monotonic()
@@ -312,13 +262,7 @@ class DoorConnection:
             self.proto.receive_eof()
             raise LinkClosed("the client closed the connection")
         self.last_activity = time.monotonic()
-        if self._whole and self.proto.state is State.OPEN:
-            commands = self._whole_frames(data)
-        else:
-            self.proto.receive_data(data)
-            commands = self._events()
-            if self.proto.reader.buffer:  # frames sent with the upgrade request: the protocol reads on
-                self._whole = False
+        commands = self.frames.feed(data, self)
         self.drained()
         self._queue()
         if not self.write() or self.proto.state is State.CLOSED or self._closing:
@@ -327,78 +271,13 @@ class DoorConnection:
             raise LinkClosed("closed")
         return commands
 
-    def _events(self) -> list[tuple]:
-        """The protocol object's events since the last call, as the head's commands."""
-        commands: list[tuple] = []
-        for event in self.proto.events_received():
-            if isinstance(event, Request):
-                self._upgrade(event)
-            elif self.proto.state is not State.OPEN:
-                continue  # closing: what the client still sends is dropped unread
-            elif event.opcode is Opcode.TEXT and event.fin:
-                commands += self._frame(event.data)
-            elif event.opcode is Opcode.TEXT or (event.opcode is Opcode.CONT and self._parts is not None):
-                # a fragmented text message (RFC 6455, 5.4): handled once whole; the protocol object
-                # keeps the order of the fragments and max_frame_bytes for the whole message
-                self._parts = (self._parts or []) + [event.data]
-                if event.fin:
-                    data, self._parts = b"".join(self._parts), None
-                    commands += self._frame(data)
-            elif event.opcode is Opcode.BINARY:
-                if self._budget(None):
-                    self._event(error_event("binary_frame", "frames must be text (JSON); binary frames are not "
-                                            "accepted"))
-        return commands
-
-    def _whole_frames(self, data: bytes) -> list[tuple]:
-        """An open connection's bytes, frame by frame (RFC 6455, 5.2). A whole, unfragmented, masked
-        text frame, what every ``response.create`` is, is unmasked here and handled; every other
-        frame (ping, close, binary, fragments, reserved bits) goes whole to the protocol object,
-        which answers it as ever, and a frame over ``max_frame_bytes`` or unmasked goes to it at
-        once, to fail the connection (1009, 1002). The protocol object's parser is a generator
-        that steps per header field; on a warm first token this way is 20-30 us shorter
-        (docs/serving.md, "The door's own JSON and frames"). The protocol object is only ever
-        handed whole frames, so it always waits at a frame's start when a text frame comes."""
-        buf = self._in
-        buf += data
-        commands: list[tuple] = []
-        at, n, limit = 0, len(buf), self.door.limits.max_frame_bytes
-        while n - at >= 2 and self.proto.state is State.OPEN:
-            b0, b1 = buf[at], buf[at + 1]
-            size, head = b1 & 0x7F, at + 2
-            if size >= 126:
-                wide = 2 if size == 126 else 8
-                if n - head < wide:
-                    break
-                size, head = int.from_bytes(buf[head:head + wide], "big"), head + wide
-            if size > limit or not b1 & 0x80:
-                self._whole = False  # the protocol fails the connection; it reads what is left
-                self.proto.receive_data(bytes(buf[at:]))
-                commands += self._events()
-                at = n
-                break
-            end = head + 4 + size
-            if end > n:
-                break
-            if b0 == 0x81 and self.proto.current_size is None:  # FIN, text, no reserved bits, not mid-message
-                commands += self._frame(apply_mask(buf[head + 4:end], buf[head:head + 4]))
-            else:
-                self.proto.receive_data(bytes(buf[at:end]))
-                commands += self._events()
-            at = end
-        if self.proto.state is State.OPEN:
-            del buf[:at]
-        else:
-            buf.clear()  # closing or closed: what the client sends now is dropped unread
-        return commands
-
-    def _upgrade(self, request: Request) -> None:
+    # -- the frame reader's handler (``ws_frames.FrameHandler``) -----------------------------------
+    def on_upgrade(self, request: Request) -> None:
         door = self.door
         if request.path.split("?", 1)[0] != PATH:
             response = self.proto.reject(404, f"Not found: this door serves the fast lane's WebSocket at {PATH}\n")
         else:
-            offered = [p.strip() for v in request.headers.get_all("Sec-WebSocket-Protocol") for p in v.split(",")]
-            header = request.headers.get("Authorization") or subprotocol_bearer(offered)
+            header = request.headers.get("Authorization") or subprotocol_bearer(offered_subprotocols(request))
             key = key_of(door.spec.keys, header)
             response = self.proto.accept(request)
             if response.status_code == 101:
@@ -435,7 +314,12 @@ class DoorConnection:
             self.last_activity = time.monotonic()  # the closing handshake's deadline runs from here
         return False
 
-    def _frame(self, data: bytes) -> list[tuple]:
+    def on_binary(self) -> None:
+        if self._budget(None):
+            self._event(error_event("binary_frame", "frames must be text (JSON); binary frames are not accepted"))
+
+    def on_text(self, data: bytes) -> list[tuple]:
+        """A client's event, as the head's commands (``add``/``abort``)."""
         if not self._budget(data):
             return []
         try:

@@ -35,7 +35,7 @@ from ..config import TelemetryConfig
 from ..errors import LaneUnavailable
 from .engine import EngineOutput, EngineRequest
 from .step_spans import HopTotals, StepSpans
-from .text import TextStream
+from .detokenizer import TextStream
 
 
 class HeadClient:
@@ -115,7 +115,7 @@ class HeadClient:
         """See ``LaneEngine.generate``. With the link up, the request goes to the head now, before
         the first output is asked for: a caller with work of its own before it waits (a front door
         writing ``response.created``) does that work during the prefill. What the request does not
-        pass (``validate_request``, a stopped engine) is raised at the first output, as before."""
+        pass (``validate_request``, a stopped engine) is raised at the first output, as by any engine."""
         added: tuple[asyncio.Queue, int] | BaseException | None = None
         if self._writer is not None:
             try:

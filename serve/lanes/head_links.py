@@ -1,8 +1,8 @@
 """Head links: a front door streams the fast lane from its ring's head chip, not through the replica.
 
-Why: a first token on the fast lane crossed three processes after the front door (the lane
-replica, the head chip, and back through the replica), each a wake-up of a sleeping core on a VM
-plus its Python. The ring's head takes requests from several clients at once
+Why: through its replica, a first token on the fast lane crosses three processes after the front
+door (the lane replica, the head chip, and back through the replica), each a wake-up of a
+sleeping core plus its Python. The ring's head takes requests from several clients at once
 (``sharding.ring.Head``), so each front door runs the fast lane's own request path itself (a
 ``Lane`` around a ``HeadClient``: tokenize, check the budget, coalesce, detokenize, the ``done``
 event with usage, cost and hops, metrics and spans) and talks to the head directly:

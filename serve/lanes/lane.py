@@ -25,7 +25,7 @@ from .. import metrics, telemetry
 from ..config import LANE_CONFIGS, FastLaneConfig, TelemetryConfig, VLLMLaneConfig
 from ..errors import LaneUnavailable, Overloaded, to_event
 from ..request import LaneRequest
-from ..stream import coalesce
+from ..coalesce import coalesce
 from .engine import EngineOutput, EngineRequest, LaneEngine
 from .lane_links import LinkServer
 from .prompt_ids import PromptIds
@@ -42,7 +42,7 @@ WARMUP_REQUESTS = (("def main():\n", 8), ("import os\nimport sys\n\n\ndef parse_
 decode of both sizes (and the exact lane's verify steps) have run once before any user's."""
 MIN_STREAM_INTERVAL_S = 0.005
 """The shortest coalescing window (the longest is the lane's ``stream_interval_ms``); in between
-it adapts to what a streamed chunk costs Ray Serve (``serve.stream.coalesce``)."""
+it adapts to what a streamed chunk costs Ray Serve (``serve.coalesce.coalesce``)."""
 
 
 def _is_last(out: EngineOutput) -> bool:

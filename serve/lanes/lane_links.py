@@ -1,12 +1,9 @@
 """Lane links: a front door streams from a lane replica over one TCP connection, not a Serve call.
 
-Why: a Ray Serve handle call costs a request milliseconds here before its first item comes back.
-Measured on the fast lane (warm WebSocket, 4 tokens, p50 of 22, this 2-core VM, 2026-11-24,
-``fastmode up`` with the handle path): the first token reached the client 7.4 ms after the
-request; the lane replica's own share (tokenize, the ring's prefill and first token) was 3.0 ms,
-the gateway's and the WebSocket's about 1 ms, and the handle call that carried the request to the
-replica and its first items back about 3.4 ms. Each streamed chunk costs Serve about 0.5 ms of CPU
-too, on both sides. The fast lane's chips already talk over plain TCP links for the same reason.
+Why: a Ray Serve handle call costs a request milliseconds before its first item comes back: on
+the fast lane, more than the lane replica's own share of a warm first token (tokenize, the ring's
+prefill and first token; docs/front-doors.md). Each streamed chunk costs Serve CPU too, on both
+sides. The fast lane's chips already talk over plain TCP links for the same reason.
 
 So every lane replica also listens on a TCP port of its node (``LinkServer``), and each front
 door's router keeps one connection per replica (``LaneLinks``), multiplexing its requests by a

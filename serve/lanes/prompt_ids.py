@@ -3,9 +3,9 @@ continues one of them (the next turn of a conversation) tokenizes only what is n
 
 Why: a conversation's turn ``n + 1`` is turn ``n``'s prompt, its output and the new input, joined
 at line breaks (``serve.request.join_messages``; the router joins the history kept for
-``previous_response_id`` the same way). Tokenizing the whole history again costs about a
-microsecond a token here (~0.45 ms at 400 tokens): the longer the conversation, the later its
-first token, although the lane's prefix cache already holds the history's keys and values.
+``previous_response_id`` the same way). Tokenizing the whole history again costs time in
+proportion to its tokens: the longer the conversation, the later its first token, although the
+lane's prefix cache already holds the history's keys and values.
 
 Exact, not approximate: the shipped tokenizers split the text at every ``"\\n"`` before anything
 else (pre-tokenizer ``Split("\\n", "isolated")`` first, no normalizer), and BPE never merges across

@@ -33,8 +33,8 @@ log = logging.getLogger(__name__)
 UNANSWERED_CHECKS = 3
 """Health checks in a row a chip may leave unanswered (``ChipUnresponsive``: 10 s each, Serve's
 period apart) before the ring counts as failed and is rebuilt. A chip starved of CPU for a few
-seconds by another process on its cores (seen on a 2-core host with ``cpus: auto`` while vLLM's own
-server ran beside the app) is alive: rebuilding it would fail its streams and leave the lane
+seconds by another process on its cores (as on a small host where another server runs beside the
+app) is alive: rebuilding it would fail its streams and leave the lane
 unavailable for a minute. A dead chip's actor is reported at once (``RingFailed``)."""
 
 

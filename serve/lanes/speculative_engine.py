@@ -7,7 +7,7 @@ asked for it. Nothing per token crosses a process; the per-token work on the eve
 
 The thread (``exact-engine``, by that name in ``top`` and ``py-spy``) runs on the node's compute
 cores (``sharding.cpus``: the replica's other threads stay on the serving ones) with ``threads``
-torch threads: on the 2-core machine, beside vLLM's engines, as they run.
+torch threads, beside vLLM's engines where they share those cores.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from sharding.speculative import SpecStats, SpeculativeEngine
 from ..config import ExactLaneConfig
 from ..errors import LaneUnavailable
 from .engine import EngineOutput, EngineRequest
-from .text import TextStream
+from .detokenizer import TextStream
 
 START_TIMEOUT_S = 900.0
 """How long the replica waits for the engine thread to load, compile and warm up both models."""

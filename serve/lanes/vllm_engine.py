@@ -85,7 +85,7 @@ class VLLMLaneEngine:
         self.max_len = self.engine.model_config.max_model_len
         self.sessions = None
         """Conversations kept in vLLM between turns (``vllm_sessions``); ``None`` when off, and always
-        on the exact lane's vLLM engine (speculative decoding with streaming input is not measured)."""
+        on the exact lane's vLLM engine (speculative decoding with streaming input is not tested together)."""
         if config.sessions and not speculative_args(config, draft_path):
             from tokenizers import Tokenizer
 

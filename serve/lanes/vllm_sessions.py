@@ -2,8 +2,8 @@
 
 Why: vLLM's prefix cache keeps whole KV-cache blocks only (32 tokens on CPU, where its attention
 takes no smaller block), so every turn of a conversation sent as a new request prefills the
-history's last partial block again, up to 31 tokens. On the 2-core CPU that was up to a third of a
-short turn's first token (docs/serving.md, "Multi-turn").
+history's last partial block again, up to 31 tokens: on a CPU, a large part of a short turn's
+first token (docs/multi-turn.md).
 
 vLLM's streaming input (``AsyncLLM.generate`` given an async generator of ``StreamingInput``: a
 "resumable" request) keeps a request's sequence and its keys and values after a chunk's output
@@ -53,7 +53,7 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from .engine import EngineRequest
-from .text import TextStream
+from .detokenizer import TextStream
 
 
 PARKED_KV_SHARE = 0.25

@@ -1,9 +1,8 @@
 """``WordIds``: a byte-level BPE tokenizer's ids for ASCII text, from a cache of each word's ids.
 
 Why: on the fast lane's door a first token waits for its prompt's ids, and HF tokenizers' ``encode``
-costs 39-48 us there (p50 with the caches cold, as a model step leaves them;
-``bench/results/word_ids_2026_11_29``), of which its regex is most: about 3% of a 1.4 ms first
-token on the 2-core VM. A prompt's words recur (code repeats its
+is slow there with the caches cold (as a model step leaves them), most of it in its regex: a few
+percent of a warm first token (docs/front-doors.md). A prompt's words recur (code repeats its
 names), and BPE never merges across a word's edge, so a word's ids can be kept and reused.
 
 Exact, not approximate. HF tokenizers encodes a text as: the pre-tokenizer cuts it into words, the

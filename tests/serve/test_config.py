@@ -242,8 +242,8 @@ def test_serve_deploy_config_gives_serves_proxy_the_certificate(tmp_path):
 
 
 def test_vllm_lanes_run_the_model_in_the_engine_core_on_one_chip_else_as_vllm_chooses():
-    """``executor: auto`` is vLLM's ``uni`` where the engine has one chip (docs/serving.md measured it
-    faster on CPU, where vLLM would force ``mp``), vLLM's default when engine_args shard it."""
+    """``executor: auto`` is vLLM's ``uni`` where the engine has one chip (faster on CPU, where vLLM
+    would force ``mp``: docs/lanes.md), vLLM's default when engine_args shard it."""
     from serve.lanes.vllm_engine import executor_backend
 
     lanes = load_config(None).lanes

@@ -231,30 +231,6 @@ def test_an_unmasked_frame_closes_with_1002_and_a_frame_announced_too_large_with
     assert announced[0] == 1009 and announced[2] == []
 
 
-def test_the_doors_json_reads_as_pythons_json(door):
-    """``decode_json`` (msgspec, then Python's ``json`` for what msgspec refuses) gives what
-    ``json.loads`` gives, and the gateway's error where ``json.loads`` fails; ``encode_json`` writes
-    what ``json.loads`` reads back equal, lone surrogates included."""
-    from serve.errors import InvalidRequest, parse_json
-    from serve.lanes.door import decode_json, encode_json
-
-    good = [b'{"a": [1, 2.5, -0.0, 1e-7, true, null, "\\u00e9\\n"]}', '{"\u00e9": "\u20ac"}'.encode(),
-            b'{"n": NaN, "i": Infinity}', b'{"big": 123456789012345678901234567890}', b'{"a": 1, "a": 2}',
-            b'{"x": 1e400}', '{"u": 1}'.encode("utf-16"), b'  {"ws" : 1 }\n', b'"\\ud800"']
-    for data in good:
-        got, ref = decode_json(data), json.loads(data)
-        assert json.dumps(got) == json.dumps(ref), data
-    for data in [b"not json", b'{"a": 1} x', b"[" * 100_000, b"\xff\xfe{", b'{"a": }']:
-        with pytest.raises(InvalidRequest) as e:
-            decode_json(data)
-        with pytest.raises(InvalidRequest) as ref:
-            parse_json(data, "the frame")
-        assert e.value.message == ref.value.message
-    for event in [{"type": "x", "id": "\ud800", "delta": "caf\u00e9 \u20ac", "n": 1.5, "none": None},
-                  {"type": "x", "nested": {"a": [1, 2]}}]:
-        assert json.loads(encode_json(event)) == event
-
-
 def test_a_binary_frame_a_duplicate_id_and_too_many_in_flight_are_refused(door):
     m, url = door
 

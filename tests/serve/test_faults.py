@@ -1,6 +1,6 @@
 """Faults on the running application: a chip, an engine process or the gateway killed mid-stream.
 
-The contract (docs/serving.md, "When a part dies"): a request streaming on the lane that lost its
+The contract (docs/operating.md): a request streaming on the lane that lost its
 engine gets an ``error`` event with the stable, retryable code ``lane_unavailable`` (and
 ``retry_after``) within 5 s; the lane rebuilds its engine in place (the replica, its links and the
 application stay), and a new request is served once it is rebuilt (within 120 s: a bound against a
@@ -27,8 +27,8 @@ from tests.serve.conftest import FIRST_REQUESTS
 ERROR_WITHIN_S = 5.0
 SERVED_AGAIN_WITHIN_S = 120.0
 """A bound against a lane that never comes back, not a speed goal: a rebuild of a compiled lane
-compiles its graphs again from inductor's cache, 20-35 s for the fast lane on this 2-core VM
-depending on the day (docs/serving.md, "When a part dies", has the measured figures)."""
+compiles its graphs again from inductor's cache, tens of seconds for the fast lane on a small CPU
+host (docs/operating.md)."""
 
 
 def _cmdline(p: psutil.Process) -> str:

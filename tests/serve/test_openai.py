@@ -4,6 +4,7 @@ scripted router (request mapping, SSE framing, errors, cancellation)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -410,3 +411,47 @@ def test_an_error_that_echoes_a_lone_surrogate_is_still_a_json_400():
     r = c.post("/v1/chat/completions", json=CHAT)
     assert r.status_code == 400 and r.json()["error"]["message"] == message
     assert r.content.isascii()
+
+
+def test_a_client_that_hangs_up_while_a_write_waits_ends_the_stream_at_once():
+    """A client that stopped reading and then hung up: the write waiting for it is what gets cancelled,
+    so the body generator stays suspended at its ``yield`` and its ``finally`` waits for the garbage
+    collector (Starlette's own ``StreamingResponse``, under uvicorn's ASGI 2.3). ``ClosingStream``,
+    which the NDJSON and SSE routes return, calls ``on_close`` (the router stream's ``cancel``) as it
+    ends."""
+    from starlette.responses import StreamingResponse
+
+    from serve.openai_api import ClosingStream
+
+    async def serve(make) -> list[str]:
+        log: list[str] = []
+
+        async def body():
+            try:
+                yield "created\n"
+                yield "delta\n"
+                await asyncio.sleep(3600)
+            finally:
+                log.append("body's finally")
+
+        writing = asyncio.Event()
+
+        async def send(message):
+            if message["type"] == "http.response.body":
+                writing.set()
+                await asyncio.sleep(3600)  # the client reads no more: the write waits
+
+        async def receive():
+            await writing.wait()
+            return {"type": "http.disconnect"}  # then it hangs up
+
+        response = make(body(), log)
+        scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "method": "POST", "headers": []}
+        await asyncio.wait_for(response(scope, receive, send), 5)
+        return list(log)  # as the response ends (asyncio.run finalizes the generator afterwards)
+
+    plain = asyncio.run(serve(lambda b, log: StreamingResponse(b, media_type="application/x-ndjson")))
+    assert plain == []  # the generator is suspended, not closed: nothing freed the engine yet
+    closing = asyncio.run(serve(lambda b, log: ClosingStream(b, on_close=lambda: log.append("on_close"),
+                                                     media_type="application/x-ndjson")))
+    assert closing == ["on_close"]

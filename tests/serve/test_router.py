@@ -262,7 +262,7 @@ def test_auto_sends_the_rest_to_the_exact_tier_by_default():
 @pytest.mark.parametrize("request_fields", [{"service_tier": "exact"}, {"model": "auto"}])
 def test_sampled_exact_requests_go_to_priority_on_vllms_engine_and_greedy_ones_stay(request_fields):
     # vLLM's draft-model speculative decoding does not keep the full model's distribution when it
-    # samples on this CPU build (docs/serving.md): with the exact lane on vLLM, the exact tier's sampled
+    # samples on vLLM's CPU build (docs/lanes.md): with the exact lane on vLLM, the exact tier's sampled
     # requests decode without drafts, on priority.
     router, lanes = router_over({"router": {"auto_full_tier": "exact", "auto_threshold": 0.001,
                                             "auto_fast_when": "easy"}, "lanes": {"exact": {"engine": "vllm"}}})

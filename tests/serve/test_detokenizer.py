@@ -8,7 +8,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from models import FAST
-from serve.lanes.text import TextStream
+from serve.lanes.detokenizer import TextStream
 from tests.conftest import shipped
 
 TEXTS = ["def f(x):\n    return x  # ok\n", "naïve café — 東京 😀 done\n", "\t\r\nzero\u200bwidth\u00a0nbsp"]

@@ -1,10 +1,10 @@
 """``coalesce``: batch a fast async stream into chunks, at most one per window.
 
-Ray Serve spends about 0.5 ms on every streamed item, so a lane that yields one item per token
-caps itself near 2000 tokens/s and burns CPU doing so. The first item is passed on at once (time
-to first token is never traded away), and so is an item that ends the stream (``final``: holding
-the last tokens back would only delay the end). Everything else that arrives within the window
-after the previous chunk travels together.
+Ray Serve spends a fixed CPU cost on every streamed item, so a lane that yields one item per
+token caps its tokens/s at the inverse of that cost and burns CPU doing so. The first item is
+passed on at once (time to first token is never traded away), and so is an item that ends the
+stream (``final``: holding the last tokens back would only delay the end). Everything else that
+arrives within the window after the previous chunk travels together.
 
 The window adapts (with ``min_interval_s``): it is the measured cost of handing one chunk on
 (the time the consumer, Ray Serve's replica, takes before it asks for the next) divided by
