@@ -335,7 +335,8 @@ class DoorConnection:
             if rid in self.responses:
                 return self._error("duplicate_id", f"a response with id {rid!r} is already in flight on this "
                                    "connection", rid)
-            if self.draining:
+            if self.draining or time.monotonic() >= self.opened + self.door.limits.max_connection_age_s:
+                self.draining = True  # past its age at this request, whenever the loop notices the deadline
                 return self._error("connection_draining", "this connection has reached its maximum age; open a "
                                    "new one", rid)
             if len(self.responses) >= self.door.limits.max_in_flight:

@@ -97,8 +97,10 @@ def test_ctrl_c_cancels_the_response_and_exits_130(app):
                           "fastmode-fast", "--max-tokens", "400", "--url", a.base, "--api-key", a.key],
                          cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert p.stdout.read(1)  # streaming has begun
-    p.send_signal(signal.SIGINT)
-    out, err = p.communicate(timeout=60)
+    with a.paused("fast") as fast:  # the stream cannot end before the cancel reaches the head
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+        fast.reached_engine()
     assert p.returncode == 130, err
     deadline = time.monotonic() + 30
     while (s := a.lane_stats("fast"))["running"] or s["in_flight"]:

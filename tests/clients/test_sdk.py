@@ -4,6 +4,7 @@ the running application (every lane, 20 concurrent streams, sync client, typed e
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 
@@ -479,9 +480,12 @@ def test_leaving_the_loop_early_cancels_on_the_server(app):
         async with AsyncClient(a.base, api_key=a.key) as client:
             stream = await client.responses.stream(model="fastmode-fast", input=PROMPT, max_output_tokens=400,
                                                    ignore_eos=True)
-            async for _ in stream:
-                break
-            await asyncio.sleep(0)
+            with contextlib.ExitStack() as hold:
+                async for _ in stream:  # the first delta: then the stream cannot end before the cancel
+                    fast = hold.enter_context(a.paused("fast"))  # has reached the head
+                    break
+                await asyncio.sleep(0)  # the SDK sends response.cancel
+                fast.reached_engine()
             deadline = time.monotonic() + 30
             while (s := a.lane_stats("fast"))["running"] or s["in_flight"]:
                 assert time.monotonic() < deadline, s

@@ -15,11 +15,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 from bench.app import free_port
 from tests.conftest import eager_lanes  # noqa: F401 - the tests' own apps import it from here
+from tests.pause import Paused, chip_processes, paused, title
 
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 900
@@ -40,6 +42,28 @@ USER_RAY_AUTH_MODE = {k: v for k, v in os.environ.items() if k == "RAY_AUTH_MODE
 """``RAY_AUTH_MODE`` as the user set it when the tests started. A local ``ray.init`` in this process
 (earlier tests') sets it to ``token`` in ``os.environ``; the apps start from the user's environment,
 so that ``fastmode up`` meets Ray's default for a new local cluster as a user's would."""
+
+
+class PausedLane:
+    """A lane whose engine processes ``App.paused`` has stopped (``tests.pause``)."""
+
+    def __init__(self, app: App, lane: str, state: Paused) -> None:
+        self.app, self.lane, self.state = app, lane, state
+        self.vllm = lane in ("priority", "standard")
+        # Read once the engine is stopped: a vLLM lane's replica still answers (the fast and exact
+        # lanes' stats would ask the stopped processes).
+        self.cancelled = app.lane_stats(lane)["cancelled"] if self.vllm else None
+
+    def reached_engine(self, timeout_s: float = 60) -> None:
+        """Wait until a cancel or disconnect since the pause has reached the stopped engine: the fast
+        lane's head or the exact lane's replica have it on their TCP links (``Paused.reached``); a
+        vLLM lane's replica counted the stream cancelled, having handed vLLM's engine the abort."""
+        if not self.vllm:
+            return self.state.reached(timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while self.app.lane_stats(self.lane)["cancelled"] <= self.cancelled:
+            assert time.monotonic() < deadline, f"the cancel did not reach the {self.lane} lane's engine"
+            time.sleep(0.05)
 
 
 class App:
@@ -124,6 +148,27 @@ class App:
 
     def lane_stats(self, lane: str) -> dict:
         return self.health()[1]["lanes"][lane]
+
+    def engine_processes(self, lane: str) -> list[psutil.Process]:
+        """The processes that compute ``lane``'s tokens: the fast lane's chips, the exact lane's replica
+        (fastmode's engine runs in a thread of it), a vLLM lane's engine core (and its workers)."""
+        root = psutil.Process(self.proc.pid)
+        if lane == "fast":
+            found = chip_processes(root)
+        else:
+            replicas = [p for p in root.children(recursive=True)
+                        if title(p).startswith("ray::ServeReplica:") and title(p).endswith(f":{lane}-lane")]
+            found = replicas if lane == "exact" else [
+                c for r in replicas for c in r.children(recursive=True) if title(c).startswith("VLLM")]
+        assert found, f"no engine process of the {lane} lane among {[title(p) for p in root.children(recursive=True)]}"
+        return found
+
+    @contextmanager
+    def paused(self, lane: str):
+        """``lane``'s engine stopped for the block (``tests.pause``), yielding a ``PausedLane``. While
+        the fast or the exact lane is paused, ``/health`` waits for it: ask it after the block."""
+        with paused(self.engine_processes(lane)) as state:
+            yield PausedLane(self, lane, state)
 
     def generate(self, **body) -> tuple[int, list[dict]]:
         """POST /v1/generate; the HTTP status and every event (one JSON object if refused)."""

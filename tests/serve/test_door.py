@@ -25,6 +25,7 @@ from websockets.frames import Frame, Opcode
 from models import FAST
 from serve.lanes.door import DoorSpec
 from sharding.pipeline import ShardedModel
+from tests.pause import chip_processes, paused
 from tests.serve.test_protocol import validate
 from tests.sharding.conftest import hf_greedy
 
@@ -238,11 +239,13 @@ def test_a_binary_frame_a_duplicate_id_and_too_many_in_flight_are_refused(door):
         async with ws(url) as conn:
             await conn.send(b"\x00\x01")
             binary = json.loads(await conn.recv())
-            await conn.send(create("x", max_output_tokens=200, ignore_eos=True))
-            await conn.send(create("x"))
+            with paused(chip_processes()) as head:  # the head reads them all at once: "x" is still in flight
+                await conn.send(create("x", max_output_tokens=200, ignore_eos=True))  # at the second "x",
+                await conn.send(create("x"))  # and "x" and "y" at "z"
+                await conn.send(create("y", max_output_tokens=200, ignore_eos=True))
+                await conn.send(create("z"))  # a third one: max_in_flight is 2
+                head.reached()
             dup = json.loads(await conn.recv())
-            await conn.send(create("y", max_output_tokens=200, ignore_eos=True))
-            await conn.send(create("z"))  # a third one: max_in_flight is 2
             events = []
             while not any(e.get("id") == "z" for e in events):
                 events.append(json.loads(await conn.recv()))
@@ -273,14 +276,18 @@ def test_cancel_and_disconnect_free_the_heads_sequences(door):
             await conn.send(create("c", max_output_tokens=200, ignore_eos=True))
             while json.loads(await conn.recv())["type"] != "response.output_text.delta":
                 pass
-            await conn.send(json.dumps({"type": "response.cancel", "id": "c"}))
+            with paused(chip_processes()) as head:  # the stream cannot end before the cancel reaches it
+                await conn.send(json.dumps({"type": "response.cancel", "id": "c"}))
+                head.reached()
             events = []
             while not events or events[-1]["type"] != "response.cancelled":
                 events.append(json.loads(await conn.recv()))
             await conn.send(create("d", max_output_tokens=200, ignore_eos=True))
             while json.loads(await conn.recv())["type"] != "response.output_text.delta":
                 pass
-        # the connection is closed with "d" in flight
+            with paused(chip_processes()) as head:  # ... nor before the connection is gone
+                conn.transport.abort()  # with "d" in flight
+                head.reached()
 
     run(main())
     deadline = time.monotonic() + 10
@@ -441,18 +448,19 @@ def test_a_connection_past_its_maximum_age_drains_then_closes_with_1001(door):
                     await conn.recv()
             return closed.value.rcvd.code, time.monotonic() - started
 
-        async def busy() -> tuple[list[dict], list[dict], int] | None:
-            """A long response, then a second one sent once the age has passed: ``None`` if the
-            first had already ended by then (nothing in flight to drain: the door closed at once)."""
+        async def busy() -> tuple[list[dict], list[dict], int]:
+            """A long response, then a second one sent once the age has passed, the head paused in
+            between: the first is still in flight when the second comes."""
             async with ws(url) as conn:
                 opened = time.monotonic()
                 await conn.send(create("long", max_output_tokens=500, ignore_eos=True))
-                await asyncio.sleep(max(0.0, opened + age + 0.05 - time.monotonic()))
-                try:
+                events = [json.loads(await conn.recv())]
+                while events[-1]["type"] != "response.output_text.delta":
+                    events.append(json.loads(await conn.recv()))
+                with paused(chip_processes()) as head:
+                    await asyncio.sleep(max(0.0, opened + age + 0.05 - time.monotonic()))
                     await conn.send(create("late"))
-                except ConnectionClosed:
-                    return None
-                events = []
+                    head.reached()
                 try:
                     while True:
                         e = json.loads(await conn.recv())
@@ -460,19 +468,11 @@ def test_a_connection_past_its_maximum_age_drains_then_closes_with_1001(door):
                         events.append(e)
                 except ConnectionClosed as closed:
                     code = closed.rcvd.code
-                late = [e for e in events if e["id"] == "late"]
-                if not late:
-                    return None  # "long" had ended before "late" came: the door closed it then
-                return [e for e in events if e["id"] == "long"], late, code
+                return [e for e in events if e["id"] == "long"], [e for e in events if e["id"] == "late"], code
 
         code, waited = run(idle())
         assert code == 1001 and age - 0.1 <= waited < age + 5
-        for _ in range(5):  # a machine fast enough to finish 500 tokens within the age tries again
-            got = run(busy())
-            if got is not None:
-                break
-        assert got is not None, "the long response ended before the age every time"
-        long, late, code = got
+        long, late, code = run(busy())
         assert [e["type"] for e in late] == ["error"] and late[0]["code"] == "connection_draining"
         assert long[-1]["type"] == "response.completed" and long[-1]["usage"]["output_tokens"] == 500
         assert code == 1001
@@ -518,7 +518,8 @@ def test_a_pipelined_rings_door_reports_each_hop_and_a_dead_chip_ends_its_respon
                 await conn.send(create("k", max_output_tokens=200, ignore_eos=True))
                 while json.loads(await conn.recv())["type"] != "response.output_text.delta":
                     pass
-                ray.kill(ring._workers[1])  # the second stage's chip
+                with paused(chip_processes()):  # "k" is surely in flight when the chip dies
+                    ray.kill(ring._workers[1])  # the second stage's chip
                 code, reason, events = await closed_with(conn)
                 return hops, code, events
 

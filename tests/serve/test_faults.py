@@ -87,7 +87,8 @@ def served_again(app, lane: str) -> tuple[float, list[str]]:
 def check_contract(app, lane: str, kill) -> None:
     ws = stream_until_first_delta(app, lane)
     try:
-        kill()
+        with app.paused(lane):  # the stream is surely in flight when its engine dies
+            kill()
         event, took = error_after_kill(ws)
     finally:
         ws.close()
@@ -138,15 +139,16 @@ def test_a_killed_gateway_comes_back_and_the_sdk_reconnects(app):
             async for _ in streaming:
                 break
             [gateway] = descendants(a, "ServeReplica:fastmode:gateway")
-            gateway.send_signal(signal.SIGKILL)
-            t0 = time.perf_counter()
-            # Sent at once, on the connection the client does not yet know is dead: no text came,
-            # so the SDK reconnects (the gateway restarting meanwhile) and sends it again.
-            pending = await client.responses.stream(model="fastmode-fast", input="x = 1\n", max_output_tokens=2,
-                                                    temperature=0)
-            with pytest.raises(ConnectionLost):  # it had streamed text: sending it again could repeat it
-                async for _ in streaming:
-                    pass
+            with a.paused("fast"):  # the stream cannot end before the gateway dies under it
+                gateway.send_signal(signal.SIGKILL)
+                t0 = time.perf_counter()
+                # Sent at once, on the connection the client does not yet know is dead: no text came,
+                # so the SDK reconnects (the gateway restarting meanwhile) and sends it again.
+                pending = await client.responses.stream(model="fastmode-fast", input="x = 1\n",
+                                                        max_output_tokens=2, temperature=0)
+                with pytest.raises(ConnectionLost):  # it had streamed text: sending it again could repeat it
+                    async for _ in streaming:
+                        pass
             after = await pending.final()
             later = await client.responses.create(model="fastmode-fast", input="x = 1\n", max_output_tokens=2,
                                                   temperature=0)
@@ -182,9 +184,9 @@ def test_a_killed_grpc_server_fails_its_calls_unavailable_and_comes_back(app):
         call = client.stream("fastmode-fast", "def main():\n", max_output_tokens=500, ignore_eos=True, timeout=60)
         next(iter(call))  # streaming
         [server] = descendants(a, "ServeReplica:fastmode:grpc")
-        server.send_signal(signal.SIGKILL)
-        t0 = time.perf_counter()
-        with pytest.raises(grpc.RpcError) as cut:
+        with a.paused("fast"), pytest.raises(grpc.RpcError) as cut:  # the call cannot end before the kill
+            server.send_signal(signal.SIGKILL)
+            t0 = time.perf_counter()
             for _ in call:
                 pass
         took = time.perf_counter() - t0

@@ -153,13 +153,13 @@ def test_a_missing_key_is_unauthenticated(app):
 
 
 @pytest.mark.slow
-def test_an_overloaded_priority_lane_is_resource_exhausted_with_a_retry_hint(client):
+def test_an_overloaded_priority_lane_is_resource_exhausted_with_a_retry_hint(app, client):
     long = {"service_tier": "priority", "max_output_tokens": 480, "ignore_eos": True, "temperature": 0}
     calls = [client.stream("fastmode-full", "class Parser:\n", **long) for _ in range(2)]
     try:
         for call in calls:
             next(call)  # admitted and decoding
-        with pytest.raises(grpc.RpcError) as e:
+        with app().paused("priority"), pytest.raises(grpc.RpcError) as e:  # both still hold their slots
             list(client.stream("fastmode-full", "class Parser:\n", **long))
         assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert error_code(e.value) == "overloaded" and retry_after(e.value) > 0
@@ -187,8 +187,11 @@ def test_the_deadline_is_honored_and_frees_the_sequence(app, client):
     start = time.monotonic()
     call = client.stream("fastmode-full", "class Parser:\n", max_output_tokens=480, ignore_eos=True, timeout=2.0)
     next(call)  # streaming: the sequence is in the lane's engine when the deadline cuts it
-    with pytest.raises(grpc.RpcError) as e:
-        list(call)
+    with a.paused("standard") as standard, pytest.raises(grpc.RpcError) as e:  # it cannot end first
+        try:
+            list(call)
+        finally:
+            standard.reached_engine()
     assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED and time.monotonic() - start < 6
     wait_idle(a, "standard", before)
 
@@ -199,7 +202,9 @@ def test_a_cancelled_call_frees_the_sequence(app, client):
     before = cancelled(a.lane_stats("fast"))
     call = client.stream("fastmode-fast", "class Parser:\n", max_output_tokens=480, ignore_eos=True)
     next(call)
-    call.cancel()  # at once (a status call in between may outlast the stream): the count proves it was cut
+    with a.paused("fast") as fast:  # the stream cannot end before the cancel reaches the head
+        call.cancel()
+        fast.reached_engine()
     wait_idle(a, "fast", before)
 
 

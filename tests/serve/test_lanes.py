@@ -4,6 +4,8 @@ reported; stop strings end the text as vLLM's do; a closed stream frees its engi
 
 from __future__ import annotations
 
+import contextlib
+
 import time
 
 import pytest
@@ -136,18 +138,15 @@ def test_closing_a_stream_frees_its_engine_sequence(app, lane):
     a = app()
     before = cancelled(a.lane_stats(lane))
     # The whole context (``max_output_tokens`` null): the longest a stream can run.
-    with a.stream(**request(lane, "class Parser:\n", max_output_tokens=None)) as (status, events):
-        assert status == 200
-        assert next(events)["type"] == "created"
-        if lane in ("priority", "standard"):
-            # Not on the fast lane nor the exact one: their ~500 tokens take ~0.3 s and ~1 s here, and a
-            # GET /health (tens of ms, hundreds on a loaded machine) before the close let them finish
-            # first: `cancelled` stayed put in clean-clone CI runs of 2026-11-26 (fast, 12:01 and 15:03
-            # UTC) and of 2026-11-28 (exact, 469 tokens/s at one stream in make bench). The full model
-            # alone takes seconds.
-            held = a.lane_stats(lane)
-            assert held["in_flight"] == 1, held
-        assert next(events)["type"] == "delta"
+    with contextlib.ExitStack() as hold:
+        with a.stream(**request(lane, "class Parser:\n", max_output_tokens=None)) as (status, events):
+            assert status == 200
+            assert next(events)["type"] == "created"
+            assert next(events)["type"] == "delta"
+            paused = hold.enter_context(a.paused(lane))  # the stream cannot end before its close
+            if lane in ("priority", "standard"):  # (the others' stats would ask their stopped engines)
+                assert (held := a.lane_stats(lane))["in_flight"] == 1, held
+        paused.reached_engine()  # closed: the lane's stream is cut
     deadline = time.monotonic() + 30
     while (stats := a.lane_stats(lane))["running"] or stats["in_flight"]:
         assert time.monotonic() < deadline, f"the {lane} lane still holds the sequence: {stats}"

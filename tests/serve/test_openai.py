@@ -5,6 +5,7 @@ scripted router (request mapping, SSE framing, errors, cancellation)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -132,11 +133,12 @@ def test_overloaded_priority_lane_is_a_rate_limit_error_with_retry_after(app):
     first, second = (oai.chat.completions.create(**long, stream=True) for _ in range(2))
     with first, second:
         assert next(iter(first)).service_tier == next(iter(second)).service_tier == "priority"
-        with pytest.raises(openai.RateLimitError) as e:
-            oai.chat.completions.create(**long)
-        assert e.value.code == "overloaded" and int(e.value.response.headers["retry-after"]) >= 1
-        spilled = oai.chat.completions.create(**(long | {"max_tokens": 4,
-                                                         "extra_body": {"allow_spill": True}}))
+        with a.paused("priority"):  # neither can end and give its slot back meanwhile
+            with pytest.raises(openai.RateLimitError) as e:
+                oai.chat.completions.create(**long)
+            assert e.value.code == "overloaded" and int(e.value.response.headers["retry-after"]) >= 1
+            spilled = oai.chat.completions.create(**(long | {"max_tokens": 4,
+                                                             "extra_body": {"allow_spill": True}}))
         assert spilled.service_tier == "default" and spilled.model_extra["fastmode"]["route"]["spilled_from"]
 
 
@@ -146,10 +148,13 @@ def test_closing_a_stream_frees_its_engine_sequence(app):
     before = a.lane_stats("standard")["cancelled"]
     body = {"model": "fastmode-full", "messages": [{"role": "user", "content": "class Parser:\n"}],
             "max_tokens": 400, "stream": True}
-    with a.client.stream("POST", "/v1/chat/completions", json=body) as r:
-        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
-        line = next(x for x in r.iter_lines() if x)
-        assert json.loads(line.removeprefix("data: "))["choices"][0]["delta"]["role"] == "assistant"
+    with contextlib.ExitStack() as hold:
+        with a.client.stream("POST", "/v1/chat/completions", json=body) as r:
+            assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+            line = next(x for x in r.iter_lines() if x)
+            assert json.loads(line.removeprefix("data: "))["choices"][0]["delta"]["role"] == "assistant"
+            standard = hold.enter_context(a.paused("standard"))  # it cannot end before the close
+        standard.reached_engine()
     deadline = time.monotonic() + 30
     while (stats := a.lane_stats("standard"))["running"] or stats["in_flight"]:
         assert time.monotonic() < deadline, f"the standard lane still holds the sequence: {stats}"
@@ -178,7 +183,9 @@ def test_a_client_that_hangs_up_on_a_whole_response_frees_its_engine_sequence(ap
     while not ((s := a.lane_stats("standard"))["running"] or s["in_flight"]):  # the lane is generating it
         assert time.monotonic() < deadline, s
         time.sleep(0.01)
-    conn.close()  # hang up mid-generation (480 tokens take over a second here), nothing read
+    with a.paused("standard") as standard:  # the response cannot end before the hang-up reaches the lane
+        conn.close()  # hang up mid-generation, nothing read
+        standard.reached_engine()
     deadline = time.monotonic() + 30
     while (s := a.lane_stats("standard"))["running"] or s["in_flight"]:
         assert time.monotonic() < deadline, s

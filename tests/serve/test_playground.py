@@ -215,8 +215,10 @@ def test_cancel_stops_a_stream(ring_app, browser):
     race(page, tiers={"standard"}, max_tokens="480", temperature="1", fixed=True)
     page.wait_for_function("() => document.querySelector('#pane-standard .text').textContent.length > 0",
                            timeout=120_000)
-    page.click("#cancel")
-    wait_ended(page, ["standard"], timeout_s=30)
+    with a.paused("standard") as standard:  # the stream cannot end before the cancel reaches the lane
+        page.click("#cancel")
+        wait_ended(page, ["standard"], timeout_s=30)
+        standard.reached_engine()
     got = pane(page, "standard")
     assert got["state"] == "cancelled", got
     time.sleep(1.0)
@@ -268,27 +270,19 @@ def test_an_overloaded_lane_shows_retry_after(ring_app, browser):
     page = open_page(browser, a)
     with sdk_client(a) as sdk:
         cap = a.lane_stats("priority")["cap"]
-        for _ in range(3):  # a holder's 480 tokens last seconds; on a slow machine one may end first
-            holders = [sdk.responses.stream(model="fastmode-full", service_tier="priority", input=PROMPT,
-                                            max_output_tokens=480, ignore_eos=True) for _ in range(cap)]
-            texts = [iter(h) for h in holders]
-            try:
-                for t in texts:  # each holds a slot of the lane once its first text has arrived
-                    next(t)
+        holders = [sdk.responses.stream(model="fastmode-full", service_tier="priority", input=PROMPT,
+                                        max_output_tokens=480, ignore_eos=True) for _ in range(cap)]
+        texts = [iter(h) for h in holders]
+        try:
+            for t in texts:  # each holds a slot of the lane once its first text has arrived
+                next(t)
+            with a.paused("priority"):  # and none can end, giving its slot back, while the page asks
                 race(page, tiers={"priority"})
                 wait_ended(page, ["priority"], timeout_s=60)
-            finally:
-                for h in holders:  # reads each to its end: "cancelled" if it still ran until now
-                    if not h.done:
-                        h.cancel()
-            # every slot was taken while the page's request came only if no holder had ended by itself:
-            # cut short by its cancel (a holder whose end the client had not read yet also reads
-            # "cancelled", so its token count decides)
-            held = all(h.result is not None and h.result.finish_reason == "cancelled"
-                       and getattr(h.result.usage, "output_tokens", 480) < 480 for h in holders)
-            got = pane(page, "priority")
-            if got["state"] == "error" or held:
-                break
+        finally:
+            for h in holders:
+                if not h.done:
+                    h.cancel()
     got = pane(page, "priority")
     assert got["state"] == "error" and got["error"].startswith("overloaded: "), got
     assert re.search(r"\(retry after [\d.]+ s\)$", got["error"]), got["error"]

@@ -91,10 +91,11 @@ def test_priority_cap_rejects_or_spills_the_third_stream(app):
         for events in (first, second):  # both admitted and decoding
             assert next(events)["lane"] == "priority"
             assert next(events)["type"] == "delta"
-        status, events = a.generate(**long)
-        assert status == 429, events
-        assert events[0]["code"] == "overloaded" and events[0]["retry_after"] > 0
-        status, events = a.generate(**(long | {"allow_spill": True, "max_output_tokens": 8}))
+        with a.paused("priority"):  # neither can end and give its slot back meanwhile
+            status, events = a.generate(**long)
+            assert status == 429, events
+            assert events[0]["code"] == "overloaded" and events[0]["retry_after"] > 0
+            status, events = a.generate(**(long | {"allow_spill": True, "max_output_tokens": 8}))
         assert status == 200, events
         assert events[0]["lane"] == events[-1]["lane"] == "standard"
         assert events[0]["route"]["spilled_from"] == "priority"

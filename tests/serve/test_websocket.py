@@ -128,9 +128,10 @@ def test_duplicate_in_flight_id(app):
 
     async def main():
         async with ws(a) as conn:
-            await conn.send(create("dup", max_output_tokens=200, ignore_eos=True))
-            await conn.send(create("dup"))
-            events = await collect(conn, {"dup"})  # the first "dup" to end: the duplicate's error
+            with a.paused("fast"):  # the first "dup" cannot end before the second arrives
+                await conn.send(create("dup", max_output_tokens=200, ignore_eos=True))
+                await conn.send(create("dup"))
+                events = await collect(conn, {"dup"})  # the first "dup" to end: the duplicate's error
             rest = await collect(conn, {"dup"})
             return events["dup"], rest["dup"]
 
@@ -220,16 +221,17 @@ def test_cancel_and_disconnect_free_the_engine_sequences(app):
             await conn.send(create("c1", "fast", max_output_tokens=400, ignore_eos=True))
             while json.loads(await conn.recv())["type"] != "response.output_text.delta":
                 pass
-            await conn.send(json.dumps({"type": "response.cancel", "id": "c1"}))
-            ended = (await collect(conn, {"c1"}))["c1"][-1]
+            with a.paused("fast") as fast:  # the stream cannot end before the cancel reaches the head
+                await conn.send(json.dumps({"type": "response.cancel", "id": "c1"}))
+                ended = (await collect(conn, {"c1"}))["c1"][-1]
+                fast.reached_engine()
         conn = await ws(a)  # a client that vanishes mid-stream
         await conn.send(create("d1", "standard", max_output_tokens=400, ignore_eos=True))
         while json.loads(await conn.recv())["type"] != "response.output_text.delta":
             pass
-        # At once: the standard lane makes 400 tokens in about 2.5 s here (162 tok/s, make bench
-        # 2026-11-29), so a status call in between (a /health under CI's load took longer, once)
-        # can let the stream end before the client vanishes. The count below proves it was cut.
-        conn.transport.abort()  # no close handshake
+        with a.paused("standard") as standard:
+            conn.transport.abort()  # no close handshake
+            standard.reached_engine()
         return ended
 
     assert run(main())["type"] == "response.cancelled"
