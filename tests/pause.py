@@ -4,7 +4,7 @@ or fill a lane while the stream is surely still open, instead of racing the stre
 
 ``Paused.reached()`` waits, inside the block, until what the test sent since the pause (a cancel, a
 closed connection) has reached the stopped processes' TCP sockets (bytes waiting to be read, or a
-socket the peer closed): the engine then acts on it as soon as it resumes, before it can make the
+connection the peer closed or reset): the engine then acts on it as soon as it resumes, before it can make the
 rest of the stream.
 """
 
@@ -16,13 +16,13 @@ from contextlib import contextmanager
 
 import psutil
 
-_CLOSED_BY_PEER = {"07", "08"}  # /proc/net/tcp states TCP_CLOSE (a reset) and TCP_CLOSE_WAIT (a FIN)
+_ESTABLISHED = "01"  # /proc/net/tcp's state of a connection both ends hold open
 
 
 def title(p: psutil.Process) -> str:
     """A process's command line as one string ('' if it is gone): Ray names its workers there."""
     try:
-        return " ".join(p.cmdline())
+        return " ".join(p.cmdline()).strip()  # Ray pads its workers' titles with spaces
     except psutil.Error:
         return ""
 
@@ -33,7 +33,8 @@ def chip_processes(root: psutil.Process | None = None) -> list[psutil.Process]:
 
 
 def tcp_evidence(pids: list[int]) -> tuple[int, int]:
-    """``(bytes waiting to be read, sockets their peer closed)`` over the TCP sockets of ``pids``."""
+    """``(bytes waiting to be read, established connections)`` over the TCP sockets of ``pids``: a
+    peer's FIN moves its connection to CLOSE_WAIT, a reset drops it from the table."""
     inodes = set()
     for pid in pids:
         try:
@@ -47,15 +48,15 @@ def tcp_evidence(pids: list[int]) -> tuple[int, int]:
                 continue
             if link.startswith("socket:["):
                 inodes.add(link[8:-1])
-    unread = closed = 0
+    unread = established = 0
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         with open(table) as f:
             for row in f.read().splitlines()[1:]:
                 fields = row.split()
                 if fields[9] in inodes:
                     unread += int(fields[4].split(":")[1], 16)
-                    closed += fields[3] in _CLOSED_BY_PEER
-    return unread, closed
+                    established += fields[3] == _ESTABLISHED
+    return unread, established
 
 
 class Paused:
@@ -70,8 +71,8 @@ class Paused:
         """Wait until something sent since the pause has reached the stopped processes' sockets."""
         deadline = time.monotonic() + timeout_s
         while True:
-            unread, closed = tcp_evidence([p.pid for p in self.procs])
-            if unread > self.before[0] or closed > self.before[1]:
+            unread, established = tcp_evidence([p.pid for p in self.procs])
+            if unread > self.before[0] or established < self.before[1]:
                 return
             assert time.monotonic() < deadline, f"nothing reached the paused processes {self.procs}"
             time.sleep(0.02)
