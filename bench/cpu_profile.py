@@ -92,7 +92,7 @@ def per_role(before: dict, after: dict) -> dict[str, float]:
 async def _load(args) -> dict:
     import httpx
 
-    from bench.load import LANES, _bind, run_level
+    from bench.lanes import LANES, bind, run_level
     from bench.targets import openai_request, websocket_request
     from clients.sdk import AsyncClient
 
@@ -101,10 +101,10 @@ async def _load(args) -> dict:
         headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
         async with httpx.AsyncClient(base_url=args.url, headers=headers, timeout=600, limits=limits) as http:
-            return await run_level(_bind(openai_request, http, model, tier), args.lane, args.streams, args.tokens,
+            return await run_level(bind(openai_request, http, model, tier), args.lane, args.streams, args.tokens,
                                    args.requests_per_stream, 1)
     async with AsyncClient(args.url, api_key=args.api_key) as client:
-        return await run_level(_bind(websocket_request, client, model, tier), args.lane, args.streams, args.tokens,
+        return await run_level(bind(websocket_request, client, model, tier), args.lane, args.streams, args.tokens,
                                args.requests_per_stream, 1)
 
 

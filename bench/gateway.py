@@ -1,7 +1,7 @@
 """What the front door costs (issue 8, part 3).
 
 - Per token: single-stream decode speed over the WebSocket against the same engines called in
-  process (``bench.lanes_quick.direct``); the difference in ms per token is the serving overhead.
+  process (``bench.in_process.direct``); the difference in ms per token is the serving overhead.
 - Throughput ceiling: the standard lane's aggregate tokens/s with ``--concurrency`` streams over
   WebSockets against vLLM in process serving as many requests at once.
 - Time to first token on the fast lane (4 tokens): a warm persistent WebSocket, a fresh WebSocket
@@ -48,9 +48,9 @@ import httpx
 from tqdm import tqdm
 from websockets.asyncio.client import connect
 
-from bench.lanes_quick import TTFT_PROMPT, TTFT_ROUNDS, direct
+from bench.in_process import TTFT_PROMPT, TTFT_ROUNDS, direct
 from bench.ws_blocking import BlockingWebSocket
-from bench.load import median_interval
+from bench.rounds import median_interval
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from bench.app import REPO
+from bench.lanes import PUBLISHED, PUBLISHED_BY
 from models.eval.stats import diff_text, pct_ci
 
 
@@ -103,24 +104,24 @@ def lanes_section(doc: dict | None, results: Path, docs: Path) -> list[str]:
         out += ["Failed attempts, sent again (not in the figures): " + "; ".join(failed) + ".", ""]
     h = doc["headline"]
     if "standard_saturating_concurrency" in h:
-        seeds = h["seeds"]
         out += [f"Against standard at its saturating load ({h['standard_saturating_concurrency']} streams, "
                 f"{_f(h['standard_at_saturation']['per_user_decode_tokens_per_s_p50'])} tok/s per user):", ""]
-        out += _table(["ratio", "measured", "the seeds' figure"], [
+        out += _table(["ratio", "measured", "published"], [
             ["priority per-user speed", _f(h.get("priority_per_user_speed_ratio"), "{:.2f}x"),
-             f"{seeds['priority_per_user_speed']:g}x (Anthropic)"],
+             f"{PUBLISHED['priority_per_user_speed']:g}x ({PUBLISHED_BY['priority_per_user_speed']})"],
             ["priority cost (chip-seconds per 1k tokens)", _f(h.get("priority_cost_ratio"), "{:.2f}x"),
-             f"{seeds['priority_cost']:g}x price (Anthropic)"],
-            ["priority price (the server's cost units)", _f(h.get("priority_price_ratio"), "{:.2f}x"), "6x"],
+             f"{PUBLISHED['priority_cost']:g}x the price ({PUBLISHED_BY['priority_cost']})"],
+            ["priority price (the server's cost units)", _f(h.get("priority_price_ratio"), "{:.2f}x"),
+             f"{PUBLISHED['priority_cost']:g}x the price ({PUBLISHED_BY['priority_cost']})"],
             ["fast per-user speed", _f(h.get("fast_per_user_speed_ratio"), "{:.2f}x"),
-             f"{seeds['fast_per_user_speed']:g}x (OpenAI Codex-Spark)"],
+             f"{PUBLISHED['fast_per_user_speed']:g}x ({PUBLISHED_BY['fast_per_user_speed']})"],
             ["fast per-user speed at standard's saturating load",
              _f(h.get("fast_per_user_speed_ratio_at_equal_load"), "{:.2f}x"), "-"],
             ["fast cost (chip-seconds per 1k tokens)", _f(h.get("fast_cost_ratio"), "{:.2f}x"), "-"],
             ["exact per-user speed (the full model's own output)", _f(h.get("exact_per_user_speed_ratio"), "{:.2f}x"),
              "- (no lab ships it)"],
             ["exact per-user speed over priority's", _f(h.get("exact_per_user_speed_vs_priority"), "{:.2f}x"),
-             "- (issue 17's goal: 2x)"],
+             "- (the exact lane's goal: 2x)"],
             ["exact cost (chip-seconds per 1k tokens)", _f(h.get("exact_cost_ratio"), "{:.2f}x"), "-"]]) + [""]
         spec = h.get("exact_speculative_at_lowest_level")
         if spec:
@@ -129,7 +130,8 @@ def lanes_section(doc: dict | None, results: Path, docs: Path) -> list[str]:
                     f"{_f(spec['acceptance_rate'], '{:.0%}')} of them: {_f(spec['tokens_per_step'], '{:.2f}')} "
                     f"tokens per verify step over {spec['verify_steps']} steps of {spec['requests']} requests.", ""]
     return out + _image(results, docs, "lanes_load.png", "lanes under load") + [
-        "On this machine every lane's chips are the same 2 CPU cores, so the fast lane's small model cannot "
+        f"On this machine every lane's chips are the same {doc['machine']['cpu_count']} CPU cores, so the fast "
+        "lane's small model cannot "
         "show the speed of a model resident in fast memory on its own chips; on GPUs each lane has its own.", ""]
 
 

@@ -1,4 +1,4 @@
-"""Lanes under load (issue 8, part 1): a closed-loop concurrency sweep over the real gateway.
+"""Lanes under load: a closed-loop concurrency sweep over the real gateway (``fastmode bench lanes``).
 
 For each concurrency level N (default 1, 4, 16, 32) and each lane (standard, priority, fast, exact), N
 workers share one persistent WebSocket (``clients.sdk.AsyncClient``, as users connect) and each
@@ -28,8 +28,8 @@ admitted (completed) requests.
 
 Headline ratios, within this one run, against standard at its **saturating load** (the level
 with standard's highest aggregate tokens/s): priority's per-user decode speed at the lowest level
-(the seeds' Anthropic figure: 2.5x), priority's cost at its own saturating level (seeds: 6x the
-price), fast's per-user speed at the lowest level (the seeds' OpenAI figure: 15x), and exact's
+(Anthropic's fast mode: 2.5x), priority's cost at its own saturating level (Anthropic's fast mode:
+6x the price), fast's per-user speed at the lowest level (OpenAI's Codex-Spark: 15x), and exact's
 per-user speed at the lowest level against standard's and priority's, with its drafts' acceptance
 and tokens per verify step.
 
@@ -40,15 +40,14 @@ Needs a running application (``fastmode up``); it does not start one.
 server is measured (``bench.vllm_serve``), so the two compare like for like.
 
 Usage: fastmode bench lanes [--api websocket|openai] [--url ws://127.0.0.1:8000] [--api-key K]
-                            [--levels 1,4,8,16,32] [--tokens 128] [--requests-per-stream 3] [--quick]
-                            [--out bench/results]
+                            [--levels 1,4,8,16,32] [--tokens 128] [--requests-per-stream 3]
+                            [--lanes standard,priority,fast,exact] [--quick] [--out bench/results]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 import json
 import math
 import os
@@ -69,9 +68,13 @@ LANES: dict[str, tuple[str, str | None]] = {"standard": ("fastmode-full", "defau
                                             "priority": ("fastmode-full", "priority"),
                                             "fast": ("fastmode-fast", None),
                                             "exact": ("fastmode-full", "exact")}
-SEEDS = {"priority_per_user_speed": 2.5, "priority_cost": 6.0, "fast_per_user_speed": 15.0}
-"""The seeds' published figures: Anthropic's fast mode 2.5x per-user speed at 6x the price; OpenAI's
-Codex-Spark (Cerebras) 15x per-user speed."""
+PUBLISHED = {"priority_per_user_speed": 2.5, "priority_cost": 6.0, "fast_per_user_speed": 15.0}
+"""The published figures the headline ratios are read against: Anthropic's fast mode, 2.5x the
+per-user speed at 6x the price (the priority lane's counterpart); OpenAI's Codex-Spark (on
+Cerebras), 15x the per-user speed (the fast lane's)."""
+PUBLISHED_BY = {"priority_per_user_speed": "Anthropic's fast mode", "priority_cost": "Anthropic's fast mode",
+                "fast_per_user_speed": "OpenAI's Codex-Spark"}
+"""Who published each of ``PUBLISHED``."""
 CONNECTION = {"websocket": "one persistent WebSocket (clients.sdk.AsyncClient) for every stream",
               "openai": "OpenAI-compatible /v1/completions streamed over SSE, one pooled httpx.AsyncClient "
                         "(keep-alive connections)"}
@@ -197,7 +200,7 @@ def headline(results: dict[str, list[dict]]) -> dict[str, Any]:
         return max(rows, key=lambda r: r["aggregate_tokens_per_s"]) if rows else None
 
     std = best("standard")
-    out: dict[str, Any] = {"seeds": SEEDS}
+    out: dict[str, Any] = {"published": PUBLISHED}
     if std is None:
         return out
     std_user = std["per_user_decode_tokens_per_s"]["p50"]
@@ -300,8 +303,9 @@ def summary(results: dict[str, list[dict]], head: dict[str, Any]) -> str:
         rows = [("priority per-user speed", "priority_per_user_speed_ratio", "priority_per_user_speed"),
                 ("priority cost (chip-s per 1k)", "priority_cost_ratio", "priority_cost"),
                 ("fast per-user speed", "fast_per_user_speed_ratio", "fast_per_user_speed")]
-        for name, key, seed in rows:
-            lines.append(f"  {name:<30} {_f(head.get(key), '{:.2f}x'):>8}   (seeds: {SEEDS[seed]:g}x)")
+        for name, key, figure in rows:
+            lines.append(f"  {name:<30} {_f(head.get(key), '{:.2f}x'):>8}   "
+                         f"({PUBLISHED_BY[figure]}: {PUBLISHED[figure]:g}x)")
         if "exact_per_user_speed_ratio" in head:
             spec = head.get("exact_speculative_at_lowest_level") or {}
             lines.append(f"  {'exact per-user speed':<30} {_f(head.get('exact_per_user_speed_ratio'), '{:.2f}x'):>8}   "
@@ -315,29 +319,6 @@ def per_stream_at(level: int, per_stream: int, min_per_level: int) -> int:
     """Requests per stream at ``level`` streams: ``per_stream``, or more so that the level completes
     at least ``min_per_level`` requests."""
     return max(per_stream, -(-min_per_level // level))
-
-
-def median_interval(xs: list[float], confidence: float = 0.95) -> tuple[float, float] | None:
-    """A distribution-free interval for the median of ``xs`` (independent rounds): the order statistics
-    ``x(k)`` and ``x(n+1-k)`` with the largest ``k`` whose two tails each hold at most
-    ``(1 - confidence) / 2`` of Binomial(n, 1/2) (the sign test's interval; its coverage is at least
-    ``confidence``). ``None`` when ``xs`` is too short for one (fewer than 6 values at 95%)."""
-    n, tail, k, below = len(xs), (1 - confidence) / 2, 0, 0.0
-    while k < n // 2:
-        below += math.comb(n, k) / 2 ** n  # P(Binomial(n, 1/2) <= k)
-        if below > tail:
-            break
-        k += 1
-    if k == 0:
-        return None
-    ordered = sorted(xs)
-    return ordered[k - 1], ordered[n - k]
-
-
-def round_order(items: list, r: int) -> list:
-    """``items`` in the order of round ``r`` (from 0) of an alternation: as given in even rounds,
-    reversed in odd ones (A B, B A, A B, ...), so that slow drift of the machine hits each alike."""
-    return list(items) if r % 2 == 0 else list(items)[::-1]
 
 
 async def sweep_targets(targets: dict[str, tuple[Callable[[int], Awaitable[dict]], int]], levels: list[int],
@@ -372,16 +353,17 @@ async def sweep(args) -> dict[str, list[dict]]:
         headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
         async with httpx.AsyncClient(base_url=args.url, headers=headers, timeout=600, limits=limits) as http:
-            targets = {lane: (_bind(openai_request, http, *LANES[lane]), chips[lane]) for lane in args.lanes}
+            targets = {lane: (bind(openai_request, http, *LANES[lane]), chips[lane]) for lane in args.lanes}
             return await sweep_targets(targets, args.levels, args.tokens, args.requests_per_stream, "lanes/http",
                                        args.min_requests_per_level)
     async with AsyncClient(args.url, api_key=args.api_key) as client:
-        targets = {lane: (_bind(websocket_request, client, *LANES[lane]), chips[lane]) for lane in args.lanes}
+        targets = {lane: (bind(websocket_request, client, *LANES[lane]), chips[lane]) for lane in args.lanes}
         return await sweep_targets(targets, args.levels, args.tokens, args.requests_per_stream, "lanes",
                                    args.min_requests_per_level)
 
 
-def _bind(request, conn, model: str, tier: str | None) -> Callable[[int], Awaitable[dict]]:
+def bind(request, conn, model: str, tier: str | None) -> Callable[[int], Awaitable[dict]]:
+    """``send(tokens)`` for ``run_level``: one ``bench.targets`` request on ``conn`` to ``model`` and ``tier``."""
     return lambda tokens: request(conn, model, tier, tokens)
 
 
@@ -404,8 +386,8 @@ def lanes_main(args, argv: list[str]) -> int:
     head = headline(results)
     config = load_config(args.config)
     doc = {
-        "benchmark": "lanes under load (issue 8, part 1)",
-        "command": "fastmode bench " + shlex.join(argv),
+        "benchmark": "lanes under load",
+        "command": shlex.join(["fastmode", "bench", "lanes", *argv]),
         "date": started.strftime("%Y-%m-%d %H:%M UTC"),
         "elapsed_s": elapsed,
         "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
@@ -454,7 +436,7 @@ def lanes_main(args, argv: list[str]) -> int:
     return 0
 
 
-def _ints(s: str) -> list[int]:
+def int_list(s: str) -> list[int]:
     try:
         values = [int(x) for x in s.split(",") if x.strip()]
     except ValueError:
@@ -472,54 +454,30 @@ def _lanes(s: str) -> list[str]:
     return lanes
 
 
-OTHERS = {"all": ("bench.suite", "every benchmark in one run, then docs/benchmarks.md (what make bench runs)"),
-          "quality": ("bench.quality", "quality against speed per lane and auto, with the Pareto frontier"),
-          "vllm": ("bench.vllm_serve", "vLLM's own OpenAI server on the full and fast checkpoints, same load"),
-          "paired": ("bench.paired", "the standard lane and vLLM's own server, measured in alternation "
-                     "(starts vLLM's server beside the application)"),
-          "gateway": ("bench.gateway", "front-door cost and time to first token, loopback and emulated network"),
-          "turns": ("bench.turns", "multi-turn: previous_response_id on one WebSocket against re-sending over HTTP"),
-          "soak": ("bench.soak", "sustained mixed load and vanishing clients: every delta accounted for, nothing leaked"),
-          "fuzz": ("bench.fuzz", "hostile input at every front door, run long (starts its own application)"),
-          "sharding": ("bench.sharding", "the fast lane's executor: tp x pp layouts, hop costs, the planner")}
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
-    if argv[:1] and argv[0] in OTHERS:  # benchmarks with their own options, in their own modules
-        module = importlib.import_module(OTHERS[argv[0]][0])
-        return module.main(argv[1:])
-    ap = argparse.ArgumentParser(prog="fastmode bench", description="fastmode's benchmarks against a running "
-                                 "application (fastmode up).")
-    sub = ap.add_subparsers(dest="bench", metavar="BENCHMARK")
-    for name, (_, help_) in OTHERS.items():
-        sub.add_parser(name, help=f"{help_} (fastmode bench {name} --help)")
-    lanes = sub.add_parser("lanes", help="lanes under load: concurrency sweep on standard, priority, fast and exact",
-                           description=__doc__.split("\n\n")[0])
-    lanes.add_argument("--url", default=None, help="the gateway (default ws://127.0.0.1:8000, or "
-                       "http://127.0.0.1:8000 with --api openai)")
-    lanes.add_argument("--api", choices=list(CONNECTION), default="websocket", help="the front door: the "
-                       "persistent WebSocket with the SDK (default), or the OpenAI-compatible HTTP API "
-                       "(/v1/completions over SSE), the path vLLM's own server is measured on")
-    lanes.add_argument("--api-key", default=None, help="API key (default: $FASTMODE_API_KEY)")
-    lanes.add_argument("--levels", type=_ints, default=None, help="concurrency levels (default 1,4,8,16,32; "
-                       "--quick 1,2)")
-    lanes.add_argument("--tokens", type=int, default=None, help="max_output_tokens per request (default 128; "
-                       "--quick 16)")
-    lanes.add_argument("--requests-per-stream", type=int, default=None, help="completed requests per worker "
-                       "(default 3; --quick 1)")
-    lanes.add_argument("--lanes", type=_lanes, default=list(LANES), help="lanes to run (default "
-                       "standard,priority,fast,exact)")
-    lanes.add_argument("--config", default=None, help="the app's config file, for each lane's chips "
-                       "(default: the embedded default)")
-    lanes.add_argument("--quick", action="store_true", help="a tiny setting: levels 1,2, 16 tokens, "
-                       "1 request per stream")
-    lanes.add_argument("--out", default="bench/results", help="directory for lanes_load.json and "
-                       "lanes_load.png (default %(default)s)")
+    ap = argparse.ArgumentParser(prog="fastmode bench lanes", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--url", default=None, help="the gateway (default ws://127.0.0.1:8000, or "
+                    "http://127.0.0.1:8000 with --api openai)")
+    ap.add_argument("--api", choices=list(CONNECTION), default="websocket", help="the front door: the "
+                    "persistent WebSocket with the SDK (default), or the OpenAI-compatible HTTP API "
+                    "(/v1/completions over SSE), the path vLLM's own server is measured on")
+    ap.add_argument("--api-key", default=None, help="API key (default: $FASTMODE_API_KEY)")
+    ap.add_argument("--levels", type=int_list, default=None, help="concurrency levels (default 1,4,8,16,32; "
+                    "--quick 1,2)")
+    ap.add_argument("--tokens", type=int, default=None, help="max_output_tokens per request (default 128; "
+                    "--quick 16)")
+    ap.add_argument("--requests-per-stream", type=int, default=None, help="completed requests per worker "
+                    "(default 3; --quick 1)")
+    ap.add_argument("--lanes", type=_lanes, default=list(LANES), help="lanes to run (default "
+                    "standard,priority,fast,exact)")
+    ap.add_argument("--config", default=None, help="the app's config file, for each lane's chips "
+                    "(default: the embedded default)")
+    ap.add_argument("--quick", action="store_true", help="a tiny setting: levels 1,2, 16 tokens, "
+                    "1 request per stream")
+    ap.add_argument("--out", default="bench/results", help="directory for lanes_load.json and "
+                    "lanes_load.png (default %(default)s)")
     args = ap.parse_args(argv)
-    if args.bench is None:
-        ap.print_help()
-        return 2
     for name in ("tokens", "requests_per_stream"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be at least 1")

@@ -7,13 +7,13 @@ import math
 
 import pytest
 
-from bench.load import LANES, headline
+from bench.lanes import LANES, headline
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.mark.parametrize("api", ["websocket", "openai"])
-def test_lanes_quick(quick_run, api):
+def test_lanes_under_load_quick(quick_run, api):
     tmp_path = quick_run[0]
     stem = "lanes_load" if api == "websocket" else "lanes_load_openai"
     doc = json.loads((tmp_path / f"{stem}.json").read_text())
@@ -46,7 +46,7 @@ def test_lanes_quick(quick_run, api):
     assert head["standard_saturating_concurrency"] in (1, 2)
     for key in ("priority_per_user_speed_ratio", "priority_cost_ratio", "fast_per_user_speed_ratio"):
         assert math.isfinite(head[key]) and head[key] > 0, key
-    assert head["seeds"] == {"priority_per_user_speed": 2.5, "priority_cost": 6.0, "fast_per_user_speed": 15.0}
+    assert head["published"] == {"priority_per_user_speed": 2.5, "priority_cost": 6.0, "fast_per_user_speed": 15.0}
     png = (tmp_path / f"{stem}.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
 
@@ -73,7 +73,7 @@ def test_headline_ratios():
 
 
 def test_low_concurrency_levels_complete_enough_requests_for_a_median():
-    from bench.load import MIN_REQUESTS_PER_LEVEL, per_stream_at
+    from bench.lanes import MIN_REQUESTS_PER_LEVEL, per_stream_at
 
     for level in (1, 4, 8, 16, 32):
         n = per_stream_at(level, 3, MIN_REQUESTS_PER_LEVEL)

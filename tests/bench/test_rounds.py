@@ -1,5 +1,5 @@
-"""``bench.load.median_interval``: the sign test's interval for a median, checked against scipy's
-binomial distribution and by its coverage on samples drawn from a known median."""
+"""``bench.rounds``: the sign test's interval for a median, checked against scipy's binomial
+distribution and by its coverage on samples drawn from a known median; the alternation's order."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import random
 import pytest
 from scipy.stats import binom
 
-from bench.load import median_interval
+from bench.rounds import median_interval, round_order
 
 
 def scipy_rank(n: int, confidence: float = 0.95) -> int:
@@ -46,3 +46,7 @@ def test_covers_the_true_median_as_often_as_it_says():
         lo, hi = median_interval(xs)
         hits += lo <= 0.6931471805599453 <= hi
     assert hits / trials >= 0.95  # 0.961 in theory; 4000 draws put the estimate within about 0.006 of it
+
+
+def test_rounds_alternate_the_order():
+    assert [round_order("ABC", r) for r in range(3)] == [list("ABC"), list("CBA"), list("ABC")]

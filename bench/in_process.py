@@ -1,16 +1,14 @@
-"""Single-stream speed of each lane through a running application's HTTP port, and of the same
-engines called directly in this process (``--direct``), to show what serving adds. A quick look:
-the load sweep with quality is ``bench``'s lanes benchmark (issue 8).
+"""The lanes' engines in this process, without serving: what ``fastmode bench gateway`` holds the
+served lanes against, and the ring that ``bench.ttft_idle`` and ``bench.ttft_layers`` time.
 
-Usage: python -m bench.lanes_quick [--url http://127.0.0.1:8000] [--tokens 256] [--runs 3]
-                                   [--direct] [--json FILE]
+``direct`` measures vLLM ``AsyncLLM`` on the full model (the standard lane's config) and the fast
+model's ring (the fast lane's layout and options), optionally alternating each measurement with
+the same one on the served lane; ``fast_ring`` builds that ring here on a local Ray of its own.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
 import os
 import statistics
 import time
@@ -18,46 +16,18 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Iterator, Sequence
 from unittest.mock import patch
 
-import httpx
-
-from bench.load import round_order
+from bench.rounds import round_order
 from sharding import cpus
 
-LANES = {"fast": ("fastmode-fast", None), "priority": ("fastmode-full", "priority"),
-         "standard": ("fastmode-full", "default")}
 TTFT_TRIALS = 80
-"""First tokens the fast executor's own time to first token is the median of (the physical limit
-``fastmode bench gateway`` holds the served first token against; 5 until 2026-11-27, then 20, then
-40 until 2026-11-29)."""
+"""First tokens the fast ring's own time to first token is the median of (the physical limit
+``fastmode bench gateway`` holds the served first token against)."""
 TTFT_ROUNDS = 8
 """With served sides to compare (``direct(served_ttft=...)``), the trials run in this many blocks
-of each, alternating (A B C, C B A, ...): one block the machine runs slow in (a fifth of them on this
-VM, about 0.3-0.5 ms a first token slower) moves the median of 8 less than that of 4, as until
-2026-11-29."""
+of each, alternating (A B C, C B A, ...): one block the machine runs slow in (a fifth of them on a
+2-core VM, about 0.3-0.5 ms a first token slower) moves the median of 8 blocks less than that of 4."""
 TTFT_PROMPT = "class Parser:\n"
 """The prompt of every first-token measurement, in process and served (``bench.gateway.PROMPT``)."""
-
-
-def one(client: httpx.Client, model: str, tier: str | None, tokens: int) -> dict:
-    body = {"model": model, "service_tier": tier, "input": "class Parser:\n", "max_output_tokens": tokens,
-            "ignore_eos": True, "temperature": 0}
-    start = time.perf_counter()
-    deltas, first = 0, None
-    with client.stream("POST", "/v1/generate", json=body) as r:
-        r.raise_for_status()
-        for line in r.iter_lines():
-            event = json.loads(line)
-            if event["type"] == "delta":
-                deltas += 1
-                first = first or time.perf_counter()
-            elif event["type"] == "done":
-                done = event
-            elif event["type"] == "error":
-                raise RuntimeError(event)
-    end = time.perf_counter()
-    n = done["usage"]["output_tokens"]
-    return {"client_ttft_s": first - start, "client_decode_tokens_per_s": (n - 1) / (end - first),
-            "engine_decode_tokens_per_s": done["timing"]["decode_tokens_per_s"], "chunks": deltas, "tokens": n}
 
 
 def direct(tokens: int, runs: int, concurrency: int = 0,
@@ -255,34 +225,3 @@ def _engines(tokens: int, runs: int, vllm_runs, compile: bool = True,
     out["sharded_fast_compiled"] = ring.options["compile"]
     out["sharded_fast_options"] = {k: str(v) for k, v in ring.options.items()}
     return out
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--url", default="http://127.0.0.1:8000")
-    ap.add_argument("--tokens", type=int, default=256)
-    ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--direct", action="store_true", help="also time the engines without serving")
-    ap.add_argument("--json", help="write the results here")
-    args = ap.parse_args(argv)
-    results = {}
-    engines = direct(args.tokens, args.runs) if args.direct else None
-    with httpx.Client(base_url=args.url, timeout=300) as client:
-        for lane, (model, tier) in LANES.items():
-            one(client, model, tier, 8)  # warm-up
-            runs = [one(client, model, tier, args.tokens) for _ in range(args.runs)]
-            results[lane] = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-            r = results[lane]
-            print(f"{lane:<9} ttft {r['client_ttft_s'] * 1e3:6.1f} ms   decode {r['client_decode_tokens_per_s']:6.0f} "
-                  f"tok/s (engine side {r['engine_decode_tokens_per_s']:6.0f})   {r['chunks']:.0f} chunks "
-                  f"for {r['tokens']:.0f} tokens", flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"tokens": args.tokens, "runs": args.runs, "lanes": results, "direct": engines,
-                       "date": time.strftime("%Y-%m-%d %H:%M"), "command": "python -m bench.lanes_quick "
-                       + " ".join(argv if argv is not None else __import__("sys").argv[1:])}, f, indent=2)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
