@@ -1,4 +1,4 @@
-"""The standard lane and vLLM's own OpenAI server measured in alternation (issue 16).
+"""The standard lane and vLLM's own OpenAI server measured in alternation (``fastmode bench paired``).
 
 ``fastmode bench vllm`` (section 5 of docs/benchmarks.md) runs vLLM's server alone on the machine,
 minutes before the lanes' own sweep. This machine's speed drifts by tens of percent over minutes,
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     log.parent.mkdir(parents=True, exist_ok=True)
     with vllm_server("full", log) as their_url:
         rounds = asyncio.run(_measure(args.url.rstrip("/"), key, their_url, args))
-    result = {"benchmark": "the standard lane and vLLM's own OpenAI server, alternating (issue 16)",
+    result = {"benchmark": "the standard lane and vLLM's own OpenAI server, alternating",
               "command": "fastmode bench paired " + shlex.join(argv), "date": started,
               "elapsed_s": time.perf_counter() - t0,
               "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform()},

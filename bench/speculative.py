@@ -1,5 +1,5 @@
 """Where the exact tier should run: speculative decoding of the full model, the fast model drafting,
-in vLLM and in fastmode's executor, against each one's plain decoding (issue 17, item 1).
+in vLLM and in fastmode's executor, against each one's plain decoding.
 
 One stream, greedy, ``--tokens`` tokens after each of ``--prompts`` code prompts, every
 configuration in its own subprocess (vLLM's engine processes stay out of ours), one after the
@@ -17,7 +17,7 @@ repeats, after a warm-up), drafts accepted per draft, tokens per verify step, an
 output is token for token the plain greedy output of the same engine.
 
 Usage: python -m bench.speculative [--tokens 128] [--prompts 4] [--repeats 2] [--ks 1,2,4]
-                                   [--no-packed] [--only-ours] [--json bench/results/speculative.json]
+                                   [--no-packed] [--only-ours] [--json FILE]
 """
 
 from __future__ import annotations
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{plain_ms:.2f} ms/token: {r['speedup_if_all_accepted']:.2f}x if every draft were accepted")
         del r["outputs"]
     if args.json:
-        doc = {"benchmark": "speculative decoding, vLLM against fastmode's executor (issue 17)",
+        doc = {"benchmark": "speculative decoding, vLLM against fastmode's executor",
                "command": "python -m bench.speculative " + " ".join(argv if argv is not None else sys.argv[1:]),
                "date": started, "machine": {"cpu_count": os.cpu_count()},
                "settings": {"tokens": args.tokens, "prompts": PROMPTS[:args.prompts], "repeats": args.repeats,

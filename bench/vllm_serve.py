@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
             results[RESULT_NAMES[name]] = asyncio.run(_sweep(url, model_id, RESULT_NAMES[name], levels, tokens,
                                                              per_stream, min_per_level))
     doc = {
-        "benchmark": "vLLM's own OpenAI server, same load generator (issue 8, part 5)",
+        "benchmark": "vLLM's own OpenAI server, same load generator",
         "command": "fastmode bench vllm " + shlex.join(argv),
         "date": started.strftime("%Y-%m-%d %H:%M UTC"), "elapsed_s": time.perf_counter() - t0,
         "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
