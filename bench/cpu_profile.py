@@ -62,8 +62,9 @@ def role(title: str) -> str | None:
     return None
 
 
-def snapshot() -> dict[int, tuple[str, float]]:
-    """pid -> (role, CPU seconds) of every process; engines and helpers take their ancestor's role."""
+def snapshot(mine: str = "load generator") -> dict[int, tuple[str, float]]:
+    """pid -> (role, CPU seconds) of every process; engines and helpers take their ancestor's role,
+    this process and what it started without a role of its own ``mine``."""
     stats = {int(p): s for p in os.listdir("/proc") if p.isdigit() and (s := _stat(int(p))) is not None}
     own = {pid: role(_title(pid)) for pid in stats}
     me = os.getpid()
@@ -72,7 +73,7 @@ def snapshot() -> dict[int, tuple[str, float]]:
         seen = pid
         while seen in stats:
             if seen == me:
-                return "load generator"
+                return mine
             if own.get(seen):
                 name = own[seen]
                 return f"{name} (+ engine)" if seen != pid and name.endswith("-lane") else name
