@@ -1,6 +1,7 @@
 """``fastmode bench BENCHMARK [ARGS...]``: one subcommand per benchmark of ``make bench``, each in
 its own module with its own options (``fastmode bench BENCHMARK --help``); ``fastmode bench all``
-runs them all and writes ``docs/benchmarks.md`` (``bench.suite``).
+runs them all and writes ``docs/benchmarks.md`` (``bench.suite``). ``fastmode bench speculative``,
+outside ``all``, measures what the exact lane's engine choice rests on.
 
 Modules are imported only when their benchmark runs, so ``fastmode bench --help`` stays fast.
 """
@@ -23,6 +24,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "turns": ("bench.turns", "multi-turn: previous_response_id on one WebSocket against re-sending over HTTP"),
     "soak": ("bench.soak", "sustained mixed load and vanishing clients: every delta accounted for, nothing leaked"),
     "fuzz": ("bench.fuzz", "hostile input at every front door, run long (starts its own application)"),
+    "speculative": ("bench.speculative", "where the exact lane runs: speculative decoding in vLLM and in fastmode's "
+                    "executor, one stream (no app; not in all: rerun it on new hardware)"),
 }
 """Subcommand -> (module whose ``main(argv)`` runs it, one-line help)."""
 
