@@ -1,5 +1,5 @@
-"""``python -m bench lanes ...``: the same as ``fastmode bench lanes ...`` (``bench.load``)."""
+"""``python -m bench ...``: the same as ``fastmode bench ...`` (``bench.cli``)."""
 
-from bench.load import main
+from bench.cli import main
 
 raise SystemExit(main())

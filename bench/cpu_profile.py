@@ -62,8 +62,9 @@ def role(title: str) -> str | None:
     return None
 
 
-def snapshot() -> dict[int, tuple[str, float]]:
-    """pid -> (role, CPU seconds) of every process; engines and helpers take their ancestor's role."""
+def snapshot(mine: str = "load generator") -> dict[int, tuple[str, float]]:
+    """pid -> (role, CPU seconds) of every process; engines and helpers take their ancestor's role,
+    this process and what it started without a role of its own ``mine``."""
     stats = {int(p): s for p in os.listdir("/proc") if p.isdigit() and (s := _stat(int(p))) is not None}
     own = {pid: role(_title(pid)) for pid in stats}
     me = os.getpid()
@@ -72,7 +73,7 @@ def snapshot() -> dict[int, tuple[str, float]]:
         seen = pid
         while seen in stats:
             if seen == me:
-                return "load generator"
+                return mine
             if own.get(seen):
                 name = own[seen]
                 return f"{name} (+ engine)" if seen != pid and name.endswith("-lane") else name
@@ -92,7 +93,7 @@ def per_role(before: dict, after: dict) -> dict[str, float]:
 async def _load(args) -> dict:
     import httpx
 
-    from bench.load import LANES, _bind, run_level
+    from bench.lanes import LANES, bind, run_level
     from bench.targets import openai_request, websocket_request
     from clients.sdk import AsyncClient
 
@@ -101,10 +102,10 @@ async def _load(args) -> dict:
         headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
         async with httpx.AsyncClient(base_url=args.url, headers=headers, timeout=600, limits=limits) as http:
-            return await run_level(_bind(openai_request, http, model, tier), args.lane, args.streams, args.tokens,
+            return await run_level(bind(openai_request, http, model, tier), args.lane, args.streams, args.tokens,
                                    args.requests_per_stream, 1)
     async with AsyncClient(args.url, api_key=args.api_key) as client:
-        return await run_level(_bind(websocket_request, client, model, tier), args.lane, args.streams, args.tokens,
+        return await run_level(bind(websocket_request, client, model, tier), args.lane, args.streams, args.tokens,
                                args.requests_per_stream, 1)
 
 

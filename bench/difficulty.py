@@ -2,7 +2,9 @@
 
 ``python -m bench.difficulty`` prints the score's distribution on the held-out eval prompts and, per
 quartile, how often the fast model's next line is exactly right compared with the full model's, and
-each model's loss on the true next line: the evidence behind ``router.auto_threshold``.
+each model's loss on the true next line: how well the score separates the prompts each model gets
+right, which ``auto``'s rule rests on (the threshold itself comes from the quality stage's offline
+sweep, ``bench.auto_policy``).
 """
 
 from __future__ import annotations

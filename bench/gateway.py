@@ -1,7 +1,7 @@
-"""What the front door costs (issue 8, part 3).
+"""What the front door costs (``fastmode bench gateway``).
 
 - Per token: single-stream decode speed over the WebSocket against the same engines called in
-  process (``bench.lanes_quick.direct``); the difference in ms per token is the serving overhead.
+  process (``bench.in_process.direct``); the difference in ms per token is the serving overhead.
 - Throughput ceiling: the standard lane's aggregate tokens/s with ``--concurrency`` streams over
   WebSockets against vLLM in process serving as many requests at once.
 - Time to first token on the fast lane (4 tokens): a warm persistent WebSocket, a fresh WebSocket
@@ -48,9 +48,9 @@ import httpx
 from tqdm import tqdm
 from websockets.asyncio.client import connect
 
-from bench.lanes_quick import TTFT_PROMPT, TTFT_ROUNDS, direct
+from bench.in_process import TTFT_PROMPT, TTFT_ROUNDS, direct
 from bench.ws_blocking import BlockingWebSocket
-from bench.load import median_interval
+from bench.rounds import median_interval
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -58,14 +58,14 @@ PROMPT = TTFT_PROMPT
 LANES = {"fast": ("fastmode-fast", None), "standard": ("fastmode-full", "default")}
 DECODE_ROUNDS = 9
 """The standard lane's single stream over the WebSocket alternates with vLLM's in process this many
-times (about 3 s a round here; ``single_stream_alternated``). Until 2026-11-29 the served figure was
-the median of 3 taken at the stage's start and the in-process one minutes later: one ``make bench``
-read 0.81x that way while its other runs read 1.01-1.07x."""
+times (about 3 s a round on a 2-core VM; ``single_stream_alternated``). Taken minutes apart (the
+served figure at the stage's start, the in-process one later), the two drift apart: one ``make bench``
+read 0.81x that way where alternated runs read 1.01-1.07x."""
 CEILING_ROUNDS = 9
 """The throughput ceiling alternates the served lane and the engine in process this many times (about
-8 s a round here). One round's ratio moves by 0.8-0.97x between rounds on this VM; with 9 the median
-gets a 96% interval from the rounds themselves (``median_interval``: the 2nd and 8th of the sorted
-ratios), where 3 rounds, as before 2026-11-28, gave none."""
+8 s a round on a 2-core VM). One round's ratio moves by 0.8-0.97x between rounds there; with 9 the
+median gets a 96% interval from the rounds themselves (``median_interval``: the 2nd and 8th of the
+sorted ratios), where 3 rounds give none."""
 
 
 def _create(rid: str, model: str, tier: str | None, tokens: int) -> str:

@@ -1,4 +1,4 @@
-"""The standard lane and vLLM's own OpenAI server measured in alternation (issue 16).
+"""The standard lane and vLLM's own OpenAI server measured in alternation (``fastmode bench paired``).
 
 ``fastmode bench vllm`` (section 5 of docs/benchmarks.md) runs vLLM's server alone on the machine,
 minutes before the lanes' own sweep. This machine's speed drifts by tens of percent over minutes,
@@ -30,13 +30,14 @@ import time
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
-from bench.load import _ints, round_order, sweep_targets
+from bench.lanes import int_list, sweep_targets
+from bench.rounds import round_order
 from bench.targets import openai_request
 
 OURS, THEIRS = "standard", "vllm-full"
 MODEL = "fastmode-full"
 REQUESTS_PER_STREAM, MIN_REQUESTS_PER_LEVEL = 3, 12
-"""As section 5's sweep (``bench.load``): each level completes at least 12 requests per server."""
+"""As section 5's sweep (``bench.lanes``): each level completes at least 12 requests per server."""
 
 
 def ratios(rounds: list[dict[str, list[dict]]]) -> dict[int, dict[str, Any]]:
@@ -85,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="fastmode bench paired", description=__doc__.split("\n\n")[0])
     ap.add_argument("--url", default="http://127.0.0.1:8000", help="fastmode's HTTP address (fastmode up)")
     ap.add_argument("--api-key", default=None, help="API key (default: $FASTMODE_API_KEY)")
-    ap.add_argument("--levels", type=_ints, default=None, help="concurrency levels (default 1,16,32; --quick 1)")
+    ap.add_argument("--levels", type=int_list, default=None, help="concurrency levels (default 1,16,32; --quick 1)")
     ap.add_argument("--rounds", type=int, default=None, help="alternations (default 4; --quick 2)")
     ap.add_argument("--tokens", type=int, default=None, help="max_tokens per request (default 128; --quick 16)")
     ap.add_argument("--quick", action="store_true", help="level 1, 2 rounds, 16 tokens, 2 requests a level")
@@ -108,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     log.parent.mkdir(parents=True, exist_ok=True)
     with vllm_server("full", log) as their_url:
         rounds = asyncio.run(_measure(args.url.rstrip("/"), key, their_url, args))
-    result = {"benchmark": "the standard lane and vLLM's own OpenAI server, alternating (issue 16)",
+    result = {"benchmark": "the standard lane and vLLM's own OpenAI server, alternating",
               "command": "fastmode bench paired " + shlex.join(argv), "date": started,
               "elapsed_s": time.perf_counter() - t0,
               "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform()},

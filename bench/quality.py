@@ -1,4 +1,4 @@
-"""Quality against speed, per lane and for ``auto``: the Pareto report the seeds never published.
+"""Quality against speed, per lane and for ``auto``: what each lane's speed costs in quality.
 
 Every lane answers the held-out next-line questions of the quality eval (``models.eval``, 1,000 by
 default) through the running application's WebSocket with the SDK, greedy, stopping at the end of
@@ -17,7 +17,7 @@ token (tests/models, tests/serve).
 
 Per sample, every lane's hit and latency (``timing.total_s``) and the prompt's difficulty under the
 router's own scorer (timed) go to ``quality_samples.jsonl``; from them ``bench.auto_policy``
-replays threshold policies for ``auto`` (issue 17) and recommends one.
+replays threshold policies for ``auto`` and recommends one.
 
 Usage: fastmode bench quality [--url ws://127.0.0.1:8000] [--api-key K] [--samples 1000]
                               [--quick] [--out bench/results]

@@ -1,5 +1,5 @@
 """Ray Serve's own LLM stack (``ray.serve.llm.build_openai_app``) on a checkpoint, as a server to
-benchmark against fastmode's lanes (issue 16, item 3).
+benchmark against fastmode's lanes.
 
 It is what a Ray user would deploy instead of fastmode's standard lane: Ray Serve LLM's OpenAI
 ingress deployment in front of an ``LLMServer`` deployment running vLLM, with the same engine

@@ -11,17 +11,66 @@ import argparse
 import json
 import math
 import os
+import re
 import statistics
 from pathlib import Path
 from typing import Any, Callable
 
 from bench.app import REPO
+from bench.lanes import PUBLISHED, PUBLISHED_BY
 from models.eval.stats import diff_text, pct_ci
 
 
+ABSOLUTE_PATH = re.compile(r"(?<![\w:/.~-])/(?:[\w.+@-]+/)*[\w.+@-]+")
+"""An absolute path in recorded text (a command's ``--out /x/bench/results``); not a URL's path."""
+MACHINE_ROOTS = {"work", "root", "home", "tmp", "usr", "opt", "var", "mnt", "srv", "data", "scratch", "private",
+                 "Users", "nix"}
+"""First components of a path on the machine that ran a benchmark (not an API route like ``/v1/door``)."""
+
+
+def shown(results: Path) -> str:
+    """The results directory as the report names it: relative to the repository, else ``OUT``."""
+    try:
+        return Path(results).resolve().relative_to(REPO).as_posix()
+    except ValueError:
+        return "OUT"
+
+
+def relative(text: str, results: Path) -> str:
+    """``text`` with each machine path made relative: one under the results directory starts with
+    ``shown(results)``; one in this repository, or in another checkout of it (the machine the
+    benchmark ran on), starts at the repository's root; any other keeps only its name."""
+    results = Path(results).resolve()
+    top = {p.name for p in REPO.iterdir()}
+
+    def one(m: re.Match) -> str:
+        path = Path(m.group(0))
+        for root, label in ((results, shown(results)), (REPO, ".")):
+            if path.is_relative_to(root):
+                return (Path(label) / path.relative_to(root)).as_posix()
+        parts = path.parts[1:]
+        if parts[0] not in MACHINE_ROOTS:
+            return m.group(0)
+        i = next((i for i, part in enumerate(parts) if part in top), None)
+        return "/".join(parts[i:]) if i is not None else parts[-1]
+
+    return ABSOLUTE_PATH.sub(one, text)
+
+
+def _relative(x: Any, results: Path) -> Any:
+    if isinstance(x, str):
+        return relative(x, results)
+    if isinstance(x, list):
+        return [_relative(v, results) for v in x]
+    if isinstance(x, dict):
+        return {k: _relative(v, results) for k, v in x.items()}
+    return x
+
+
 def _load(results: Path, name: str) -> dict | None:
+    """A result file, every string in it with its machine paths made relative (``relative``)."""
     path = results / name
-    return json.loads(path.read_text()) if path.exists() else None
+    return _relative(json.loads(path.read_text()), results) if path.exists() else None
 
 
 def _f(x: Any, fmt: str = "{:.1f}") -> str:
@@ -40,8 +89,12 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def _image(results: Path, docs: Path, name: str, alt: str) -> list[str]:
-    path = results / name
-    return [f"![{alt}]({os.path.relpath(path, docs.parent)})", ""] if path.exists() else []
+    path, home = (results / name).resolve(), docs.resolve().parent
+    if not path.exists():
+        return []
+    # a link relative to the report where both lie in one tree; else the file as the report names it
+    near = path.is_relative_to(home) or (path.is_relative_to(REPO) and home.is_relative_to(REPO))
+    return [f"![{alt}]({os.path.relpath(path, home) if near else relative(str(path), results)})", ""]
 
 
 def header(suite: dict | None) -> list[str]:
@@ -103,24 +156,24 @@ def lanes_section(doc: dict | None, results: Path, docs: Path) -> list[str]:
         out += ["Failed attempts, sent again (not in the figures): " + "; ".join(failed) + ".", ""]
     h = doc["headline"]
     if "standard_saturating_concurrency" in h:
-        seeds = h["seeds"]
         out += [f"Against standard at its saturating load ({h['standard_saturating_concurrency']} streams, "
                 f"{_f(h['standard_at_saturation']['per_user_decode_tokens_per_s_p50'])} tok/s per user):", ""]
-        out += _table(["ratio", "measured", "the seeds' figure"], [
+        out += _table(["ratio", "measured", "published"], [
             ["priority per-user speed", _f(h.get("priority_per_user_speed_ratio"), "{:.2f}x"),
-             f"{seeds['priority_per_user_speed']:g}x (Anthropic)"],
+             f"{PUBLISHED['priority_per_user_speed']:g}x ({PUBLISHED_BY['priority_per_user_speed']})"],
             ["priority cost (chip-seconds per 1k tokens)", _f(h.get("priority_cost_ratio"), "{:.2f}x"),
-             f"{seeds['priority_cost']:g}x price (Anthropic)"],
-            ["priority price (the server's cost units)", _f(h.get("priority_price_ratio"), "{:.2f}x"), "6x"],
+             f"{PUBLISHED['priority_cost']:g}x the price ({PUBLISHED_BY['priority_cost']})"],
+            ["priority price (the server's cost units)", _f(h.get("priority_price_ratio"), "{:.2f}x"),
+             f"{PUBLISHED['priority_cost']:g}x the price ({PUBLISHED_BY['priority_cost']})"],
             ["fast per-user speed", _f(h.get("fast_per_user_speed_ratio"), "{:.2f}x"),
-             f"{seeds['fast_per_user_speed']:g}x (OpenAI Codex-Spark)"],
+             f"{PUBLISHED['fast_per_user_speed']:g}x ({PUBLISHED_BY['fast_per_user_speed']})"],
             ["fast per-user speed at standard's saturating load",
              _f(h.get("fast_per_user_speed_ratio_at_equal_load"), "{:.2f}x"), "-"],
             ["fast cost (chip-seconds per 1k tokens)", _f(h.get("fast_cost_ratio"), "{:.2f}x"), "-"],
             ["exact per-user speed (the full model's own output)", _f(h.get("exact_per_user_speed_ratio"), "{:.2f}x"),
              "- (no lab ships it)"],
             ["exact per-user speed over priority's", _f(h.get("exact_per_user_speed_vs_priority"), "{:.2f}x"),
-             "- (issue 17's goal: 2x)"],
+             "- (the exact lane's goal: 2x)"],
             ["exact cost (chip-seconds per 1k tokens)", _f(h.get("exact_cost_ratio"), "{:.2f}x"), "-"]]) + [""]
         spec = h.get("exact_speculative_at_lowest_level")
         if spec:
@@ -129,7 +182,8 @@ def lanes_section(doc: dict | None, results: Path, docs: Path) -> list[str]:
                     f"{_f(spec['acceptance_rate'], '{:.0%}')} of them: {_f(spec['tokens_per_step'], '{:.2f}')} "
                     f"tokens per verify step over {spec['verify_steps']} steps of {spec['requests']} requests.", ""]
     return out + _image(results, docs, "lanes_load.png", "lanes under load") + [
-        "On this machine every lane's chips are the same 2 CPU cores, so the fast lane's small model cannot "
+        f"On this machine every lane's chips are the same {doc['machine']['cpu_count']} CPU cores, so the fast "
+        "lane's small model cannot "
         "show the speed of a model resident in fast memory on its own chips; on GPUs each lane has its own.", ""]
 
 
@@ -230,7 +284,7 @@ def gateway_section(doc: dict | None) -> list[str]:
                    if c.get("connect_ms") else "")
                 + " against "
                 f"{c['in_process_aggregate_tokens_per_s']:.0f} tok/s from vLLM in process"
-                # runs with connect_ms (since c8d5127) also gave the engine the served prompt's tokens
+                # a run that records connect_ms also gave the engine the served prompt's tokens
                 + (" on the same prompt's tokens" if c.get("connect_ms") else "") + f"{rounds}: "
                 f"**{c['ratio']:.2f}x**" + (" (the rounds' median ratio; its 95% interval from the rounds, "
                 "distribution-free: [{:.2f}, {:.2f}])".format(*c["ratio_interval"]) if c.get("ratio_interval") else "")
@@ -326,7 +380,7 @@ def turns_section(doc: dict | None) -> list[str]:
             for way in ("websocket", "http_resend"):
                 w = r[way]
                 t = w["ttft_ms_per_turn"]
-                ci = w.get("last_to_first_ttft_ci95")  # (runs before 2026-11-27 18:10 have none)
+                ci = w.get("last_to_first_ttft_ci95")  # (absent from older results)
                 ratio = f"{w['last_to_first_ttft']:.2f}x" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
                 rows.append([net, lane, way, _f(t[0]), _f(t[-1]), ratio,
                              f"{w['cached_tokens_per_turn'][-1]:.0f} of {w['input_tokens_last_turn']:.0f}",
@@ -335,7 +389,7 @@ def turns_section(doc: dict | None) -> list[str]:
                    "last / first" + (" [95% interval]" if has_ci else ""), "cached, last turn", "wall (s)",
                    "wall vs re-send"], rows) + [""]
     own = [(net, lane, r["websocket"]["engine_ttft_ms_per_turn"]) for net, _, lanes in nets for lane, r in lanes.items()
-           if "engine_ttft_ms_per_turn" in r["websocket"]]  # (runs before 2026-11-27 21:40 have none)
+           if "engine_ttft_ms_per_turn" in r["websocket"]]  # (absent from older results)
     if own:
         out += ["The lane's own first token over the WebSocket (from the lane taking the request to its first token, "
                 "as the lane reports it in `response.completed`; median over the same conversations):", ""]
@@ -461,7 +515,7 @@ def baseline_section(vllm: dict | None, ours: dict | None) -> list[str]:
             "LLM stack (`ray.serve.llm.build_openai_app`: an OpenAI ingress deployment in front of an `LLMServer` "
             "deployment running vLLM) gets the standard lane's engine settings, batch cap included:", ""]
     for name, cmd in vllm["settings"]["server_commands"].items():
-        out += [f"- `{cmd.split('python', 1)[-1].strip()}`".replace("/work/main/", "").replace(str(REPO) + "/", "")]
+        out += [f"- `python {cmd.split('python', 1)[-1].strip()}`"]
     out += [""]
     pairs = [("vllm-full", "standard"), ("ray-serve-llm-full", "standard"), ("vllm-full", "priority"),
              ("vllm-full-spec", "exact"), ("vllm-fast", "fast")]
@@ -535,7 +589,7 @@ def write_report(results: Path, docs: Path) -> str:
     results, docs = Path(results), Path(docs)
     suite = _load(results, "suite.json")
     lines = ["# Benchmarks", "", "<!-- generated by bench/report.py from the JSON in "
-             f"{os.path.relpath(results, REPO)}/; do not edit by hand: run `make bench` -->", ""]
+             f"{shown(results)}/; do not edit by hand: run `make bench` -->", ""]
     lines += header(suite)
     lines += ["Figures are ratios within this one run: this machine's absolute speed drifts by up to 2x over a "
               "day. Each JSON file in the results directory has every raw figure and its settings.", ""]

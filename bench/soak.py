@@ -338,7 +338,7 @@ async def kill_during(base: str, key: str | None, port: int, kill: str, after_s:
 
 
 def judge_kill(fault: dict[str, Any], ledger: Ledger) -> dict[str, Any]:
-    """How the requests the lane had in flight at the kill ended, and whether issue 18's contract held."""
+    """How the requests the lane had in flight at the kill ended, and whether the fault contract held (a retryable error within 5 s, served again within 30 s)."""
     if "error" in fault:
         return {**fault, "ok": False}
     ends = Counter()

@@ -1,5 +1,5 @@
 """Where the exact tier should run: speculative decoding of the full model, the fast model drafting,
-in vLLM and in fastmode's executor, against each one's plain decoding (issue 17, item 1).
+in vLLM and in fastmode's executor, against each one's plain decoding.
 
 One stream, greedy, ``--tokens`` tokens after each of ``--prompts`` code prompts, every
 configuration in its own subprocess (vLLM's engine processes stay out of ours), one after the
@@ -16,8 +16,8 @@ For each: tokens/s per user (all tokens of a request over its wall time, median 
 repeats, after a warm-up), drafts accepted per draft, tokens per verify step, and whether every
 output is token for token the plain greedy output of the same engine.
 
-Usage: python -m bench.speculative [--tokens 128] [--prompts 4] [--repeats 2] [--ks 1,2,4]
-                                   [--no-packed] [--only-ours] [--json bench/results/speculative.json]
+Usage: fastmode bench speculative [--tokens 128] [--prompts 4] [--repeats 2] [--ks 1,2,4]
+                                  [--no-packed] [--only-ours] [--no-compile] [--json FILE]
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def run_vllm(k: int, tokens: int, prompts: list[list[int]], repeats: int) -> dic
 
 
 def run_ours(k: int, adaptive: bool, tokens: int, prompts: list[list[int]], repeats: int,
-             packed: bool = False) -> dict:
+             packed: bool = False, compile: bool = True) -> dict:
     import torch
 
     from sharding.engine import Engine
@@ -92,10 +92,10 @@ def run_ours(k: int, adaptive: bool, tokens: int, prompts: list[list[int]], repe
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "1")))
     params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
     if k:
-        engine = SpeculativeEngine.from_pretrained(FULL, FAST, num_slots=1, k=k, adaptive=adaptive, compile=True,
+        engine = SpeculativeEngine.from_pretrained(FULL, FAST, num_slots=1, k=k, adaptive=adaptive, compile=compile,
                                                    packed_weights=packed)
     else:
-        engine = Engine.from_pretrained(FULL, num_slots=1, compile=True, packed_weights=packed)
+        engine = Engine.from_pretrained(FULL, num_slots=1, compile=compile, packed_weights=packed)
     outs, rates = _measure(lambda ids: engine.generate([ids], params)[0], prompts, repeats)
     stats = getattr(engine, "stats", None)
     return {"engine": "fastmode executor" + (", packed bf16" if packed else ""), "k": k, "adaptive": adaptive, "outputs": outs, "tokens_per_s": rates,
@@ -108,7 +108,7 @@ def run_ours(k: int, adaptive: bool, tokens: int, prompts: list[list[int]], repe
 
 def _subprocess(args: argparse.Namespace, worker: str) -> dict:
     cmd = [sys.executable, "-m", "bench.speculative", "--worker", worker, "--tokens", str(args.tokens),
-           "--prompts", str(args.prompts), "--repeats", str(args.repeats)]
+           "--prompts", str(args.prompts), "--repeats", str(args.repeats), *(["--no-compile"] if args.no_compile else [])]
     env = {**os.environ, "PYTHONPATH": str(REPO), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=1200, env=env)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
@@ -118,7 +118,7 @@ def _subprocess(args: argparse.Namespace, worker: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.speculative", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="fastmode bench speculative", description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=2)
@@ -126,13 +126,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--no-packed", action="store_true", help="skip the packed-weights runs")
     ap.add_argument("--only-ours", action="store_true", help="skip vLLM's runs")
+    ap.add_argument("--no-compile", action="store_true", help="fastmode's executor eager (smoke runs; its "
+                    "figures are not the lane's)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
         kind, k, mode = args.worker.split(":")
         prompts = _prompt_ids(args.prompts)
         r = (run_vllm(int(k), args.tokens, prompts, args.repeats) if kind == "vllm"
-             else run_ours(int(k), mode == "adaptive", args.tokens, prompts, args.repeats, packed=kind == "packed"))
+             else run_ours(int(k), mode == "adaptive", args.tokens, prompts, args.repeats, packed=kind == "packed",
+                           compile=not args.no_compile))
         print("RESULT " + json.dumps(r))
         return 0
     ks = [int(k) for k in args.ks.split(",") if k.strip()]
@@ -170,14 +173,15 @@ def main(argv: list[str] | None = None) -> int:
                   f"{plain_ms:.2f} ms/token: {r['speedup_if_all_accepted']:.2f}x if every draft were accepted")
         del r["outputs"]
     if args.json:
-        doc = {"benchmark": "speculative decoding, vLLM against fastmode's executor (issue 17)",
-               "command": "python -m bench.speculative " + " ".join(argv if argv is not None else sys.argv[1:]),
+        doc = {"benchmark": "speculative decoding, vLLM against fastmode's executor",
+               "command": " ".join(["fastmode bench speculative", *map(str, argv if argv is not None else sys.argv[1:])]),
                "date": started, "machine": {"cpu_count": os.cpu_count()},
                "settings": {"tokens": args.tokens, "prompts": PROMPTS[:args.prompts], "repeats": args.repeats,
-                            "greedy": True, "target": "models/full", "draft": "models/fast"},
+                            "greedy": True, "target": "models/full", "draft": "models/fast",
+                            "compile": not args.no_compile},
                "results": results}
         args.json.write_text(json.dumps(doc, indent=2) + "\n")
-    return 0
+    return 1 if any("error" in r for r in results) else 0
 
 
 if __name__ == "__main__":

@@ -63,8 +63,8 @@ def stage_command(name: str, url: str | None, out: Path, quick: bool) -> list[st
     commands = {
         "sharding": ["bench.sharding", "--json", str(out / "sharding.json"), *q],
         "vllm": ["bench.vllm_serve", "--out", str(out), *q],
-        "lanes": ["bench.load", "lanes", "--url", str(ws), "--out", str(out), *q],
-        "lanes-openai": ["bench.load", "lanes", "--api", "openai", "--url", str(url), "--out", str(out), *q],
+        "lanes": ["bench.lanes", "--url", str(ws), "--out", str(out), *q],
+        "lanes-openai": ["bench.lanes", "--api", "openai", "--url", str(url), "--out", str(out), *q],
         "paired": ["bench.paired", "--url", str(url), "--json", str(out / "paired.json"), *q],
         "quality": ["bench.quality", "--url", str(ws), "--out", str(out), *q],
         "gateway": ["bench.gateway", "--url", str(url), "--json", str(out / "gateway.json"), *q],
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def run(name: str, url: str | None) -> None:
         cmd = stage_command(name, url, out, args.quick)
-        sub = {"bench.load": [], "bench.vllm_serve": ["vllm"]}.get(cmd[2], [cmd[2].removeprefix("bench.")])
+        sub = {"bench.vllm_serve": ["vllm"]}.get(cmd[2], [cmd[2].removeprefix("bench.")])
         shown = shlex.join(["fastmode", "bench", *sub, *cmd[3:]]).replace(str(REPO) + "/", "")
         print(f"\n== [{len(record['stages']) + 1}/{len(stages)}] {name}: {shown}", flush=True)
         t = time.perf_counter()

@@ -8,7 +8,7 @@
 
 Both return the same record, raise the SDK's ``Overloaded`` on a rejection (WebSocket ``overloaded``
 event, HTTP 429 with ``Retry-After``) and another ``FastmodeError`` on any other failure, so
-``bench.load.run_level`` treats every target alike.
+``bench.lanes.run_level`` treats every target alike.
 """
 
 from __future__ import annotations

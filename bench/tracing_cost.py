@@ -7,7 +7,7 @@ the prefill, the first 8 decode steps and every 64th (``telemetry`` defaults), a
 those steps, and hop totals over every step, exported by a ``BatchSpanProcessor`` (to a file
 here, as ``FASTMODE_TRACE_FILE`` does; an OTLP exporter does the same work in its own thread).
 
-Usage: python -m bench.tracing_cost [--tokens 256] [--pairs 6] [--tp 1] [--pp 2] [--json FILE]
+Usage: python -m bench.tracing_cost [--tokens 256] [--pairs 6] [--tp 1] [--pp 2] [--no-compile] [--json FILE]
 """
 
 from __future__ import annotations
@@ -62,13 +62,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pairs", type=int, default=6)
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--pp", type=int, default=2, help="stages (default 2: hops to trace)")
+    ap.add_argument("--no-compile", action="store_true", help="eager, whatever the lane's config says (smoke runs)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     spans_file = os.path.join(tempfile.mkdtemp(), "spans.jsonl")
     provider = TracerProvider()
     provider.add_span_processor(BatchSpanProcessor(JsonFileExporter(spans_file)))
     trace.set_tracer_provider(provider)
-    cfg = FastLaneConfig(tp=args.tp, pp=args.pp)
+    cfg = FastLaneConfig(tp=args.tp, pp=args.pp, **({"compile": False} if args.no_compile else {}))
     ray.init(address="local", resources={"chip": cfg.tp * cfg.pp}, include_dashboard=False, log_to_driver=False)
     try:
         engine = ShardedLaneEngine(FAST, cfg, Tokenizer.from_file(str(FAST / "tokenizer.json")), TelemetryConfig())
@@ -83,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     spans = sum(len(ss["spans"]) for line in open(spans_file) for rs in json.loads(line)["resourceSpans"]
                 for ss in rs["scopeSpans"])
     result = {"tokens": args.tokens, "pairs": args.pairs, "layout": {"tp": cfg.tp, "pp": cfg.pp,
-              "transport": cfg.transport}, "tokens_per_s": {"off": off, "on": on}, "runs": rates,
+              "transport": cfg.transport, "compile": cfg.compile}, "tokens_per_s": {"off": off, "on": on}, "runs": rates,
               "slowdown": 1 - on / off, "spans_exported": spans, "date": time.strftime("%Y-%m-%d %H:%M"),
               "command": "python -m bench.tracing_cost " + " ".join(sys.argv[1:] if argv is None else argv)}
     print(f"fast lane tp={cfg.tp} x pp={cfg.pp}: tracing off {off:.0f} tok/s, on {on:.0f} tok/s "

@@ -1,6 +1,6 @@
 """The fast lane's first token after the ring has been idle: what a request pays for the gap before it.
 
-Builds the fast lane's ring here (``bench.lanes_quick.fast_ring``: its layout and options) and sends
+Builds the fast lane's ring here (``bench.in_process.fast_ring``: its layout and options) and sends
 one greedy request after another through ``HeadClient`` (the client a front door streams from the
 head with), the client sleeping ``gap`` before each, for each of ``--gaps`` (ms), in blocks of
 ``--per-block`` alternated over ``--rounds`` rounds. Per gap, p50 of: the first token (client clock,
@@ -28,8 +28,8 @@ import sys
 import time
 from pathlib import Path
 
-from bench.lanes_quick import fast_ring
-from bench.load import round_order
+from bench.in_process import fast_ring
+from bench.rounds import round_order
 
 
 async def _measure(ring, gaps_s: list[float], rounds: int, per_block: int, tokens: int) -> dict[str, list[tuple]]:

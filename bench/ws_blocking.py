@@ -4,9 +4,9 @@ over a plain socket, no event loop and no thread.
 Why: ``make bench`` holds a warm WebSocket's first token against one round trip plus the engine's own
 first token in process, and that engine figure is taken by a blocking client (the ring's link:
 send, then ``recv`` in the kernel). Timed with ``websockets``' asyncio client on the standard event
-loop, the served side also paid its client's event loop: 0.12 ms more per first token than this
-client on the same door in the same rounds, 0.07 ms more on uvloop
-(``bench/results/door_client_2026_11_29/clients.py``). The same kind of client on both sides
+loop, the served side also pays its client's event loop (on a 2-core VM, 0.12 ms more per first
+token than this client on the same door in the same rounds, 0.07 ms more on uvloop). The same kind
+of client on both sides
 leaves the serving path's own cost in the ratio; ``fastmode bench gateway`` reports the asyncio
 client's figures beside it.
 """

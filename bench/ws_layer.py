@@ -25,7 +25,7 @@ from pathlib import Path
 from fastapi import FastAPI, WebSocket  # at the top: FastAPI resolves the handler's annotations here
 
 from bench.app import free_port
-from bench.load import round_order
+from bench.rounds import round_order
 
 
 class _Stream:

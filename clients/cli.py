@@ -19,7 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "chat": ("clients.chat:main", "stream a completion to the terminal; ends with time to first token and tokens/s"),
     "trace": ("clients.trace_report:main",
               "per-hop cost table, chip-to-chip heatmap and step waterfall from exported spans"),
-    "bench": ("bench.load:main", "benchmarks: lanes under load, quality against speed"),
+    "bench": ("bench.cli:main", "benchmarks: lanes under load, quality against speed"),
     "cluster": ("cluster.cli:main", "render a cluster topology; ray up / down / status it and deploy the app"),
 }
 

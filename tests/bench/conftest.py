@@ -1,4 +1,5 @@
-"""One ``fastmode bench all --quick`` against the shared application, for every smoke test here."""
+"""Fixtures of the benchmarks' tests: one ``fastmode bench all --quick`` against the shared application
+for every smoke test of a stage, and a runner for a benchmark module in its own process."""
 
 from __future__ import annotations
 
@@ -21,3 +22,22 @@ def quick_run(app, tmp_path_factory) -> tuple[Path, float]:
     seconds = time.perf_counter() - t
     assert rc == 0, (out / "suite.json").read_text()
     return out, seconds
+
+
+@pytest.fixture(scope="session")
+def run_module():
+    """``run_module("bench.x", *args)``: ``python -m bench.x ARGS`` in its own process, as a user runs it
+    (its engines and Ray out of the test process); its stdout, after asserting exit code 0."""
+    import os
+    import subprocess
+    import sys
+
+    from bench.app import REPO
+
+    def run(module: str, *args: object, timeout: float = 900) -> str:
+        proc = subprocess.run([sys.executable, "-m", module, *map(str, args)], cwd=REPO, capture_output=True,
+                              text=True, timeout=timeout, env={**os.environ, "PYTHONPATH": str(REPO)})
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+        return proc.stdout
+
+    return run

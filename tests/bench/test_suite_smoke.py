@@ -38,6 +38,7 @@ def test_report(quick_run):
     assert text.count("Not run") == 1 and "## 8. Hostile input at every front door\n\nNot run." in text  # skipped
     assert "**failed" not in text
     assert "**Quick run**" in text and "fastmode bench all --quick" in text
+    assert str(out) not in text and "--out OUT" in text  # no machine path: the results directory is OUT
     # every table row in the report comes from the JSON: the lanes' aggregate tokens/s appear as written
     lanes = json.loads((out / "lanes_load.json").read_text())["lanes"]
     assert f"{lanes['standard'][0]['aggregate_tokens_per_s']:.0f}" in text
