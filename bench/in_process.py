@@ -63,7 +63,7 @@ def direct(tokens: int, runs: int, concurrency: int = 0,
     request (``sharded_fast_ttft_after_idle_s``, keyed by the seconds as a string; median of
     ``TTFT_TRIALS // 2``). A client that sends its next request once it has seen the last one end
     leaves the ring idle for at least one network round trip; on this VM a first token after a few
-    milliseconds idle costs about twice one sent back to back (docs/serving.md)."""
+    milliseconds idle costs about twice one sent back to back (docs/decisions/)."""
     import asyncio
 
     from models import FULL

@@ -13,7 +13,7 @@ another runs at the machine's best; after a few milliseconds of nothing it runs 
 long, although nothing about the request changed. Every served first token follows such a gap (the
 last response's way out to the client and the next request's way in), so this is how much of the
 served first token's distance from a back-to-back engine figure is the ring's, not the front
-door's (docs/serving.md).
+door's (docs/decisions/).
 
 Usage: python -m bench.ttft_idle [--gaps 0,1,2,5,20] [--rounds 4] [--per-block 15] [--json FILE]
 """

@@ -75,7 +75,7 @@ ones go together again and are prefilled in one batch. A slot's new conversation
 (its connection's set-up moves it), so its turn 1 runs alone and its later turns in batches of every
 slot: without think time the fast lane's own first token at a 20 ms round trip measured 2.2 ms at
 turn 1 and 3.8-7.1 ms at turns 2-20, with the history's keys and values reused every turn
-(docs/serving.md, "Multi-turn")."""
+(docs/decisions/, "Multi-turn")."""
 
 
 def ratio_interval(first: list[float], last: list[float], resamples: int = BOOTSTRAP_RESAMPLES,

@@ -5,7 +5,7 @@ One ``VLLMLaneEngine`` as the lane builds it, ``--streams`` concurrent greedy re
 tokens (``ignore_eos``), ``--rounds`` times after an 8-token warm-up; per-user tokens/s after each
 request's first token (median), aggregate tokens/s, and the CPU time of this process and its
 children (vLLM's engine processes) per output token. Run each setting in its own process, alone on
-the machine, alternating settings: ``docs/serving.md`` ("vLLM's executor") has the figures.
+the machine, alternating settings: ``docs/decisions/`` ("vLLM's executor") has the figures.
 
     python -m bench.vllm_executor --lane priority --streams 1 --executor uni
     python -m bench.vllm_executor --lane exact --k 4

@@ -6,7 +6,7 @@ Starts one server process per uvicorn WebSocket implementation (``--impls``), ea
 times ``response.create`` -> first delta on a warm connection to each, in alternated blocks
 (``--rounds`` of ``--per-block`` requests; the first round warms up). The gateway listens with
 uvicorn's ``websockets`` implementation (``serve.listen``; why not ``websockets-sansio``:
-docs/serving.md, "The front door's own part, profiled").
+docs/front-doors.md).
 
 Usage: python -m bench.ws_layer [--impls websockets-sansio,websockets] [--rounds 6] [--per-block 200]
                                 [--json FILE]
