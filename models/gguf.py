@@ -25,6 +25,8 @@ from pathlib import Path
 
 SOURCE = "source.json"
 """The converted checkpoint's provenance: the GGUF file's name, size and sha256, the dtype."""
+FORMAT = 2
+"""The layout of a converted checkpoint; a cached one of another format is converted again."""
 DTYPES = ("bfloat16", "float32", "float16")
 
 
@@ -87,7 +89,9 @@ def converted(path: str | Path, *, dtype: str = "bfloat16", out: str | Path | No
         source = json.loads((target / SOURCE).read_text())
     except (OSError, ValueError):
         return None
-    return target if source.get("sha256") == (digest or sha256(path)) and source.get("dtype") == dtype else None
+    current = (source.get("sha256") == (digest or sha256(path)) and source.get("dtype") == dtype
+               and source.get("format") == FORMAT)
+    return target if current else None
 
 
 def convert(path: str | Path, *, dtype: str = "bfloat16", out: str | Path | None = None) -> Path:
@@ -119,7 +123,7 @@ def convert(path: str | Path, *, dtype: str = "bfloat16", out: str | Path | None
         started = time.monotonic()
         _write_checkpoint(path, work, dtype)
         (work / SOURCE).write_text(json.dumps({
-            "gguf": path.name, "bytes": path.stat().st_size, "sha256": digest, "dtype": dtype,
+            "format": FORMAT, "gguf": path.name, "bytes": path.stat().st_size, "sha256": digest, "dtype": dtype,
             "converted_with": _versions(), "seconds": round(time.monotonic() - started, 1)}, indent=2) + "\n")
         if target.exists():
             shutil.rmtree(target)
@@ -131,7 +135,7 @@ def convert(path: str | Path, *, dtype: str = "bfloat16", out: str | Path | None
 
 def _write_checkpoint(path: Path, out: Path, dtype: str) -> None:
     import torch
-    from safetensors.torch import save_model
+    from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder, name = str(path.parent), path.name
@@ -150,7 +154,11 @@ def _write_checkpoint(path: Path, out: Path, dtype: str) -> None:
     config["dtype"] = dtype
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     model.generation_config.save_pretrained(out)
-    save_model(model, str(out / "model.safetensors"), metadata={"format": "pt"})  # a tied head once
+    # A tied head is stored once, as the embedding (what Hugging Face checkpoints and llama.cpp's
+    # converter expect), every tensor in storage of its own.
+    tensors = {k: v.contiguous().clone() for k, v in model.state_dict().items()
+               if not (k == "lm_head.weight" and config.get("tie_word_embeddings"))}
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     tokenizer.save_pretrained(out)
     for file in out.iterdir():
         file.chmod(0o644)

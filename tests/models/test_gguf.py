@@ -166,6 +166,11 @@ def test_smollm2_from_its_wheel_answers_as_the_gguf_does():
     assert (config["model_type"], config["num_hidden_layers"], config["hidden_size"], config["vocab_size"],
             config["num_attention_heads"], config["num_key_value_heads"], config["tie_word_embeddings"]) == (
         "llama", 30, 576, 49152, 9, 3, True)
+    from safetensors import safe_open
+
+    with safe_open(str(out / "model.safetensors"), "pt") as f:  # the tied head stored once, as the embedding
+        names = set(f.keys())
+    assert "model.embed_tokens.weight" in names and "lm_head.weight" not in names
     tok = AutoTokenizer.from_pretrained(out)
     assert tok("Call 12345", add_special_tokens=False).input_ids[-5:] == [tok.convert_tokens_to_ids(d) for d in "12345"]
     model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
