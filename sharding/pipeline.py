@@ -35,6 +35,10 @@ from .stage import warm_up
 from .transport import SPIN_S, Link
 from .worker import ChipWorker
 
+# Once its chips are reserved, how long each start-up step may take beyond the placement timeout: a
+# chip's process starts, imports torch and loads its layers, which on a loaded CPU takes minutes.
+START_S = 300.0
+
 
 class RingFailed(ShardingError):
     """The ring stopped: a chip died or raised. The model must be rebuilt."""
@@ -102,18 +106,19 @@ class ShardedModel:
                                                                      placement_group_bundle_index=i % tp),
             ).remote(index=i, stage=i // tp, num_stages=pp, tp_rank=i % tp, tp_size=tp, device=device,
                      threads=threads_per_chip, spin_s=spin_s) for i in range(tp * pp)]
-            ids = ray.get([w.chip_id.remote() for w in self._workers], timeout=placement_timeout_s)
+            start_s = placement_timeout_s + START_S
+            ids = ray.get([w.chip_id.remote() for w in self._workers], timeout=start_s)
             self.layout = [ChipPlacement(chip, i, i // tp, i % tp, ranges[i // tp], i < tp, i >= (pp - 1) * tp, ip)
                            for i, (chip, ip) in enumerate(ids)]
             inits = [None] * pp
             if tp > 1:
-                inits = ray.get([self._workers[s * tp].rendezvous.remote() for s in range(pp)], timeout=placement_timeout_s)
+                inits = ray.get([self._workers[s * tp].rendezvous.remote() for s in range(pp)], timeout=start_s)
             # Every rank of every stage at once: joining a process group blocks until the stage is whole.
             self.packed_linears = ray.get([
                 w.setup.remote(str(path), layer_range=ranges[i // tp], init_method=inits[i // tp], num_slots=num_slots,
                                max_len=self.max_len, dtype=dtype, compile=compile, packed_weights=packed_weights)
-                for i, w in enumerate(self._workers)], timeout=placement_timeout_s + 120)
-            self._wire(placement_timeout_s)
+                for i, w in enumerate(self._workers)], timeout=start_s)
+            self._wire(start_s)
         except BaseException:
             self.shutdown()
             raise

@@ -165,7 +165,7 @@ def test_a_response_still_streaming_or_failed_is_not_kept():
 
 def test_the_next_turn_prefers_the_replica_that_holds_the_prefix():
     from serve.lanes.lane_links import LaneLinks, LinkServer
-    from tests.serve.test_link import Handle, Scripted
+    from tests.serve.test_lane_links import Handle, Scripted
 
     async def main():
         a, b = Scripted(n=10_000, every_s=0.001), Scripted(n=10_000, every_s=0.001)
