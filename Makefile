@@ -1,6 +1,7 @@
 # fastmode: everything a fresh machine needs, behind two commands (see README "Quick start").
 #   make up     run the system on its embedded default
 #   make test   run the test suite (what CI runs)
+#   make test-quick   the tests not marked slow, for the edit-test loop
 # Re-running is quick: the virtual environment is rebuilt only when pyproject.toml changes.
 
 PYTHON ?= python3
@@ -11,7 +12,7 @@ comma  := ,
 STAMP  := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 BIN    := $(VENV)/bin
 
-.PHONY: up test browser bench models eval install clean
+.PHONY: up test test-quick browser bench models eval install clean
 
 install: $(STAMP)
 
@@ -35,6 +36,10 @@ up: $(STAMP)
 
 test: $(STAMP) browser
 	$(BIN)/python -m pytest
+
+# The edit-test loop: every test not marked slow (none starts an application, a vLLM engine or a cluster).
+test-quick: $(STAMP)
+	$(BIN)/python -m pytest -m "not slow" -q
 
 # The playground's browser test drives the system's Chromium (no browser download). Where there is
 # none, on Debian or Ubuntu as root, this installs it (about 10 s here); elsewhere, or with BROWSER=0,

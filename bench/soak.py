@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -498,7 +499,12 @@ async def _wait_running(client: httpx.AsyncClient, lane: str, want_busy: bool, t
     return None
 
 
-async def vanish_ws(url: str, key: str | None, lane: str) -> None:
+async def _first(on_first) -> None:
+    if on_first is not None:
+        await on_first()
+
+
+async def vanish_ws(url: str, key: str | None, lane: str, on_first=None) -> None:
     from websockets.asyncio.client import connect
 
     headers = {"Authorization": f"Bearer {key}"} if key else {}
@@ -510,10 +516,11 @@ async def vanish_ws(url: str, key: str | None, lane: str) -> None:
             raise RuntimeError(f"the request failed: {event}")
         if event["type"] == "response.output_text.delta":
             break
+    await _first(on_first)
     _rst(ws.transport)
 
 
-async def vanish_sse(base: str, key: str | None, lane: str) -> None:
+async def vanish_sse(base: str, key: str | None, lane: str, on_first=None) -> None:
     host, port = base.removeprefix("http://").split(":")
     reader, writer = await asyncio.open_connection(host, int(port))
     body = json.dumps({"model": TIERS[lane]["model"], "prompt": PROMPTS[1], "max_tokens": VANISH_TOKENS, "stream": True,
@@ -529,6 +536,7 @@ async def vanish_sse(base: str, key: str | None, lane: str) -> None:
         if not chunk or seen.startswith(b"HTTP/1.1 4") or b'"error"' in seen:
             raise ConnectionError(f"the request failed: {(seen + chunk)[-300:]!r}")
         seen += chunk
+    await _first(on_first)
     _rst(writer.transport)
 
 
@@ -544,7 +552,7 @@ for chunk in client.stream(sys.argv[3], sys.argv[4], max_output_tokens=int(sys.a
 """
 
 
-async def vanish_grpc(target: str, key: str | None, lane: str) -> None:
+async def vanish_grpc(target: str, key: str | None, lane: str, on_first=None) -> None:
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-c", GRPC_VANISH, target, key or "", TIERS[lane]["model"], PROMPTS[1],
         TIERS[lane].get("service_tier", ""), str(VANISH_TOKENS), cwd=str(Path(__file__).resolve().parents[1]),
@@ -553,6 +561,7 @@ async def vanish_grpc(target: str, key: str | None, lane: str) -> None:
         line = await asyncio.wait_for(proc.stdout.readline(), 120)
         if line.strip() != b"first":
             raise RuntimeError(f"the gRPC client ended before its first token: {line!r}")
+        await _first(on_first)
     finally:
         proc.kill()
         await proc.wait()
@@ -566,8 +575,13 @@ def cancelled(stats: dict[str, Any]) -> int:
 
 
 async def disconnects(base: str, ws_url: str, grpc_target: str | None, key: str | None,
-                      lanes: list[str], doors: list[str]) -> list[dict[str, Any]]:
-    """Per lane and front door: seconds from the client's vanishing to the engine holding nothing."""
+                      lanes: list[str], doors: list[str], hold=None) -> list[dict[str, Any]]:
+    """Per lane and front door: seconds from the client's vanishing to the engine holding nothing.
+
+    ``hold(lane)``, where given (the tests' ``App.paused``), is a context manager that stops the
+    lane's engine; it is entered at the first token, before the client vanishes, and left once the
+    disconnect has reached the engine (its ``reached_engine()``), so the stream cannot reach its end
+    first on a loaded machine. ``freed_s`` then counts from the engine's resumption."""
     out = []
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     async with httpx.AsyncClient(base_url=base, headers=headers, timeout=30) as client:
@@ -578,14 +592,24 @@ async def disconnects(base: str, ws_url: str, grpc_target: str | None, key: str 
                 if await _wait_running(client, lane, False, 30) is None:
                     out.append({"door": door, "lane": lane, "error": "the lane was busy before the test"})
                     continue
-                vanish = {"ws": lambda: vanish_ws(ws_url, key, lane), "sse": lambda: vanish_sse(base, key, lane),
-                          "grpc": lambda: vanish_grpc(grpc_target, key, lane)}[door]
+                held, pauses = contextlib.ExitStack(), []
+
+                async def on_first(lane=lane, held=held, pauses=pauses):
+                    if hold is not None:
+                        pauses.append(held.enter_context(hold(lane)))
+
+                vanish = {"ws": lambda: vanish_ws(ws_url, key, lane, on_first),
+                          "sse": lambda: vanish_sse(base, key, lane, on_first),
+                          "grpc": lambda: vanish_grpc(grpc_target, key, lane, on_first)}[door]
                 before = cancelled((await client.get("/health")).json()["lanes"][lane])
-                try:
-                    await asyncio.wait_for(vanish(), 120)
-                except Exception as e:  # noqa: BLE001 - reported in the results
-                    out.append({"door": door, "lane": lane, "error": f"{type(e).__name__}: {e}"[:300]})
-                    continue
+                with held:  # the engine resumes on leaving, once the disconnect has reached it
+                    try:
+                        await asyncio.wait_for(vanish(), 120)
+                        for paused in pauses:
+                            await asyncio.to_thread(paused.reached_engine)
+                    except Exception as e:  # noqa: BLE001 - reported in the results
+                        out.append({"door": door, "lane": lane, "error": f"{type(e).__name__}: {e}"[:300]})
+                        continue
                 gone = time.perf_counter()
                 freed = await _wait_running(client, lane, False, 30)
                 took = time.perf_counter() - gone

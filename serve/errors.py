@@ -46,6 +46,12 @@ class InvalidRequest(FastmodeError, ValueError):
     status = 400
 
 
+class UnsupportedParameter(InvalidRequest):
+    """A request field this server does not implement (never dropped silently); the message names it."""
+
+    code = "unsupported_parameter"
+
+
 class UnknownModel(FastmodeError, ValueError):
     """A ``model`` that this deployment does not serve; the message lists the ones it does."""
 

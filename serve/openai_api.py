@@ -116,7 +116,7 @@ async def _complete(router, request: Request, api: _Chat | _Text):
         req = parse(api.request_type, data)
         body = with_traceparent(req.generate_request(rid), request.headers)
     except OpenAIRequestError as e:
-        return _error_response(400, e.message, "invalid_request", e.param)
+        return _error_response(400, e.message, e.code, e.param)
     reply = _Reply(api, rid, int(time.time()), req.include_usage)
     stream = router.stream(body, owner=getattr(request.state, "owner", ""))
     return await respond(stream, rid, request, req.stream, created=reply.created_event,

@@ -34,6 +34,7 @@ from .errors import InvalidRequest, describe_validation, parse_json, to_event
 from .lanes.lane import EXACT, PRIORITY
 from .openai_api import JSONBody, _error_response, _extension, respond
 from .openai_api import _event_response as _openai_event_response
+from .openai_schema import OpenAIRequestError, refuse_unimplemented
 from .telemetry import with_traceparent
 
 
@@ -58,9 +59,10 @@ class _Item(BaseModel):
 
 
 class ResponsesRequest(BaseModel):
-    """The fields of OpenAI's ``responses.create`` that fastmode serves (anything else is refused by name)."""
+    """The fields of OpenAI's ``responses.create`` that fastmode serves; any other is refused by name
+    (``unsupported_parameter``) unless it holds its neutral value (``serve.openai_schema.NEUTRAL``)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="allow")
     model: str
     input: str | list[_Item]
     instructions: str | None = None
@@ -70,6 +72,7 @@ class ResponsesRequest(BaseModel):
     max_output_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0, le=2, allow_inf_nan=False)
     top_p: float | None = Field(default=None, gt=0, le=1, allow_inf_nan=False)
+    seed: int | None = None  # as chat completions' (not in OpenAI's Responses API)
     service_tier: str | None = None
     metadata: dict[str, str] | None = None
     user: str | None = None
@@ -86,7 +89,8 @@ class ResponsesRequest(BaseModel):
             items.insert(0, {"role": "system", "content": self.instructions})
         body = {"id": rid, "model": self.model, "input": items, "store": self.store,
                 "previous_response_id": self.previous_response_id, "max_output_tokens": self.max_output_tokens,
-                "temperature": self.temperature, "top_p": self.top_p, "service_tier": self.service_tier,
+                "temperature": self.temperature, "top_p": self.top_p, "seed": self.seed,
+                "service_tier": self.service_tier,
                 "metadata": self.metadata, "ignore_eos": self.ignore_eos}
         return {k: v for k, v in body.items() if v is not None}
 
@@ -101,9 +105,12 @@ async def create(router, request: Request):
         return _error_response(400, "the body must be a JSON object", "invalid_request")
     try:
         req = ResponsesRequest.model_validate(data)
+        refuse_unimplemented(req.model_extra or {})
     except ValidationError as e:
         return _error_response(400, describe_validation(e.errors(), "(body)"), "invalid_request",
                                str(e.errors()[0]["loc"][0]) if e.errors()[0]["loc"] else None)
+    except OpenAIRequestError as e:
+        return _error_response(400, e.message, e.code, e.param)
     rid = f"resp_{uuid.uuid4().hex}"
     reply = _Response(rid, req)
     return await respond(router.stream(with_traceparent(req.generate_request(rid), request.headers),

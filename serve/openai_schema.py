@@ -1,11 +1,15 @@
 """The OpenAI API's request bodies (``/v1/chat/completions``, ``/v1/completions``) and their
 translation into the router's ``GenerateRequest`` fields (``serve.request``).
 
-Unknown fields are ignored: OpenAI's clients send many optional ones. Fields whose meaning this
-server cannot honor (``n`` other than 1, log probabilities, tools, a non-text ``response_format``,
-``echo``, ``suffix``, ``best_of``, non-text message parts, token-id prompts) are refused with a 400
-that names the field, rather than answered with something else. The sampling fields are passed on
-unchanged and validated by the router, whose messages name them the same way.
+No field is dropped. The fields below are honoured; a field this server does not implement is
+refused with a 400 whose ``code`` is ``unsupported_parameter`` and whose ``param`` names it, unless
+it holds its neutral value (``NEUTRAL``: e.g. ``presence_penalty: 0``, ``logit_bias: {}``, ``n: 1``,
+vLLM's ``top_k: -1``), which changes nothing, or is one of ``NO_EFFECT`` (identifiers and cache hints
+that do not change the output). That covers ``n`` other than 1, log probabilities, penalties,
+``logit_bias``, vLLM's ``top_k``/``min_p``/``min_tokens``, tools, a non-text ``response_format``,
+``echo``, ``suffix``, ``best_of``, and any field this API does not know. Non-text message parts and
+token-id prompts are refused as invalid. The sampling fields are validated by the router, whose
+messages name them the same way.
 
 Mapping: ``max_completion_tokens`` (or ``max_tokens``) -> ``max_output_tokens``; ``messages`` ->
 ``input`` as ``[{role, content}]`` (text parts joined); ``prompt`` -> ``input``; ``temperature``,
@@ -23,12 +27,55 @@ ROLES = ("system", "developer", "user", "assistant")
 
 
 class OpenAIRequestError(ValueError):
-    """A request this API refuses before it reaches the router: HTTP 400, naming ``param``."""
+    """A request this API refuses before it reaches the router: HTTP 400, naming ``param``; ``code``
+    ``unsupported_parameter`` for a field this server does not implement, else ``invalid_request``."""
 
-    def __init__(self, message: str, param: str | None = None) -> None:
+    def __init__(self, message: str, param: str | None = None, code: str = "invalid_request") -> None:
         super().__init__(message)
         self.message = message
         self.param = param
+        self.code = code
+
+
+def unsupported(name: str, why: str) -> OpenAIRequestError:
+    return OpenAIRequestError(f"{name}: {why}", name, "unsupported_parameter")
+
+
+NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "n": (1,), "best_of": (1,), "echo": (False,), "suffix": ("",), "logprobs": (False, 0),
+    "top_logprobs": (0,), "frequency_penalty": (0,), "presence_penalty": (0,), "logit_bias": ({},),
+    "repetition_penalty": (1,), "top_k": (-1, 0), "min_p": (0,), "min_tokens": (0,),
+    "tools": ([],), "functions": ([],), "tool_choice": ("none", "auto"), "parallel_tool_calls": (True, False),
+    "response_format": ({"type": "text"},), "modalities": (["text"],), "store": (False,),
+    "use_beam_search": (False,), "skip_special_tokens": (True,), "stop_token_ids": ([],),
+    "include_stop_str_in_output": (False,),
+    # Responses' own
+    "include": ([],), "background": (False,), "text": ({"format": {"type": "text"}},),
+}
+"""Fields this server does not implement, with the values that mean "not used" (``None`` always
+does): they are accepted at those values and refused (``unsupported_parameter``) at any other."""
+
+NO_EFFECT = frozenset({"user", "safety_identifier", "prompt_cache_key", "prompt_cache_retention"})
+"""Fields accepted and not acted on because they do not change the output: end-user identifiers
+(for abuse monitoring at OpenAI) and prompt-cache hints (every lane reuses cached prefixes itself)."""
+
+
+def _same(value: Any, neutral: Any) -> bool:
+    """``value`` is ``neutral`` (``True`` is not ``1``, as JSON tells them apart)."""
+    return isinstance(value, bool) == isinstance(neutral, bool) and value == neutral
+
+
+def refuse_unimplemented(fields: dict[str, Any], where: str = "") -> None:
+    """Raise ``unsupported_parameter`` for the first of ``fields`` (a body's fields this API does not
+    map) that is neither neutral nor without effect."""
+    for name, value in fields.items():
+        if value is None or name in NO_EFFECT:
+            continue
+        if name in NEUTRAL:
+            if any(_same(value, v) for v in NEUTRAL[name]):
+                continue
+            raise unsupported(where + name, f"not supported by this server (got {value!r:.80})")
+        raise unsupported(where + name, "unknown parameter, not supported by this server")
 
 
 class StreamOptions(BaseModel):
@@ -37,9 +84,9 @@ class StreamOptions(BaseModel):
 
 
 class _Common(BaseModel):
-    """The fields both endpoints share."""
+    """The fields both endpoints share; the rest (``model_extra``) go through ``refuse_unimplemented``."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")
 
     model: str = Field(min_length=1)
     stream: bool | None = False
@@ -53,7 +100,6 @@ class _Common(BaseModel):
     metadata: dict[str, Any] | None = None
     ignore_eos: bool | None = False  # vLLM's extension (its benchmark client sends it)
     allow_spill: bool | None = False  # fastmode's: serve on standard if priority/exact is full
-    n: int | None = None
 
     @property
     def include_usage(self) -> bool:
@@ -65,8 +111,7 @@ class _Common(BaseModel):
 
     def check(self) -> None:
         """Refuse what cannot be honored (an ``OpenAIRequestError`` naming the field)."""
-        if self.n not in (None, 1):
-            raise OpenAIRequestError(f"n: only one choice per request is supported, got n={self.n}", "n")
+        refuse_unimplemented(self.model_extra or {})
 
     def generate_request(self, request_id: str) -> dict[str, Any]:
         """The router's request body (``GenerateRequest`` fields), with only the fields that are set."""
@@ -90,30 +135,10 @@ class ChatCompletionRequest(_Common):
 
     messages: list[dict[str, Any]] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
-    logprobs: bool | None = None
-    top_logprobs: int | None = None
-    tools: list[Any] | None = None
-    functions: list[Any] | None = None
-    tool_choice: Any = None
-    response_format: dict[str, Any] | None = None
 
     @property
     def output_budget(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
-
-    def check(self) -> None:
-        super().check()
-        if self.logprobs or self.top_logprobs:
-            raise OpenAIRequestError("logprobs: log probabilities are not supported",
-                                     "logprobs" if self.logprobs else "top_logprobs")
-        for name in ("tools", "functions"):
-            if getattr(self, name):
-                raise OpenAIRequestError(f"{name}: tool calling is not supported", name)
-        if self.tool_choice not in (None, "none", "auto"):
-            raise OpenAIRequestError("tool_choice: tool calling is not supported", "tool_choice")
-        if self.response_format is not None and self.response_format.get("type") != "text":
-            raise OpenAIRequestError(f"response_format: only {{'type': 'text'}} is supported, got "
-                                     f"{self.response_format.get('type')!r}", "response_format")
 
     def router_input(self) -> list[dict[str, str]]:
         return [_message(i, m) for i, m in enumerate(self.messages)]
@@ -123,21 +148,6 @@ class CompletionRequest(_Common):
     """``POST /v1/completions``."""
 
     prompt: Any = None
-    logprobs: int | None = None
-    echo: bool | None = False
-    suffix: str | None = None
-    best_of: int | None = None
-
-    def check(self) -> None:
-        super().check()
-        if self.logprobs is not None:
-            raise OpenAIRequestError("logprobs: log probabilities are not supported", "logprobs")
-        if self.echo:
-            raise OpenAIRequestError("echo: echoing the prompt is not supported", "echo")
-        if self.suffix:
-            raise OpenAIRequestError("suffix: insertion (a suffix) is not supported", "suffix")
-        if self.best_of not in (None, 1):
-            raise OpenAIRequestError(f"best_of: only 1 is supported, got {self.best_of}", "best_of")
 
     def router_input(self) -> str:
         prompt = self.prompt

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 
 from sharding.sampling import SamplingParams
 
-from .errors import InvalidRequest, describe_validation
+from .errors import InvalidRequest, UnsupportedParameter, describe_validation
 
 _Text = Annotated[str, StringConstraints(min_length=1)]
 
@@ -82,6 +82,10 @@ class GenerateRequest(BaseModel):
         try:
             req = cls.model_validate(data)
         except ValidationError as e:
+            extra = [err for err in e.errors() if err["type"] == "extra_forbidden"]
+            if extra:  # a field no front door maps: not implemented here, never dropped
+                raise UnsupportedParameter(f"{'.'.join(map(str, extra[0]['loc']))}: unknown parameter, "
+                                           "not supported by this server") from None
             raise InvalidRequest(describe_validation(e.errors(), "(request)")) from None
         if isinstance(req.stop, list) and len(req.stop) > 4:
             raise InvalidRequest(f"stop: at most 4 stop strings, got {len(req.stop)}")

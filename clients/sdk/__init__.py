@@ -37,11 +37,11 @@ The blocking ``Client`` has the same methods::
 from .client import AsyncClient, AsyncResponses, Response, ResponseStream, Timing, Usage, responses_url
 from .errors import (AuthenticationError, ConnectionDraining, ConnectionFailed, ConnectionLost, FastmodeError,
                      InternalError, InvalidRequest, LaneUnavailable, Overloaded, PreviousResponseNotFound,
-                     SlowConsumer, UnknownModel, UnknownServiceTier, from_code)
+                     SlowConsumer, UnknownModel, UnknownServiceTier, UnsupportedParameter, from_code)
 from .sync import Client, Responses, Stream
 
 __all__ = ["AsyncClient", "AsyncResponses", "Client", "Responses", "Response", "ResponseStream", "Stream",
-           "Timing", "Usage", "responses_url", "FastmodeError", "InvalidRequest", "UnknownModel",
+           "Timing", "Usage", "responses_url", "FastmodeError", "InvalidRequest", "UnsupportedParameter", "UnknownModel",
            "UnknownServiceTier", "Overloaded", "LaneUnavailable", "SlowConsumer", "AuthenticationError",
            "ConnectionLost", "ConnectionFailed", "ConnectionDraining", "InternalError", "PreviousResponseNotFound",
            "from_code"]

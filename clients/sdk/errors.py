@@ -28,6 +28,12 @@ class InvalidRequest(FastmodeError):
     default_code = "invalid_request"
 
 
+class UnsupportedParameter(InvalidRequest):
+    """A request field the server does not implement (it refuses it rather than ignore it)."""
+
+    default_code = "unsupported_parameter"
+
+
 class UnknownModel(InvalidRequest):
     """The deployment does not serve this ``model``; the message lists the ones it does."""
 
@@ -101,6 +107,7 @@ CODES: dict[str, type[FastmodeError]] = {
                      "binary_frame", "frame_too_large", "duplicate_id", "unknown_id",
                      "invalid_sampling_params", "empty_prompt", "token_out_of_range", "duplicate_request"],
                     InvalidRequest),
+    "unsupported_parameter": UnsupportedParameter,
     "unknown_model": UnknownModel,
     "unknown_service_tier": UnknownServiceTier,
     "previous_response_not_found": PreviousResponseNotFound,

@@ -14,7 +14,7 @@ from websockets.asyncio.server import serve
 from bench.soak import cancelled
 from clients.sdk import (AsyncClient, AuthenticationError, Client, ConnectionFailed, ConnectionLost,
                          FastmodeError, InternalError, InvalidRequest, LaneUnavailable, Overloaded,
-                         PreviousResponseNotFound, SlowConsumer, UnknownModel, from_code, responses_url)
+                         PreviousResponseNotFound, SlowConsumer, UnknownModel, UnsupportedParameter, from_code, responses_url)
 from tests.serve.conftest import free_port, text_of
 
 LANES = {"fast": ("fastmode-fast", None), "priority": ("fastmode-full", "priority"),
@@ -107,6 +107,7 @@ def test_url_and_error_mapping():
     for code, cls in [("invalid_request", InvalidRequest), ("invalid_json", InvalidRequest),
                       ("prompt_too_long", InvalidRequest), ("duplicate_id", InvalidRequest),
                       ("unknown_model", UnknownModel), ("overloaded", Overloaded),
+                      ("unsupported_parameter", UnsupportedParameter),
                       ("lane_unavailable", LaneUnavailable),
                       ("slow_consumer", SlowConsumer), ("internal_error", InternalError)]:
         assert type(from_code(code, "m")) is cls and from_code(code).code == code

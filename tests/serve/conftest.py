@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -156,8 +157,10 @@ class App:
         if lane == "fast":
             found = chip_processes(root)
         else:
-            replicas = [p for p in root.children(recursive=True)
-                        if title(p).startswith("ray::ServeReplica:") and title(p).endswith(f":{lane}-lane")]
+            # Ray titles a replica ``ray::ServeReplica:<app>:<deployment>``, and while it runs a method
+            # ``ray::ServeReplica:<app>:<deployment>.<method>``: match the deployment either way.
+            replica = re.compile(rf"ray::ServeReplica:[^:]+:{lane}-lane(\.|\s|$)")
+            replicas = [p for p in root.children(recursive=True) if replica.match(title(p))]
             found = replicas if lane == "exact" else [
                 c for r in replicas for c in r.children(recursive=True) if title(c).startswith("VLLM")]
         assert found, f"no engine process of the {lane} lane among {[title(p) for p in root.children(recursive=True)]}"

@@ -221,11 +221,14 @@ def test_a_killed_grpc_server_fails_its_calls_unavailable_and_comes_back(app):
 @pytest.mark.slow
 def test_a_client_that_vanishes_mid_stream_frees_its_sequence_on_every_lane_and_front_door(app):
     """A TCP reset (WebSocket, SSE) or a killed client process (gRPC) after the first token: the
-    lane's engine holds the sequence no longer soon after (the bench reports the milliseconds)."""
+    lane's engine holds the sequence no longer soon after (the bench reports the milliseconds). Each
+    lane's engine is paused from the first token until the disconnect has reached it, so the stream
+    cannot end on its own first."""
     from bench.soak import LANES, disconnects
 
     a = app()
-    gone = asyncio.run(disconnects(a.base, a.ws_url, a.grpc_target, a.key, list(LANES), ["ws", "sse", "grpc"]))
+    gone = asyncio.run(disconnects(a.base, a.ws_url, a.grpc_target, a.key, list(LANES), ["ws", "sse", "grpc"],
+                                   hold=a.paused))
     assert len(gone) == 12, gone
     slow = [d for d in gone if d.get("freed_s") is None or d["freed_s"] > 2.0 or not d["cancelled_by_disconnect"]]
     assert not slow, slow

@@ -368,36 +368,101 @@ def test_refused_requests_are_http_errors_in_openais_shape():
     assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
 
 
-@pytest.mark.parametrize("path,body,param,says", [
-    ("chat", {**CHAT, "n": 2}, "n", "one choice"),
-    ("chat", {**CHAT, "logprobs": True}, "logprobs", "not supported"),
-    ("chat", {**CHAT, "top_logprobs": 2}, "top_logprobs", "not supported"),
-    ("chat", {**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "tool calling"),
-    ("chat", {**CHAT, "response_format": {"type": "json_object"}}, "response_format", "json_object"),
+U = "unsupported_parameter"  # a field this server does not implement
+I = "invalid_request"
+
+
+@pytest.mark.parametrize("path,body,param,code,says", [
+    ("chat", {**CHAT, "n": 2}, "n", U, "not supported"),
+    ("chat", {**CHAT, "logprobs": True}, "logprobs", U, "not supported"),
+    ("chat", {**CHAT, "top_logprobs": 2}, "top_logprobs", U, "not supported"),
+    ("chat", {**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", U, "not supported"),
+    ("chat", {**CHAT, "tool_choice": "required"}, "tool_choice", U, "required"),
+    ("chat", {**CHAT, "response_format": {"type": "json_object"}}, "response_format", U, "json_object"),
+    ("chat", {**CHAT, "presence_penalty": 0.5}, "presence_penalty", U, "0.5"),
+    ("chat", {**CHAT, "frequency_penalty": -1}, "frequency_penalty", U, "not supported"),
+    ("chat", {**CHAT, "logit_bias": {"42": 5}}, "logit_bias", U, "not supported"),
+    ("chat", {**CHAT, "top_k": 5}, "top_k", U, "not supported"),  # vLLM's extension
+    ("chat", {**CHAT, "min_p": 0.1}, "min_p", U, "not supported"),
+    ("chat", {**CHAT, "reasoning_effort": "high"}, "reasoning_effort", U, "not supported"),
+    ("chat", {**CHAT, "n": True}, "n", U, "True"),  # JSON's true is not 1
+    ("chat", {**CHAT, "colour": "red"}, "colour", U, "unknown parameter"),
     ("chat", {**CHAT, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
-     "messages[0].content[0].type", "image_url"),
-    ("chat", {**CHAT, "messages": [{"role": "tool", "content": "x"}]}, "messages[0].role", "tool"),
-    ("chat", {**CHAT, "messages": []}, "messages", "at least 1"),
-    ("chat", {**CHAT, "temperature": "hot"}, "temperature", "number"),
-    ("chat", {**CHAT, "max_tokens": 0}, "max_tokens", "greater than or equal to 1"),
-    ("chat", {"messages": CHAT["messages"]}, "model", "required"),
-    ("text", {"model": "m", "prompt": [1, 2]}, "prompt", "token-id"),
-    ("text", {"model": "m", "prompt": [[1, 2]]}, "prompt", "token-id"),
-    ("text", {"model": "m", "prompt": ["a", "b"]}, "prompt", "one prompt"),
-    ("text", {"model": "m", "prompt": "x", "logprobs": 1}, "logprobs", "not supported"),
-    ("text", {"model": "m", "prompt": "x", "echo": True}, "echo", "not supported"),
-    ("text", {"model": "m", "prompt": "x", "best_of": 2}, "best_of", "only 1"),
-    ("text", {"model": "m"}, "prompt", "string"),
+     "messages[0].content[0].type", I, "image_url"),
+    ("chat", {**CHAT, "messages": [{"role": "tool", "content": "x"}]}, "messages[0].role", I, "tool"),
+    ("chat", {**CHAT, "messages": []}, "messages", I, "at least 1"),
+    ("chat", {**CHAT, "temperature": "hot"}, "temperature", I, "number"),
+    ("chat", {**CHAT, "max_tokens": 0}, "max_tokens", I, "greater than or equal to 1"),
+    ("chat", {"messages": CHAT["messages"]}, "model", I, "required"),
+    ("text", {"model": "m", "prompt": [1, 2]}, "prompt", I, "token-id"),
+    ("text", {"model": "m", "prompt": [[1, 2]]}, "prompt", I, "token-id"),
+    ("text", {"model": "m", "prompt": ["a", "b"]}, "prompt", I, "one prompt"),
+    ("text", {"model": "m", "prompt": "x", "logprobs": 1}, "logprobs", U, "not supported"),
+    ("text", {"model": "m", "prompt": "x", "echo": True}, "echo", U, "not supported"),
+    ("text", {"model": "m", "prompt": "x", "best_of": 2}, "best_of", U, "not supported"),
+    ("text", {"model": "m", "prompt": "x", "suffix": "end"}, "suffix", U, "not supported"),
+    ("text", {"model": "m", "prompt": "x", "response_format": {"type": "json_object"}}, "response_format", U, "json"),
+    ("text", {"model": "m"}, "prompt", I, "string"),
 ])
-def test_requests_that_cannot_be_honored_get_a_400_naming_the_field(path, body, param, says):
+def test_requests_that_cannot_be_honored_get_a_400_naming_the_field(path, body, param, code, says):
     router, c = scripted([CREATED, DONE])
     r = c.post("/v1/chat/completions" if path == "chat" else "/v1/completions", json=body)
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert (error["type"], error["param"]) == ("invalid_request_error", param)
-    assert error["code"] == "invalid_request"
+    assert error["code"] == code
     assert says in error["message"]
     assert router.bodies == []  # never reached the router
+
+
+def test_neutral_values_of_unimplemented_fields_and_identifiers_reach_the_router_unchanged():
+    """What OpenAI's and LangChain's clients send by default (penalties 0, an empty ``logit_bias``,
+    ``n`` 1, ``tool_choice`` none, a ``user``) changes nothing, so it is accepted, not refused."""
+    router, c = scripted([CREATED, *DELTAS, DONE])
+    body = {**CHAT, "presence_penalty": 0, "frequency_penalty": 0.0, "logit_bias": {}, "n": 1, "logprobs": False,
+            "tool_choice": "none", "parallel_tool_calls": True, "user": "u-1", "store": False, "top_k": -1,
+            "response_format": {"type": "text"}, "seed": 7, "temperature": 0}
+    r = c.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    assert router.bodies[0]["seed"] == 7 and router.bodies[0]["temperature"] == 0
+    assert not {"presence_penalty", "logit_bias", "user", "top_k"} & set(router.bodies[0])
+
+
+OPENAI_FIELDS_SERVED = {"model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature",
+                        "top_p", "stop", "seed", "service_tier", "metadata", "stream_options"}
+
+
+@pytest.mark.parametrize("path", ["chat", "text"])
+def test_every_field_of_the_openai_packages_params_is_served_or_refused_by_name(path):
+    """Every field of ``openai``'s own ``CompletionCreateParams`` types: a served field reaches the
+    router; any other, set to a value that would change the output, is a 400 ``unsupported_parameter``
+    naming it (never dropped)."""
+    from openai.types import completion_create_params as text_params
+    from openai.types.chat import completion_create_params as chat_params
+
+    params = (chat_params if path == "chat" else text_params).CompletionCreateParamsBase.__annotations__
+    base = CHAT if path == "chat" else {"model": "m", "prompt": "x"}
+    url = "/v1/chat/completions" if path == "chat" else "/v1/completions"
+    not_neutral = {"audio": {"voice": "alloy", "format": "wav"}, "frequency_penalty": 1, "presence_penalty": 1,
+                   "function_call": "auto", "functions": [{"name": "f"}], "logit_bias": {"1": 1}, "logprobs": 1,
+                   "modalities": ["text", "audio"], "moderation": {"x": 1}, "n": 2, "parallel_tool_calls": "yes",
+                   "prediction": {"type": "content", "content": "x"}, "prompt_cache_options": {"x": 1},
+                   "reasoning_effort": "high", "response_format": {"type": "json_object"}, "store": True,
+                   "tool_choice": "required", "tools": [{"type": "function"}], "top_logprobs": 3, "verbosity": "low",
+                   "web_search_options": {}, "best_of": 2, "echo": True, "suffix": "s"}
+    no_effect = {"user", "safety_identifier", "prompt_cache_key", "prompt_cache_retention"}
+    for field in sorted(params):
+        if field in OPENAI_FIELDS_SERVED | no_effect or field in base:
+            continue
+        assert field in not_neutral, f"{field}: a field of the openai package this test does not know"
+        router, c = scripted([CREATED, *DELTAS, DONE])
+        r = c.post(url, json={**base, field: not_neutral[field]})
+        assert r.status_code == 400, (field, r.text)
+        assert (r.json()["error"]["code"], r.json()["error"]["param"]) == ("unsupported_parameter", field), r.text
+        assert router.bodies == []
+    for field in sorted(no_effect & set(params)):
+        router, c = scripted([CREATED, *DELTAS, DONE])
+        assert c.post(url, json={**base, field: "x"}).status_code == 200, field
 
 
 def test_a_body_that_is_not_json_is_a_400():

@@ -85,17 +85,30 @@ def test_the_stream_is_openais_event_sequence():
     assert events[0]["response"]["status"] == "in_progress" and router.streams[0].cancelled
 
 
-@pytest.mark.parametrize("body, param", [
-    ({"model": "m"}, "input"),
-    ({"model": "m", "input": "x", "tools": [{"type": "web_search"}]}, "tools"),
-    ({"model": "m", "input": "x", "temperature": 3}, "temperature"),
-    ({"model": "m", "input": "x", "reasoning": {"effort": "low"}}, "reasoning"),
+@pytest.mark.parametrize("body, param, code", [
+    ({"model": "m"}, "input", "invalid_request"),
+    ({"model": "m", "input": "x", "tools": [{"type": "web_search"}]}, "tools", "invalid_request"),
+    ({"model": "m", "input": "x", "temperature": 3}, "temperature", "invalid_request"),
+    ({"model": "m", "input": "x", "reasoning": {"effort": "low"}}, "reasoning", "unsupported_parameter"),
+    ({"model": "m", "input": "x", "top_logprobs": 2}, "top_logprobs", "unsupported_parameter"),
+    ({"model": "m", "input": "x", "include": ["message.output_text.logprobs"]}, "include", "unsupported_parameter"),
+    ({"model": "m", "input": "x", "background": True}, "background", "unsupported_parameter"),
+    ({"model": "m", "input": "x", "colour": "red"}, "colour", "unsupported_parameter"),
 ])
-def test_bad_bodies_get_openais_error_naming_the_field(body, param):
+def test_bad_bodies_get_openais_error_naming_the_field(body, param, code):
     router, c = scripted([CREATED, *DELTAS, DONE])
     r = c.post("/v1/responses", json=body)
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.json()
     assert r.json()["error"]["type"] == "invalid_request_error" and router.bodies == []
+    assert r.json()["error"]["code"] == code
+
+
+def test_seed_and_neutral_fields_reach_the_router():
+    router, c = scripted([CREATED, *DELTAS, DONE])
+    r = c.post("/v1/responses", json={"model": "m", "input": "x", "seed": 3, "top_logprobs": 0, "include": [],
+                                      "background": False, "text": {"format": {"type": "text"}}})
+    assert r.status_code == 200, r.text
+    assert router.bodies[0]["seed"] == 3 and "include" not in router.bodies[0]
 
 
 def test_a_response_that_echoes_a_lone_surrogate_is_still_written():

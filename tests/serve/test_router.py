@@ -67,7 +67,7 @@ def test_auto_routes_by_difficulty_hard_to_fast_by_default(app):
     ({"model": "fastmode-full", "service_tier": "flex", "input": "x"}, 400, "unknown_service_tier", "priority"),
     ({"model": "fastmode-fast", "input": "x", "temperature": -1}, 400, "invalid_request", "temperature"),
     ({"model": "fastmode-fast", "input": "x", "top_p": "high"}, 400, "invalid_request", "top_p"),
-    ({"model": "fastmode-fast", "input": "x", "colour": 1}, 400, "invalid_request", "colour"),
+    ({"model": "fastmode-fast", "input": "x", "colour": 1}, 400, "unsupported_parameter", "colour"),
     ({"input": "x"}, 400, "invalid_request", "model"),
     ({"model": "fastmode-fast", "input": ""}, 400, "invalid_request", "empty"),
     ({"model": "fastmode-full", "input": "x", "max_output_tokens": 100000}, 400, "prompt_too_long", "512"),
