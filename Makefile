@@ -1,7 +1,6 @@
 # fastmode: everything a fresh machine needs, behind two commands (see README "Quick start").
 #   make up     run the system on its embedded default
-#   make test   run the test suite (what CI runs)
-#   make test-quick   the tests not marked slow, for the edit-test loop
+#   make test   run the test suite (what CI runs); make test-quick, make test-all: the other tiers
 # Re-running is quick: the virtual environment is rebuilt only when pyproject.toml changes.
 
 PYTHON ?= python3
@@ -12,7 +11,7 @@ comma  := ,
 STAMP  := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 BIN    := $(VENV)/bin
 
-.PHONY: up test test-quick browser bench models eval install clean
+.PHONY: up test test-quick test-all browser bench models eval install clean
 
 install: $(STAMP)
 
@@ -34,12 +33,16 @@ $(STAMP): pyproject.toml
 up: $(STAMP)
 	$(BIN)/fastmode up
 
-test: $(STAMP) browser
-	$(BIN)/python -m pytest
+# Three tiers (docs/decisions/022-two-test-tiers.md): test-quick for the edit-test loop, test for CI
+# and every change (all but the tests marked full), test-all before a release (about 90 min here).
+test: $(STAMP)
+	$(BIN)/python -m pytest -m "not full"
 
-# The edit-test loop: every test not marked slow (none starts an application, a vLLM engine or a cluster).
 test-quick: $(STAMP)
-	$(BIN)/python -m pytest -m "not slow" -q
+	$(BIN)/python -m pytest -m "not slow and not full" -q
+
+test-all: $(STAMP) browser
+	$(BIN)/python -m pytest
 
 # The playground's browser test drives the system's Chromium (no browser download). Where there is
 # none, on Debian or Ubuntu as root, this installs it (about 10 s here); elsewhere, or with BROWSER=0,

@@ -1,6 +1,6 @@
 """``fastmode bench fuzz``: the hostile-input fuzz of every front door, run long.
 
-``make test`` runs ``tests/serve/test_fuzz.py`` with 40 examples per front door (about a minute). This
+``make test`` runs ``tests/serve/test_fuzz.py`` with 25 examples per front door (under a minute). This
 runs the same tests with ``--examples`` per front door (default 200; ``--quick`` 10): they start
 their own application (``fastmode up``, the embedded default config, an API key required), so
 nothing else may be running on the machine. Each front door (the WebSocket's frames, the JSON bodies

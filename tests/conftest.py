@@ -97,11 +97,26 @@ def app(tmp_path_factory):
         holder["app"].stop()
 
 
+FULL_FIXTURES = frozenset({"secure_app", "quick_run", "run_module", "piped_app"})
+"""A test that uses one of these is in the full suite only (marker ``full``): ``fastmode bench all
+--quick`` against the shared app, a benchmark module in its own process, the TLS + tracing app of
+``test_security`` and ``test_telemetry``, the Serve-proxy app of the dashboard test."""
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker
 def pytest_collection_modifyitems(config, items):
-    """Run the tests that use ``secure_app`` one after the other (it stops after the last of them),
+    """Mark ``full`` every test that needs an application or benchmark run of its own
+    (``FULL_FIXTURES``) and every slow benchmark test (a stage or probe run in its tiny setting),
+    then order the rest.
+
+    Run the tests that use ``secure_app`` one after the other (it stops after the last of them),
     and ``tests/serve/test_up.py`` (whose last test stops the shared app with Ctrl-C) after every
     other test in ``tests/serve``, and so after every test that uses the app (``tests/clients``
     sorts first); the sharding tests after it start a Ray of their own."""
+    for item in items:
+        bench_run = item.nodeid.startswith("tests/bench/") and item.get_closest_marker("slow") is not None
+        if bench_run or FULL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.full)
     secure = [i for i in items if "secure_app" in getattr(i, "fixturenames", ())]
     # test_security.py's last test stops that app (to flush its spans and logs): its tests go last
     secure.sort(key=lambda i: i.nodeid.startswith("tests/serve/test_security.py"))

@@ -24,6 +24,9 @@ from websockets.sync.client import connect
 
 from tests.serve.conftest import FIRST_REQUESTS
 
+# kills engines, chips and servers and waits for their rebuilds: the full suite only (make test-all)
+pytestmark = pytest.mark.full
+
 ERROR_WITHIN_S = 5.0
 SERVED_AGAIN_WITHIN_S = 120.0
 """A bound against a lane that never comes back, not a speed goal: a rebuild of a compiled lane

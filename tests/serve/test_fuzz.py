@@ -10,7 +10,7 @@ engine sequence behind) and a normal request is served.
 Requests are valid ones with up to two fields replaced by any JSON value (or removed), next to
 arbitrary JSON, broken or deep text and raw bytes. A valid request's token budget is 1-3 and is never
 removed or raised, so the engines' time goes to hostile input, not to long generations.
-``FASTMODE_FUZZ_EXAMPLES`` sets the examples per front door (default 40, about a minute in all; e.g.
+``FASTMODE_FUZZ_EXAMPLES`` sets the examples per front door (default 25, under a minute in all; e.g.
 1000 for a long run). With ``FASTMODE_FUZZ_TALLY`` set to a file, each front door appends a JSON line to
 it: how many inputs it sent and how each was answered (``fastmode bench fuzz`` reports them).
 """
@@ -41,7 +41,7 @@ from tests.serve.conftest import REPO
 from tests.serve.test_protocol import validate
 from tests.serve.test_websocket import ws
 
-EXAMPLES = int(os.environ.get("FASTMODE_FUZZ_EXAMPLES", "40"))
+EXAMPLES = int(os.environ.get("FASTMODE_FUZZ_EXAMPLES", "25"))
 TALLY = os.environ.get("FASTMODE_FUZZ_TALLY")
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
 MAX_FRAME = GatewayConfig().max_frame_bytes

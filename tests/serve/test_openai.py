@@ -215,7 +215,7 @@ def bench(a, *args: str) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend,endpoint", [("openai-chat", "/v1/chat/completions"),
-                                              ("openai", "/v1/completions")])
+                                              pytest.param("openai", "/v1/completions", marks=pytest.mark.full)])
 def test_vllm_benchmark_client(app, backend, endpoint):
     result = bench(app(), "--backend", backend, "--endpoint", endpoint)
     assert (result["completed"], result["failed"]) == (8, 0), result["errors"]

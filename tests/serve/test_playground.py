@@ -32,6 +32,9 @@ from clients.sdk import Client
 from serve.auth import KEY_SUBPROTOCOL
 from serve.protocol import VERSION
 
+# a browser against the shared app, minutes a file: the full suite only (make test-all)
+pytestmark = pytest.mark.full
+
 PLAYGROUND = Path(__file__).resolve().parents[2] / "serve" / "playground"
 CHROMIUM = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
 PROMPT = "def parse(path):\n"

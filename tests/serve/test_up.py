@@ -105,6 +105,7 @@ def test_ctrl_c_stops_everything_it_started(app):
 
 
 @pytest.mark.slow
+@pytest.mark.full  # an application of its own, waited on until its lane gives up (minutes)
 def test_a_lane_that_cannot_start_is_named_with_its_root_cause(tmp_path):
     """vLLM's CPU attention takes blocks of a multiple of 32 only; its engine process says so, and the
     replica only "engine core initialization failed". ``fastmode up`` exits 1 naming the lane and the cause."""

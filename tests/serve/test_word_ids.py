@@ -39,7 +39,7 @@ def test_the_shipped_tokenizers_take_the_fast_way(name):
 
 
 @pytest.mark.parametrize("name", TOKENIZERS)
-@settings(max_examples=600, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(text=TEXTS)
 def test_any_text_equals_the_tokenizers_own_encode(name, text):
     _check(WordIds(TOKENIZERS[name]), TOKENIZERS[name], text)

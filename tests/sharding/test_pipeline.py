@@ -48,8 +48,17 @@ def _id(p: tuple) -> str:
     return f"tp{tp}-pp{pp}-{name}" + ("-compiled" if compile_ else "") + ("-packed" if any(packed_) else "")
 
 
+def _full(p: tuple) -> bool:
+    """In the full suite only (``make test-all``): a compiled ring (a cold compile in its chips, minutes)
+    and the shipped checkpoints but the full model at tp=2 x pp=2 (the tiny pair covers every
+    layout in ``make test``)."""
+    tp, pp, name, compile_, *_ = p
+    return compile_ or (name in SHIPPED and (tp, pp, name) != (2, 2, "full"))
+
+
 def _pipe(params: list[tuple]):
-    return pytest.mark.parametrize("pipe", params, indirect=True, ids=_id)
+    return pytest.mark.parametrize("pipe", [pytest.param(p, marks=[pytest.mark.full] if _full(p) else []) for p in params],
+                                   indirect=True, ids=_id)
 
 
 @pytest.fixture(scope="module")

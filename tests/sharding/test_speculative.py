@@ -195,6 +195,7 @@ def test_prefix_cache_reuses_a_conversations_history_in_both_models(pair):
         hf_greedy(full, last + [5, 6], 8)]
 
 
+@pytest.mark.full  # a cold compile of every warm-up shape (minutes); the shared app compiles its fast lane in make test
 def test_after_the_warm_up_no_batch_compiles_again(tiny_dir):
     # The exact lane warms its engine up at start; a compile after it would stall a user's request.
     from torch._dynamo.utils import counters
