@@ -110,7 +110,7 @@ def test_apply_packs_every_linear_and_keeps_ties(bf16_pair, tmp_path):
 
 
 @needs_kernel
-@pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("compile", [False, pytest.param(True, marks=pytest.mark.full)], ids=["eager", "compiled"])
 def test_engine_greedy_matches_transformers(bf16_pair, compile):
     path = bf16_pair[0]
     engine = Engine.from_pretrained(path, num_slots=4, compile=compile, packed_weights=True)

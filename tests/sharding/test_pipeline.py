@@ -49,11 +49,11 @@ def _id(p: tuple) -> str:
 
 
 def _full(p: tuple) -> bool:
-    """In the full suite only (``make test-all``): a compiled ring (a cold compile in its chips, minutes)
-    and the shipped checkpoints but the full model at tp=2 x pp=2 (the tiny pair covers every
+    """In the full suite only (``make test-all``): a compiled ring (a cold compile in its chips, minutes),
+    packed weights in a ring (``test_packed`` runs them in process), and the shipped checkpoints but the full model at tp=2 x pp=2 (the tiny pair covers every
     layout in ``make test``)."""
-    tp, pp, name, compile_, *_ = p
-    return compile_ or (name in SHIPPED and (tp, pp, name) != (2, 2, "full"))
+    tp, pp, name, compile_, *packed_ = p
+    return compile_ or any(packed_) or (name in SHIPPED and (tp, pp, name) != (2, 2, "full"))
 
 
 def _pipe(params: list[tuple]):
