@@ -65,7 +65,7 @@ def _same(value: Any, neutral: Any) -> bool:
     return isinstance(value, bool) == isinstance(neutral, bool) and value == neutral
 
 
-def refuse_unimplemented(fields: dict[str, Any], where: str = "") -> None:
+def refuse_unimplemented(fields: dict[str, Any]) -> None:
     """Raise ``unsupported_parameter`` for the first of ``fields`` (a body's fields this API does not
     map) that is neither neutral nor without effect."""
     for name, value in fields.items():
@@ -74,8 +74,8 @@ def refuse_unimplemented(fields: dict[str, Any], where: str = "") -> None:
         if name in NEUTRAL:
             if any(_same(value, v) for v in NEUTRAL[name]):
                 continue
-            raise unsupported(where + name, f"not supported by this server (got {value!r:.80})")
-        raise unsupported(where + name, "unknown parameter, not supported by this server")
+            raise unsupported(name, f"not supported by this server (got {value!r:.80})")
+        raise unsupported(name, "unknown parameter, not supported by this server")
 
 
 class StreamOptions(BaseModel):
