@@ -1,4 +1,10 @@
-"""A plain-torch Llama decoder whose pipeline stages are the same model with layers removed.
+"""A plain-torch decoder (Llama and the families of ``sharding.config``) whose pipeline stages are
+the same model with layers removed.
+
+The families differ only in small pieces chosen from the config: biases on projections, a
+per-head q/k norm, the norm's ``(offset + w)``, the MLP's activation, an embedding scale, Gemma 3's
+four norms per layer, sliding-window layers and their own RoPE base, partial rotary. Phi-3's fused
+projections are split at load (``sharding.weights``), so the model never sees them.
 
 Parameter names are Hugging Face's (``model.embed_tokens.weight``, ``model.layers.{i}...``,
 ``model.norm.weight``, ``lm_head.weight``), with ``i`` the *global* layer index, so one loader
@@ -18,63 +24,31 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import ModelConfig
+from .config import SLIDING, ModelConfig
 from .errors import InvalidLayout
 from .kv_cache import KVCache
-
-
-def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
-    """RoPE inverse frequencies ``[head_dim // 2]`` in fp32, as transformers computes them."""
-    dim = cfg.head_dim
-    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
-    s = cfg.rope_scaling
-    if s is None:
-        return inv_freq
-    # Llama 3.x: keep short wavelengths, divide long ones by `factor`, blend the band between.
-    low_freq_wavelen = s.original_max_position_embeddings / s.low_freq_factor
-    high_freq_wavelen = s.original_max_position_embeddings / s.high_freq_factor
-    wavelen = 2 * torch.pi / inv_freq
-    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / s.factor, inv_freq)
-    smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
-        s.high_freq_factor - s.low_freq_factor)
-    smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
-    is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
-    return torch.where(is_medium, smoothed, scaled)
-
-
-class RotaryEmbedding(nn.Module):
-    """``(cos, sin)`` of each token's position, computed on the fly (no table to size)."""
-
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        # fp32 on purpose: build the model in its final dtype rather than calling `.to(dtype)` later.
-        self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
-
-    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        # positions: [B, S] -> cos, sin: [B, S, 1, head_dim] (broadcast over heads)
-        freqs = positions[..., None].float() * self.inv_freq.float()
-        emb = torch.cat((freqs, freqs), dim=-1)[:, :, None, :]
-        return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x: [B, S, H, head_dim]`` (the rotate-half convention of HF Llama checkpoints)."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+from .rope import RotaryEmbedding, apply_rope
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square norm, computed in fp32 like transformers."""
+    """Root-mean-square norm, computed in fp32 like transformers; Gemma's ``offset=1`` multiplies by
+    ``1 + w`` in fp32 before casting back (transformers' Gemma3RMSNorm), Llama's by ``w`` after."""
 
-    def __init__(self, dim: int, eps: float) -> None:
+    def __init__(self, dim: int, eps: float, offset: float = 0.0) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
+        self.eps, self.offset = eps, offset
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.offset:
+            return (h * (self.offset + self.weight.float())).to(x.dtype)
         return self.weight * h.to(x.dtype)
+
+
+def _norm(cfg: ModelConfig, dim: int | None = None) -> RMSNorm:
+    return RMSNorm(cfg.hidden_size if dim is None else dim, cfg.rms_norm_eps, cfg.norm_offset)
 
 
 class Attention(nn.Module):
@@ -84,15 +58,18 @@ class Attention(nn.Module):
     swaps the projections and divides both (``sharding.tp.apply_tp``).
     """
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.scale = cfg.head_dim ** -0.5
+        self.scale = cfg.attn_scale if cfg.attn_scale is not None else cfg.head_dim ** -0.5
+        self.sliding = cfg.layer_type(layer) == SLIDING
         d, hd = cfg.hidden_size, cfg.head_dim
-        self.q_proj = nn.Linear(d, cfg.num_heads * hd, bias=False)
-        self.k_proj = nn.Linear(d, cfg.num_kv_heads * hd, bias=False)
-        self.v_proj = nn.Linear(d, cfg.num_kv_heads * hd, bias=False)
-        self.o_proj = nn.Linear(cfg.num_heads * hd, d, bias=False)
+        self.q_proj = nn.Linear(d, cfg.num_heads * hd, bias=cfg.qkv_bias)
+        self.k_proj = nn.Linear(d, cfg.num_kv_heads * hd, bias=cfg.qkv_bias)
+        self.v_proj = nn.Linear(d, cfg.num_kv_heads * hd, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(cfg.num_heads * hd, d, bias=cfg.o_bias)
+        self.q_norm = _norm(cfg, hd) if cfg.qk_norm else None
+        self.k_norm = _norm(cfg, hd) if cfg.qk_norm else None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
                 slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -100,9 +77,12 @@ class Attention(nn.Module):
         # x: [B, S, D]; k_cache, v_cache: [num_slots, max_len, kv_heads, head_dim]; mask: [B, 1, S, span]
         B, S, _ = x.shape
         span = mask.shape[-1]
-        q = apply_rope(self.q_proj(x).view(B, S, self.num_heads, self.head_dim), cos, sin)
-        k = apply_rope(self.k_proj(x).view(B, S, self.num_kv_heads, self.head_dim), cos, sin)
+        q = self.q_proj(x).view(B, S, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(B, S, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(B, S, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         row_slots = slots[:, None].expand(B, S)
         k_cache.index_put_((row_slots, positions), k)
         v_cache.index_put_((row_slots, positions), v)
@@ -117,34 +97,46 @@ class Attention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(B, S, self.num_heads * self.head_dim))
 
 
+def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
 class MLP(nn.Module):
-    """SwiGLU: ``down(silu(gate(x)) * up(x))``."""
+    """Gated MLP: ``down(act(gate(x)) * up(x))``; SwiGLU (``silu``) or GeGLU (``gelu_pytorch_tanh``)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        self.act = F.silu if cfg.hidden_act == "silu" else _gelu_tanh
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``."""
+    """Pre-norm block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``; with ``sandwich_norm``
+    (Gemma 3) each branch's output is normed too before it joins the residual."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.input_layernorm = _norm(cfg)
+        self.self_attn = Attention(cfg, layer)
+        self.post_attention_layernorm = _norm(cfg)
+        self.pre_feedforward_layernorm = _norm(cfg) if cfg.sandwich_norm else None
+        self.post_feedforward_layernorm = _norm(cfg) if cfg.sandwich_norm else None
         self.mlp = MLP(cfg)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
                 slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 mask: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, positions, slots, k_cache, v_cache, mask)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        a = self.self_attn(self.input_layernorm(x), cos, sin, positions, slots, k_cache, v_cache, mask)
+        if self.pre_feedforward_layernorm is None:
+            x = x + a
+            return x + self.mlp(self.post_attention_layernorm(x))
+        x = x + self.post_attention_layernorm(a)
+        return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
 
 
 class LlamaBody(nn.Module):
@@ -155,8 +147,8 @@ class LlamaBody(nn.Module):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size) if has_embedding else None
         # Keyed by global index so a stage's parameter names match the checkpoint's.
-        self.layers = nn.ModuleDict({str(i): DecoderLayer(cfg) for i in range(*layer_range)})
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps) if has_head else None
+        self.layers = nn.ModuleDict({str(i): DecoderLayer(cfg, i) for i in range(*layer_range)})
+        self.norm = _norm(cfg) if has_head else None
 
 
 class Llama(nn.Module):
@@ -195,6 +187,10 @@ class Llama(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.requires_grad_(False)
         self.rotary = RotaryEmbedding(config).to(device)
+        sliding = [layer.self_attn.sliding for layer in self.model.layers.values()]
+        self.has_sliding = any(sliding)
+        self.local_rotary = (RotaryEmbedding(config, local=True).to(device)
+                             if self.has_sliding and config.local_rope_theta is not None else None)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
                 cache: KVCache, span: int | None = None) -> torch.Tensor:
@@ -214,20 +210,40 @@ class Llama(nn.Module):
             Hidden states ``[B, S, D]``: after the final norm on the last stage (feed them to
             ``compute_logits``), otherwise the input of the next stage.
         """
-        h = self.model.embed_tokens(x) if self.has_embedding else x
+        if self.has_embedding:
+            h = self.model.embed_tokens(x)
+            if self.config.embed_scale != 1.0:  # in the weights' dtype, as transformers' Gemma
+                h = h * torch.tensor(self.config.embed_scale, dtype=h.dtype)
+        else:
+            h = x
         cos, sin = self.rotary(positions, h.dtype)
+        local = self.local_rotary(positions, h.dtype) if self.local_rotary is not None else (cos, sin)
         span = cache.max_len if span is None else span
-        # Once per step, not per layer: key position j is visible to a query at position p iff j <= p.
-        # Additive, in the activations' dtype: SDPA would convert a boolean mask in every layer.
-        visible = torch.arange(span, device=positions.device) <= positions[:, :, None]  # [B, S, span]
-        mask = torch.zeros(visible.shape, dtype=h.dtype, device=h.device).masked_fill_(
-            ~visible, float("-inf"))[:, None]  # [B, 1, S, span]
+        # Once per step, not per layer: key position j is visible to a query at position p iff j <= p
+        # (and, in a sliding layer, j > p - sliding_window). Additive, in the activations' dtype: SDPA
+        # would convert a boolean mask in every layer.
+        keys = torch.arange(span, device=positions.device)
+        visible = keys <= positions[:, :, None]  # [B, S, span]
+        mask = _additive(visible, h)
+        window = _additive(visible & (keys > positions[:, :, None] - self.config.sliding_window), h) \
+            if self.has_sliding else mask
         for j, layer in enumerate(self.model.layers.values()):
-            h = layer(h, cos, sin, positions, slots, cache.k[j], cache.v[j], mask)
+            if layer.self_attn.sliding:
+                h = layer(h, *local, positions, slots, cache.k[j], cache.v[j], window)
+            else:
+                h = layer(h, cos, sin, positions, slots, cache.k[j], cache.v[j], mask)
         return self.model.norm(h) if self.has_head else h
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits ``[..., vocab]`` of normed hidden states ``[..., D]`` (last stage only)."""
         if self.lm_head is None:
             raise InvalidLayout("compute_logits needs the stage that has the head")
-        return self.lm_head(hidden)
+        logits = self.lm_head(hidden)
+        cap = self.config.final_logit_softcapping
+        return logits if cap is None else torch.tanh(logits / cap) * cap
+
+
+def _additive(visible: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``[B, S, span]`` visibility as an additive ``[B, 1, S, span]`` mask in ``like``'s dtype."""
+    return torch.zeros(visible.shape, dtype=like.dtype, device=like.device).masked_fill_(
+        ~visible, float("-inf"))[:, None]

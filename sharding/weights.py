@@ -1,5 +1,10 @@
 """Load a Hugging Face safetensors checkpoint into a ``Llama``: whole, a pipeline stage, or a TP rank.
 
+Loading is strict: every tensor of the checkpoint is one the whole model reads (else
+``CheckpointError`` names it), every parameter finds its tensor, and shapes match. Phi-3's fused
+``qkv_proj``/``gate_up_proj`` are cut into the model's q/k/v and gate/up rows here, and a ``gemma3``
+checkpoint's language model is found under its prefix (its vision tower is not loaded).
+
 Loading walks the *model's* parameters and reads only the tensors they name, so a stage skips
 the layers it does not own without special cases. A parameter with a ``weight_loader(param,
 full_tensor)`` attribute (the tensor-parallel layers) cuts its own shard from the full tensor;
@@ -9,6 +14,7 @@ every other parameter is copied whole. Copies upcast (or downcast) to the parame
 from __future__ import annotations
 
 import json
+import re
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -46,27 +52,88 @@ def checkpoint_files(path: str | Path) -> list[Path]:
     return files
 
 
+IGNORED = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
+"""Checkpoint tensors no model uses (old transformers saved RoPE's frequencies)."""
+MULTIMODAL = re.compile(r"^(model\.)?(vision_tower|vision_model|multi_modal_projector)\.")
+"""A multimodal checkpoint's non-text towers (``gemma3``), which the text decoder does not load."""
+
+
+def _sources(config: ModelConfig, name: str) -> list[tuple[str, int, int] | tuple[str, None, None]]:
+    """Where parameter ``name`` comes from: candidate ``(checkpoint name, row start, rows)``, the first
+    present one wins; rows ``None``: the whole tensor."""
+    candidates = [name]
+    if config.checkpoint_prefix:  # gemma3: transformers 5 writes model.language_model.*, 4 language_model.model.*
+        rest = name.removeprefix("model.")
+        if name.startswith("model."):
+            candidates = [f"model.language_model.{rest}", f"language_model.model.{rest}", name]
+        else:
+            candidates = [name, f"language_model.{name}"]
+    if config.fused_projections:  # Phi-3: q/k/v rows of qkv_proj, gate/up rows of gate_up_proj
+        q, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+        rows = {"q_proj": ("qkv_proj", 0, q), "k_proj": ("qkv_proj", q, kv), "v_proj": ("qkv_proj", q + kv, kv),
+                "gate_proj": ("gate_up_proj", 0, config.intermediate_size),
+                "up_proj": ("gate_up_proj", config.intermediate_size, config.intermediate_size)}
+        parts = name.split(".")
+        if len(parts) >= 2 and parts[-2] in rows:
+            fused, start, n = rows[parts[-2]]
+            return [(".".join(parts[:-2] + [fused, parts[-1]]), start, n)]
+    return [(c, None, None) for c in candidates]
+
+
+def expected_tensors(config: ModelConfig) -> set[str]:
+    """Every checkpoint tensor name the whole model reads (of a checkpoint laid out as transformers saves
+    one), so a load can fail on any tensor nothing would read."""
+    whole = Llama(config, device="meta")
+    names = set()
+    for name, _ in whole.named_parameters(remove_duplicate=False):
+        names.update(c for c, _, _ in _sources(config, name))
+    return names
+
+
 @torch.no_grad()
-def load_weights(model: Llama, path: str | Path) -> None:
+def load_weights(model: Llama, path: str | Path, *, strict: bool = True) -> None:
     """Fill every parameter of ``model`` from the checkpoint at ``path``.
 
     A tied checkpoint has no ``lm_head.weight``; a head that is not already sharing the
     embedding's parameter (the last pipeline stage of a tied model) loads the embedding.
-    Raises ``CheckpointError`` naming the first tensor that is missing or misshapen.
+    Raises ``CheckpointError`` naming the first tensor that is missing or misshapen and, with
+    ``strict``, any checkpoint tensor that no part of the whole model would read (a config that
+    does not describe its checkpoint: such a model would load and generate garbage).
     """
+    config = model.config
     with ExitStack() as stack:
         handles = [stack.enter_context(safe_open(str(f), framework="pt", device="cpu"))
                    for f in checkpoint_files(path)]
         where = {name: h for h in handles for name in h.keys()}
+        if strict:
+            known = expected_tensors(config)
+            if config.tie_word_embeddings:
+                known |= {c for c, _, _ in _sources(config, TIED_HEAD)}
+            unused = sorted(n for n in where if n not in known and not IGNORED.search(n)
+                            and not (config.checkpoint_prefix and MULTIMODAL.search(n)))
+            if unused:
+                more = f" and {len(unused) - 3} more" if len(unused) > 3 else ""
+                raise CheckpointError(
+                    f"checkpoint {path} holds tensors a {config.model_type} model of this config.json does not "
+                    f"use: {', '.join(map(repr, unused[:3]))}{more}; the config does not describe these weights "
+                    "(wrong model_type, or a layer/bias setting that differs)")
         for name, param in model.named_parameters():  # a tied head shares, so appears once
-            source = name
-            if name == TIED_HEAD and name not in where and model.config.tie_word_embeddings:
-                source = EMBEDDING
-            if source not in where:
-                raise CheckpointError(f"checkpoint {path} has no tensor {source!r}")
+            sources = _sources(config, name)
+            if name == TIED_HEAD and config.tie_word_embeddings and not any(c in where for c, _, _ in sources):
+                sources = _sources(config, EMBEDDING)
+            found = next((src for src in sources if src[0] in where), None)
+            if found is None:
+                raise CheckpointError(f"checkpoint {path} has no tensor {sources[0][0]!r}")
+            source, start, rows = found
             loader = getattr(param, "weight_loader", default_weight_loader)
             try:
-                loader(param, where[source].get_tensor(source))
+                full = where[source].get_tensor(source)
+                if rows is not None:
+                    if full.shape[0] < start + rows:
+                        raise CheckpointError(f"fused tensor of shape {tuple(full.shape)} has no rows "
+                                              f"{start}..{start + rows}")
+                    full = full.narrow(0, start, rows)
+                loader(param, full)
             except CheckpointError as e:
                 raise CheckpointError(f"{source}: {e}") from None
 

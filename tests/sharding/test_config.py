@@ -51,13 +51,18 @@ def test_defaults():
 
 @pytest.mark.parametrize("change, message", [
     ({"num_key_value_heads": 3}, "not a multiple of num_kv_heads"),
-    ({"model_type": "mistral"}, "model_type"),
-    ({"hidden_act": "gelu"}, "hidden_act"),
-    ({"attention_bias": True}, "attention_bias"),
+    ({"model_type": "gpt2"}, "model_type 'gpt2' is not supported"),
+    ({"hidden_act": "relu"}, "hidden_act"),
+    ({"quantization_config": {"quant_method": "fp8"}}, "quantization_config: 'fp8'"),
+    ({"attn_logit_softcapping": 50.0}, "attn_logit_softcapping"),
     ({"vocab_size": None}, "lacks"),
     ({"hidden_size": 0}, "positive"),
     ({"eos_token_id": 100}, "outside the vocabulary"),
-    ({"rope_scaling": {"rope_type": "yarn", "factor": 2.0}}, "not supported"),
+    ({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "'dynamic'.*not supported"),
+    ({"rope_scaling": {"rope_type": "ntk-by-parts", "factor": 2.0}}, "not supported"),
+    ({"rope_scaling": {"rope_type": "longrope", "factor": 2.0}}, "longrope rope scaling lacks"),
+    ({"model_type": "qwen2", "use_sliding_window": True, "sliding_window": None,
+      "layer_types": ["sliding_attention", "full_attention"]}, "sliding_window >= 1"),
     ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "lacks"),
     ({"rope_scaling": {"rope_type": "llama3", **LLAMA3, "high_freq_factor": 0.5}}, "low_freq_factor"),
 ])

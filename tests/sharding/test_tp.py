@@ -69,9 +69,9 @@ def test_tp2_ranks_sample_alike(result):
 
 
 @pytest.mark.parametrize("name, tp, what", [
-    ("tiny-full", 3, "num_heads=4"),           # 4 heads, 2 kv heads, 192 wide, vocab 600
-    ("tiny-fast", 2, "num_kv_heads=1"),        # 1 kv head cannot be split
-    ("tiny-full", 8, "num_kv_heads=2"),
+    ("tiny-full", 3, "num_attention_heads=4"),  # 4 heads, 2 kv heads, 192 wide, vocab 600
+    ("tiny-full", 8, "num_attention_heads=4"),
+    ("tiny-full", 3, "num_key_value_heads=2 .nor is it a multiple"),  # 2 kv heads: neither split nor replicated
 ])
 def test_tp_that_does_not_divide_raises(tiny_dir, name, tp, what):
     config = ModelConfig.from_pretrained(resolve(name, tiny_dir))
