@@ -30,6 +30,15 @@ class ModelSpec(_Strict):
     path: str = Field(min_length=1, description="Hugging Face-format checkpoint directory (config.json, "
                       "safetensors, tokenizer.json), readable at this path on every node. A relative "
                       "path is relative to the config file.")
+    chat_template: str | None = Field(default=None, description="A Jinja chat template to render this model's "
+                                      "chat messages with instead of the checkpoint's own (vLLM's --chat-template): "
+                                      "the template, or the path of a file holding it (relative to the config "
+                                      "file). Default: the checkpoint's (chat_template.jinja or "
+                                      "tokenizer_config.json); a model with none joins messages one per line.")
+    chat_template_kwargs: dict[str, Any] | None = Field(default=None, description="Variables every rendering "
+                                                        "of the chat template gets (vLLM's "
+                                                        "--default-chat-template-kwargs); a request's own "
+                                                        "chat_template_kwargs win.")
 
 
 class ModelsConfig(_Strict):
@@ -474,7 +483,13 @@ def load_config(source: str | Path | dict | AppConfig | None = None) -> AppConfi
         path = Path(spec.path) if Path(spec.path).is_absolute() else (base / spec.path)
         if not (path / "config.json").is_file():
             raise ConfigError(f"{origin}: models.{key}.path: no checkpoint (config.json) at {path}")
-        models[key] = spec.model_copy(update={"path": str(path.resolve())})
+        update_spec: dict[str, Any] = {"path": str(path.resolve())}
+        if spec.chat_template is not None and "{" not in spec.chat_template:  # a file's path, not a template
+            file = base / Path(spec.chat_template).expanduser()
+            if not file.is_file():
+                raise ConfigError(f"{origin}: models.{key}.chat_template: no template file at {file}")
+            update_spec["chat_template"] = file.read_text()
+        models[key] = spec.model_copy(update=update_spec)
     update: dict[str, Any] = {"models": config.models.model_copy(update=models)}
     for name in ("http", "grpc"):
         section = getattr(config, name)
