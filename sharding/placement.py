@@ -43,18 +43,23 @@ class ChipPlacement:
 
 
 def stage_layers(config: ModelConfig, tp: int, pp: int) -> list[tuple[int, int]]:
-    """The ``(start, stop)`` layer range of each of ``pp`` equal stages.
+    """The ``(start, stop)`` layer range of each of ``pp`` stages: equal where ``pp`` divides the layers,
+    else the first ``num_layers % pp`` stages take one layer more (the last stage also runs the head).
 
-    Raises ``InvalidLayout`` unless ``tp`` divides the heads, kv heads, SwiGLU width and vocabulary
-    and ``pp`` divides the layers.
+    Raises ``InvalidLayout`` unless ``tp`` can split the model (``sharding.tp.check_tp``) and every
+    stage gets at least one layer.
     """
     check_tp(config, tp)
     if not isinstance(pp, int) or isinstance(pp, bool) or pp < 1:
         raise InvalidLayout(f"pipeline parallel size must be a positive int, got {pp!r}")
-    if config.num_layers % pp:
-        raise InvalidLayout(f"pipeline parallel size {pp} does not divide num_layers={config.num_layers}")
-    per = config.num_layers // pp
-    return [(s * per, (s + 1) * per) for s in range(pp)]
+    if pp > config.num_layers:
+        raise InvalidLayout(f"pipeline parallel size {pp} exceeds num_hidden_layers={config.num_layers}: "
+                            "every stage needs a layer")
+    per, extra = divmod(config.num_layers, pp)
+    bounds = [0]
+    for s in range(pp):
+        bounds.append(bounds[-1] + per + (s < extra))
+    return list(zip(bounds[:-1], bounds[1:]))
 
 
 def require_chips(needed: int) -> None:

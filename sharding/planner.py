@@ -93,24 +93,25 @@ class Layout:
 
 
 def valid_layouts(fp: Footprint, chips: int) -> list[tuple[int, int]]:
-    """Every (tp, pp) with tp * pp <= chips that divides heads, kv heads, width, vocab and layers."""
+    """Every (tp, pp) with tp * pp <= chips that the executor can run (the rules of ``sharding.tp.check_tp``
+    and ``sharding.placement.stage_layers``): tp divides the heads and the MLP width and divides the kv
+    heads or is a multiple of them (replicated); every stage has a layer (uneven splits allowed)."""
     out = []
     for tp in range(1, chips + 1):
-        if fp.heads % tp or fp.kv_heads % tp or fp.intermediate % tp or fp.vocab % tp:
+        if fp.heads % tp or fp.intermediate % tp or (fp.kv_heads % tp and tp % fp.kv_heads):
             continue
-        for pp in range(1, chips // tp + 1):
-            if fp.layers % pp == 0:
-                out.append((tp, pp))
+        for pp in range(1, min(chips // tp, fp.layers) + 1):
+            out.append((tp, pp))
     return out
 
 
 def predict(fp: Footprint, chip: ChipSpec, tp: int, pp: int) -> Layout:
     """Predicted per-user decode speed of ``fp`` laid out tp x pp on ``chip``s."""
     b = fp.dtype_bytes
-    per_stage_layers = fp.layers // pp
+    per_stage_layers = -(-fp.layers // pp)  # the largest stage of an uneven split
     layer_bytes = fp.layer_params(tp) * b
-    kv_bytes = per_stage_layers * 2 * (fp.kv_heads // tp) * fp.head_dim * fp.max_positions * b
-    table_bytes = fp.vocab * fp.hidden / tp * b
+    kv_bytes = per_stage_layers * 2 * max(1, fp.kv_heads // tp) * fp.head_dim * fp.max_positions * b
+    table_bytes = -(-fp.vocab // tp) * fp.hidden * b
     compute, chip_bytes = 0.0, []
     for stage in range(pp):
         first, last = stage == 0, stage == pp - 1

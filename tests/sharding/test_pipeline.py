@@ -196,8 +196,8 @@ def test_bad_input_raises_typed_errors(pipe, prompt, params, error):
 
 @pytest.mark.parametrize("name, tp, pp, what", [
     ("tiny-full", 3, 1, "tensor parallel size 3"),
-    ("tiny-fast", 2, 1, "num_kv_heads=1"),
-    ("tiny-full", 1, 3, "pipeline parallel size 3 does not divide num_layers=2"),
+    ("tiny-full", 8, 1, "num_attention_heads=4"),
+    ("tiny-full", 1, 3, "pipeline parallel size 3 exceeds num_hidden_layers=2"),
 ])
 def test_layout_that_does_not_divide_raises(ray_cluster, tiny_dir, name, tp, pp, what):
     groups = live_groups()

@@ -29,10 +29,27 @@ def tiny_chip(**kw) -> ChipSpec:
     return ChipSpec(**{**base, **kw})
 
 
-def test_valid_layouts_divide_heads_kv_heads_and_layers():
-    fp = Footprint.from_config(SMALL)
-    assert sorted(valid_layouts(fp, 8)) == [(1, 1), (1, 2), (1, 4), (2, 1), (2, 2), (2, 4)]
-    assert valid_layouts(fp, 1) == [(1, 1)]
+@pytest.mark.parametrize("change", [{}, {"num_key_value_heads": 1}, {"num_hidden_layers": 3},
+                                    {"num_attention_heads": 6, "head_dim": 16}])
+def test_valid_layouts_are_the_layouts_the_executor_accepts(change):
+    """The planner's rule is the executor's: every (tp, pp) that stage_layers accepts, and only those."""
+    from sharding.config import ModelConfig
+    from sharding.errors import InvalidLayout
+    from sharding.placement import stage_layers
+
+    raw = {**SMALL, **change}
+    config = ModelConfig.from_dict(raw)
+
+    def runs(tp: int, pp: int) -> bool:
+        try:
+            stage_layers(config, tp, pp)
+            return True
+        except InvalidLayout:
+            return False
+
+    accepted = [(tp, pp) for tp in range(1, 9) for pp in range(1, 9) if tp * pp <= 8 and runs(tp, pp)]
+    assert sorted(valid_layouts(Footprint.from_config(raw), 8)) == accepted
+    assert valid_layouts(Footprint.from_config(raw), 1) == [(1, 1)]
 
 
 def test_parameter_count_matches_the_shipped_checkpoint():
