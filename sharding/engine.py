@@ -33,18 +33,19 @@ class LocalExecutor:
     Args:
         model: a loaded ``Llama`` with both the embedding and the head (no pipeline stage).
         num_slots: KV-cache slots (sequences decoded at once).
-        max_len: tokens per sequence; default and cap: the model's context.
+        max_len, kv_cache_bytes: tokens per sequence and the cache's budget (``KVCache.for_model``:
+            default the context, at most ``DEFAULT_MAX_LEN``, at most what the budget holds).
         compile: run the model under ``torch.compile`` (``sharding.stage.compile_forward``).
         packed_weights: bfloat16-packed weights for small steps (``sharding.packed``).
     """
 
     def __init__(self, model: Llama, *, num_slots: int = 8, max_len: int | None = None,
-                 compile: bool = False, packed_weights: bool = False) -> None:
+                 compile: bool = False, packed_weights: bool = False, kv_cache_bytes: int | None = None) -> None:
         if not (model.has_embedding and model.has_head):
             raise InvalidLayout("Engine needs a whole model (embedding and head); got a pipeline stage")
         self.config = model.config
         self.runner = StageRunner(model, num_slots=num_slots, max_len=max_len, compile=compile,
-                                  packed_weights=packed_weights)
+                                  packed_weights=packed_weights, kv_cache_bytes=kv_cache_bytes)
         self.cache: KVCache = self.runner.cache
         self.num_slots, self.max_len = num_slots, self.cache.max_len
 
@@ -75,7 +76,8 @@ class Engine:
     Args:
         model: a loaded ``Llama`` with both the embedding and the head (no pipeline stage).
         num_slots: sequences decoded at once; more requests wait in FIFO order.
-        max_len: tokens per sequence (prompt + generated); default and cap: the model's context.
+        max_len, kv_cache_bytes: tokens per sequence (prompt + generated) and the KV cache's budget
+            (``sharding.kv_cache.fit_max_len``: default the context, at most ``DEFAULT_MAX_LEN``).
         compile: with ``model``: run it under ``torch.compile`` (``sharding.stage.compile_forward``).
             Decoding is about twice as fast on CPU once warm; each new kind of step (the first
             prefill, the first decode, the first change of shape) compiles first, for seconds.
@@ -88,12 +90,12 @@ class Engine:
 
     def __init__(self, model: Llama | None = None, *, num_slots: int = 8, max_len: int | None = None,
                  compile: bool = False, executor: Executor | None = None, prefix_cache: bool = False,
-                 packed_weights: bool = False) -> None:
+                 packed_weights: bool = False, kv_cache_bytes: int | None = None) -> None:
         if (model is None) == (executor is None):
             raise ValueError("Engine needs exactly one of a model or an executor")
         if executor is None:
             executor = LocalExecutor(model, num_slots=num_slots, max_len=max_len, compile=compile,
-                                     packed_weights=packed_weights)
+                                     packed_weights=packed_weights, kv_cache_bytes=kv_cache_bytes)
             # In process the executor's cache is the slot pool, so `engine.cache` is the real thing.
             slots = executor.cache
         else:
@@ -111,10 +113,11 @@ class Engine:
     def from_pretrained(cls, path: str | Path, *, num_slots: int = 8, max_len: int | None = None,
                         dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
                         compile: bool = False, prefix_cache: bool = False,
-                        packed_weights: bool = False) -> Engine:
+                        packed_weights: bool = False, kv_cache_bytes: int | None = None) -> Engine:
         """An engine over the checkpoint at ``path`` (single process, no parallelism)."""
         return cls(load_model(path, dtype=dtype, device=device), num_slots=num_slots, max_len=max_len,
-                   compile=compile, prefix_cache=prefix_cache, packed_weights=packed_weights)
+                   compile=compile, prefix_cache=prefix_cache, packed_weights=packed_weights,
+                   kv_cache_bytes=kv_cache_bytes)
 
     @property
     def has_work(self) -> bool:

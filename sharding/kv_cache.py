@@ -13,6 +13,41 @@ from torch import nn
 
 from .errors import CacheFull, InvalidLayout
 
+DEFAULT_MAX_LEN = 4096
+"""Tokens per sequence when none is asked for and the model's context is longer (vLLM sizes
+``max_model_len`` from the model too; a 131,072-token Llama 3.x context per slot would not fit)."""
+DEFAULT_KV_CACHE_BYTES = 1 << 30
+"""The KV cache one model (or one chip's share of it) may take when no budget is given: 1 GiB."""
+
+
+def fit_max_len(config, *, num_slots: int, layers: int, kv_heads: int, dtype: torch.dtype,
+                max_len: int | None = None, kv_cache_bytes: int | None = None) -> int:
+    """Tokens per sequence for a cache of ``num_slots`` slots of ``layers`` layers and ``kv_heads`` heads.
+
+    Default: the model's context (``ModelConfig.context``), at most ``DEFAULT_MAX_LEN``, at most what
+    ``kv_cache_bytes`` (default ``DEFAULT_KV_CACHE_BYTES``) holds. An explicit ``max_len`` must fit both
+    the context and the budget. Raises ``InvalidLayout`` naming the fields otherwise.
+    """
+    budget = DEFAULT_KV_CACHE_BYTES if kv_cache_bytes is None else kv_cache_bytes
+    if budget < 1:
+        raise InvalidLayout(f"kv_cache_bytes must be >= 1, got {budget}")
+    per_position = num_slots * layers * 2 * kv_heads * config.head_dim * torch.empty((), dtype=dtype).element_size()
+    fits = budget // per_position if per_position else config.context
+    if max_len is None:
+        max_len = min(config.context, DEFAULT_MAX_LEN, fits)
+        if max_len < 1:
+            raise InvalidLayout(f"kv_cache_bytes {budget} cannot hold one position of {num_slots} slots "
+                                f"({per_position} bytes); raise kv_cache_bytes or lower num_slots")
+        return max_len
+    if not 1 <= max_len <= config.context:
+        raise InvalidLayout(f"max_len {max_len} is not within the model's context [1, {config.context}]")
+    if max_len > fits:
+        raise InvalidLayout(
+            f"max_len {max_len} x num_slots {num_slots} needs {max_len * per_position / 2**20:.0f} MiB of KV cache, "
+            f"over kv_cache_bytes {budget / 2**20:.0f} MiB (at most max_len {fits} fits); lower max_len or "
+            "num_slots, or raise kv_cache_bytes")
+    return max_len
+
 
 class SlotPool:
     """Which of ``num_slots`` sequence slots are free; lowest slot first.
@@ -78,19 +113,18 @@ class KVCache(SlotPool):
         self.max_len = max_len
 
     @classmethod
-    def for_model(cls, model: nn.Module, *, num_slots: int, max_len: int | None = None) -> KVCache:
-        """A cache shaped for ``model`` (a ``sharding.model.Llama``, possibly a stage or a TP rank).
-
-        ``max_len`` defaults to the model's context window and may not exceed it.
+    def for_model(cls, model: nn.Module, *, num_slots: int, max_len: int | None = None,
+                  kv_cache_bytes: int | None = None) -> KVCache:
+        """A cache shaped for ``model`` (a ``sharding.model.Llama``, possibly a stage or a TP rank), of
+        ``max_len`` positions per slot sized by ``fit_max_len`` (default: what fits ``kv_cache_bytes``,
+        up to the context and ``DEFAULT_MAX_LEN``).
         """
         cfg = model.config
-        max_len = cfg.max_position_embeddings if max_len is None else max_len
-        if max_len > cfg.max_position_embeddings:
-            raise InvalidLayout(
-                f"KVCache max_len {max_len} exceeds the model's context {cfg.max_position_embeddings}")
         layers = list(model.model.layers.values())
         # Read the (possibly tensor-parallel) local kv head count off the attention itself.
         kv_heads = layers[0].self_attn.num_kv_heads if layers else cfg.num_kv_heads
         param = next(model.parameters())
+        max_len = fit_max_len(cfg, num_slots=num_slots, layers=len(layers), kv_heads=kv_heads, dtype=param.dtype,
+                              max_len=max_len, kv_cache_bytes=kv_cache_bytes)
         return cls(num_layers=len(layers), num_slots=num_slots, max_len=max_len, num_kv_heads=kv_heads,
                    head_dim=cfg.head_dim, dtype=param.dtype, device=param.device)

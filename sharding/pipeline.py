@@ -27,11 +27,13 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from .batch import Hop
 from .config import ModelConfig
 from .errors import DuplicateRequest, InvalidLayout, ShardingError
+from .kv_cache import fit_max_len
 from .placement import CHIP, ChipPlacement, ensure_ray, release, require_chips, reserve_stages, stage_layers
 from .ring import SECRET_BYTES, StepInfo, ring_links, step_infos
 from .sampling import SamplingParams, params_per_prompt
 from .scheduler import StepOutput, validate_request
 from .stage import warm_up
+from .tp import kv_heads_per_rank
 from .transport import SPIN_S, Link
 from .worker import ChipWorker
 
@@ -74,15 +76,15 @@ class ShardedModel:
                  max_len: int | None = None, dtype: torch.dtype = torch.float32, device: str = "cpu",
                  compile: bool = False, threads_per_chip: int = 1, spin_s: float = SPIN_S,
                  placement_timeout_s: float = 60.0, prefix_cache: bool = False,
-                 packed_weights: bool | str = False, door=None) -> None:
+                 packed_weights: bool | str = False, door=None, kv_cache_bytes: int | None = None) -> None:
         self.config = config = ModelConfig.from_pretrained(path)
         ranges = stage_layers(config, tp, pp)
-        self.max_len = config.max_position_embeddings if max_len is None else max_len
-        if not 1 <= self.max_len <= config.max_position_embeddings:
-            raise InvalidLayout(f"max_len {self.max_len} is not within the model's context "
-                                f"[1, {config.max_position_embeddings}]")
         if not isinstance(num_slots, int) or num_slots < 1:
             raise InvalidLayout(f"num_slots must be a positive int, got {num_slots!r}")
+        # One length for every chip, sized for the chip holding the most cache (kv_cache_bytes: per chip).
+        self.max_len = fit_max_len(config, num_slots=num_slots, layers=max(b - a for a, b in ranges),
+                                   kv_heads=kv_heads_per_rank(config, tp), dtype=dtype, max_len=max_len,
+                                   kv_cache_bytes=kv_cache_bytes)
         self.num_slots, self.tp, self.pp, self.compile = num_slots, tp, pp, compile
         self.prefix_cache, self.door = prefix_cache, door
         self.door_address: tuple[str, int] | None = None
@@ -116,7 +118,8 @@ class ShardedModel:
             # Every rank of every stage at once: joining a process group blocks until the stage is whole.
             self.packed_linears = ray.get([
                 w.setup.remote(str(path), layer_range=ranges[i // tp], init_method=inits[i // tp], num_slots=num_slots,
-                               max_len=self.max_len, dtype=dtype, compile=compile, packed_weights=packed_weights)
+                               max_len=self.max_len, dtype=dtype, compile=compile, packed_weights=packed_weights,
+                               kv_cache_bytes=kv_cache_bytes)
                 for i, w in enumerate(self._workers)], timeout=start_s)
             self._wire(start_s)
         except BaseException:

@@ -46,7 +46,7 @@ import torch
 
 from .batch import Rows
 from .errors import DuplicateRequest, InvalidLayout
-from .kv_cache import SlotPool
+from .kv_cache import SlotPool, fit_max_len
 from .model import Llama
 from .prefix_cache import PrefixCache, place, release
 from .sampling import SamplingParams, generator_for_seed, params_per_prompt, top_p_filter
@@ -179,7 +179,8 @@ class SpeculativeEngine:
         target: the full model (whole: embedding and head).
         draft: the draft model; same vocabulary as the target.
         num_slots: sequences decoded at once (each holds a KV-cache slot in both models).
-        max_len: tokens per sequence; default and cap: the smaller of the two models' contexts.
+        max_len: tokens per sequence; default: what both models' caches fit (``KVCache.for_model``),
+            within the smaller of their contexts. kv_cache_bytes: each model's cache budget.
         k: drafts per round (the start value when ``adaptive``).
         adaptive: choose ``k`` each round from the acceptance and step costs measured so far.
         compile: run both models under ``torch.compile`` (``sharding.stage``).
@@ -190,22 +191,22 @@ class SpeculativeEngine:
 
     def __init__(self, target: Llama, draft: Llama, *, num_slots: int = 2, max_len: int | None = None,
                  k: int = 4, adaptive: bool = True, compile: bool = False, prefix_cache: bool = False,
-                 packed_weights: bool = False) -> None:
+                 packed_weights: bool = False, kv_cache_bytes: int | None = None) -> None:
         if target.config.vocab_size != draft.config.vocab_size:
             raise DraftMismatch(f"the draft model's vocabulary ({draft.config.vocab_size}) is not the "
                                 f"target's ({target.config.vocab_size})")
         if not 0 <= k <= K_MAX:
             raise InvalidLayout(f"k must be in [0, {K_MAX}], got {k}")
-        cap = min(target.config.max_position_embeddings, draft.config.max_position_embeddings)
-        max_len = cap if max_len is None else max_len
+        if max_len is None:
+            max_len = min(_fit(m, num_slots, kv_cache_bytes) for m in (target, draft))
         if compile:
             # Both models share Llama.forward's code object, whose graphs dynamo counts together.
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 32)
         self.config = target.config
         self.target = StageRunner(target, num_slots=num_slots, max_len=max_len, compile=compile,
-                                  packed_weights=packed_weights)
+                                  packed_weights=packed_weights, kv_cache_bytes=kv_cache_bytes)
         self.draft = StageRunner(draft, num_slots=num_slots, max_len=max_len, compile=compile,
-                                 packed_weights=packed_weights)
+                                 packed_weights=packed_weights, kv_cache_bytes=kv_cache_bytes)
         self.max_len = self.target.cache.max_len
         self.packed_linears = {"target": self.target.packed_linears, "draft": self.draft.packed_linears}
         """Linears of each model running from packed bfloat16 weights (``sharding.packed``; 0: off)."""
@@ -442,3 +443,10 @@ class SpeculativeEngine:
 
 def _smooth(old: float | None, new: float, weight: float = 0.2) -> float:
     return new if old is None else (1 - weight) * old + weight * new
+
+
+def _fit(model: Llama, num_slots: int, kv_cache_bytes: int | None) -> int:
+    """The default ``max_len`` of ``model``'s cache (``sharding.kv_cache.fit_max_len``)."""
+    return fit_max_len(model.config, num_slots=num_slots, layers=len(model.model.layers),
+                       kv_heads=model.config.num_kv_heads, dtype=next(model.parameters()).dtype,
+                       kv_cache_bytes=kv_cache_bytes)

@@ -35,7 +35,7 @@ class StageRunner:
 
     Args:
         model: a loaded ``Llama`` (or stage, or TP rank).
-        num_slots, max_len: of the ``KVCache`` built for it.
+        num_slots, max_len, kv_cache_bytes: of the ``KVCache`` built for it (``KVCache.for_model``).
         compile: run the model's forward through ``torch.compile`` (see ``compile_forward``);
             the first steps of each new shape compile (seconds), later ones run the compiled code.
         packed_weights: first read small steps' weights as bfloat16 (``sharding.packed``; lossless
@@ -43,12 +43,12 @@ class StageRunner:
     """
 
     def __init__(self, model: Llama, *, num_slots: int, max_len: int | None = None,
-                 compile: bool = False, packed_weights: bool = False) -> None:
+                 compile: bool = False, packed_weights: bool = False, kv_cache_bytes: int | None = None) -> None:
         self.packed_linears = apply_packed_weights(model) if packed_weights else 0
         """How many of the model's linears run from packed bfloat16 weights (0: packing off)."""
         # (before compile: the graphs capture the packed kernel)
         self.model = model
-        self.cache = KVCache.for_model(model, num_slots=num_slots, max_len=max_len)
+        self.cache = KVCache.for_model(model, num_slots=num_slots, max_len=max_len, kv_cache_bytes=kv_cache_bytes)
         self.device = next(model.parameters()).device
         self.params: dict[int, SamplingParams] = {}
         """Slot -> sampling parameters of the request in it (on the stage with the head)."""
@@ -143,8 +143,8 @@ def warm_up(model, max_passes: int = 3) -> None:
     e.g. ``ShardedModel``, ``Engine``, ``SpeculativeEngine``) so that compiling happens now, not on a user's request.
 
     Dynamo first specialises on the shapes it sees, then makes a dimension dynamic once it
-    changes (``compile_forward``); size 1 stays special. So: one-row decodes to the end of the
-    context (every attention-span bucket), one-row prefills of two lengths, then two- and
+    changes (``compile_forward``); size 1 stays special. So: one-row decodes across three
+    attention-span buckets (the span turns symbolic), one-row prefills of two lengths, then two- and
     three-row prefills and decodes. The last span bucket (the whole cache) gets graphs of its own,
     so one- to three-row prefills and decodes there too: prompts that fill all but half a bucket
     (and, on the next pass, the same prompts again, which a prefix cache turns into one-token
@@ -163,7 +163,9 @@ def warm_up(model, max_passes: int = 3) -> None:
     greedy = lambda n: SamplingParams(temperature=0, max_tokens=max(1, min(n, model.max_len - 16)), ignore_eos=True)  # noqa: E731
     for _ in range(max_passes):
         graphs = counters["stats"]["unique_graphs"]
-        model.generate([[1, 2, 3]], greedy(model.max_len))
+        # Three span buckets crossed turn the span symbolic; decoding to the end of a long context
+        # (thousands of steps on a real model) would compile nothing more.
+        model.generate([[1, 2, 3]], greedy(3 * SPAN_BUCKET + SPAN_BUCKET // 2))
         model.generate([[1, 2, 3, 4, 5]], greedy(4))
         model.generate([[1, 2, 3, 4, 5, 6, 7], [1, 2, 3, 4, 5]], greedy(8))
         model.generate([[1, 2, 3, 4, 5, 6], [1, 2, 3, 4], [1, 2, 3, 4, 5, 6, 7, 8, 9]],

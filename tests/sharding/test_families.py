@@ -205,3 +205,18 @@ def test_ring_greedy_32_tokens_match_transformers(ray_cluster, family_dir, famil
         assert (model.prompt_logits(ids) - hf_logits(path, ids)).abs().max().item() <= TOL
         assert model.generate([ids], SamplingParams(temperature=0, max_tokens=32, ignore_eos=True))[0] == \
             hf_greedy(path, ids, 32)
+
+
+def test_a_131k_llama3_checkpoint_starts_with_defaults(ray_cluster, tmp_path):
+    """A Llama 3.x-shaped config keeps 131,072 positions and llama3 RoPE scaling; the ring starts with
+    default settings (its cache sized by DEFAULT_MAX_LEN, not the context) and decodes as transformers."""
+    from sharding.kv_cache import DEFAULT_MAX_LEN
+
+    rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    path = save_family("llama", tmp_path / "llama31", max_position_embeddings=131072, rope_parameters=rope)
+    ids = ids_of(24)
+    with ShardedModel.from_pretrained(path) as model:
+        assert model.max_len == DEFAULT_MAX_LEN
+        assert model.generate([ids], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))[0] == \
+            hf_greedy(path, ids, 16)
