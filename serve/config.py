@@ -28,7 +28,8 @@ class ModelSpec(_Strict):
 
     id: str = Field(min_length=1, description="Model id in requests and /v1/models.")
     path: str = Field(min_length=1, description="Hugging Face-format checkpoint directory (config.json, "
-                      "safetensors, tokenizer.json), readable at this path on every node. A relative "
+                      "safetensors, tokenizer.json), readable at this path on every node, or a GGUF file "
+                      "(converted once into a cached checkpoint, models/gguf.py). A relative "
                       "path is relative to the config file.")
     chat_template: str | None = Field(default=None, description="A Jinja chat template to render this model's "
                                       "chat messages with instead of the checkpoint's own (vLLM's --chat-template): "
@@ -140,10 +141,13 @@ class VLLMLaneConfig(LaneCommon):
 
     max_num_seqs: int = Field(ge=1, description="vLLM's batch cap: sequences decoded at once per replica.")
     max_model_len: int | None = Field(default=None, ge=1, description="Context per sequence; default: "
-                                      "the model's.")
-    dtype: str = Field(default="float32", description="vLLM dtype (float32 on CPU, bfloat16 on GPU).")
-    kv_cache_memory_bytes: int | None = Field(default=64 * 2**20, ge=1, description="KV-cache size per "
-        "replica; null lets vLLM size it from gpu_memory_utilization.")
+                                      "the model's, at most 4096 (sharding.kv_cache.DEFAULT_MAX_LEN).")
+    dtype: str = Field(default="float32", description="vLLM dtype (float32 on CPU, bfloat16 on GPU; 'auto': "
+                       "the checkpoint's).")
+    kv_cache_memory_bytes: Annotated[int, Field(ge=1)] | Literal["auto"] | None = Field(default="auto", description="KV-cache size "
+        "per replica. 'auto': room for max_num_seqs sequences of max_model_len tokens, at most 1 GiB but never "
+        "less than one whole sequence (serve/lanes/vllm_sizing.py); null lets vLLM size it from "
+        "gpu_memory_utilization (GPUs).")
     gpu_memory_utilization: float = Field(default=0.1, gt=0, le=1, description="vLLM's memory share.")
     enforce_eager: bool = Field(default=True, description="Skip CUDA graphs / compilation (fast start).")
     block_size: int | None = Field(default=32, ge=1, description="vLLM's KV-cache block: its prefix cache "
@@ -481,6 +485,16 @@ def load_config(source: str | Path | dict | AppConfig | None = None) -> AppConfi
     for key in ("full", "fast"):
         spec = getattr(config.models, key)
         path = Path(spec.path) if Path(spec.path).is_absolute() else (base / spec.path)
+        if path.is_file():  # a GGUF file: converted once into a cached Hugging Face checkpoint (models/gguf.py)
+            from models import gguf
+
+            if not gguf.is_gguf(path):
+                raise ConfigError(f"{origin}: models.{key}.path: {path} is a file but not GGUF; give a checkpoint "
+                                  "directory (config.json, safetensors, tokenizer.json) or a .gguf file")
+            try:
+                path = gguf.convert(path)
+            except gguf.GGUFError as e:
+                raise ConfigError(f"{origin}: models.{key}.path: {e}") from None
         if not (path / "config.json").is_file():
             raise ConfigError(f"{origin}: models.{key}.path: no checkpoint (config.json) at {path}")
         update_spec: dict[str, Any] = {"path": str(path.resolve())}

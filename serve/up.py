@@ -18,6 +18,7 @@ import signal
 import socket
 import sys
 import time
+from pathlib import Path
 
 import yaml
 
@@ -26,6 +27,7 @@ from sharding import cpus
 from .auth import insecure_warning, load_keys
 from .config import AppConfig, dump_config, load_config
 from .errors import ConfigError
+from .preflight import preflight
 
 
 def http_options(config: AppConfig) -> dict:
@@ -65,6 +67,9 @@ def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="fastmode up", description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", metavar="FILE", help="deployment YAML (default: the built-in defaults, "
                     "which serve the shipped models; see serve/fastmode.yaml)")
+    ap.add_argument("--full", metavar="PATH", help="the full model: a checkpoint directory or a GGUF file "
+                    "(overrides models.full.path; its id stays models.full.id)")
+    ap.add_argument("--fast", metavar="PATH", help="the fast model, likewise (overrides models.fast.path)")
     ap.add_argument("--address", help="join this Ray cluster instead of starting one (or set RAY_ADDRESS)")
     ap.add_argument("--host", help="HTTP bind address (overrides http.host)")
     ap.add_argument("--port", type=int, help="HTTP port (overrides http.port)")
@@ -85,6 +90,13 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         config = load_config(args.config)
+        if args.full or args.fast:
+            models = config.models.model_dump(mode="json")
+            for key in ("full", "fast"):
+                if getattr(args, key):
+                    models[key]["path"] = str(Path(getattr(args, key)).expanduser().resolve())
+            config = load_config(config.model_dump(mode="json") | {"models": models})
+        preflight(config, chips=args.chips)  # every model against every lane that runs it, before Ray starts
         http = {k: v for k, v in (("host", args.host), ("port", args.port), ("metrics_port", args.metrics_port))
                 if v is not None}
         if http:
@@ -95,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
             config = load_config(config.model_dump(mode="json") | {
                 "auth": config.auth.model_dump() | {"allow_public_without_keys": True}})
         keys = load_keys(config)  # refuse a non-loopback bind without keys before starting anything
-    except ConfigError as e:
+    except ConfigError as e:  # PreflightError included
         print(f"fastmode up: {e}", file=sys.stderr)
         return 2
     if warning := insecure_warning(config, keys):

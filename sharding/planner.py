@@ -207,10 +207,14 @@ def main(argv: list[str] | None = None) -> int:
     cfg_path = args.model / "config.json"
     if not cfg_path.is_file():
         p.error(f"{args.model} has no config.json")
+    from .errors import ShardingError
+    from .weights import check_checkpoint
+
     try:
+        check_checkpoint(args.model)  # the checks fastmode up makes: a model the executor runs, its tensors
         chip = load_chip(args.chip)
         best, candidates = plan(json.loads(cfg_path.read_text()), chip, args.chips, args.dtype)
-    except (ChipSpecError, PlanError) as e:
+    except (ChipSpecError, PlanError, ShardingError) as e:
         print(f"fastmode plan: {e}", file=sys.stderr)
         return 2
     if args.json:

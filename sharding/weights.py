@@ -155,3 +155,38 @@ def load_model(path: str | Path, *, layer_range: tuple[int, int] | None = None,
         apply_tp(model, tp_rank=tp_rank, tp_size=tp_size, group=tp_group)
     load_weights(model, path)
     return model.eval()
+
+
+def check_checkpoint(path: str | Path) -> ModelConfig:
+    """Check the checkpoint at ``path`` the way ``load_model`` would load it, without reading a weight:
+    its config is one the executor runs, every tensor it holds is read by the model, every tensor the
+    model needs is there with its shape. Returns the config; raises ``InvalidConfig`` or
+    ``CheckpointError`` naming the field or tensor."""
+    config = ModelConfig.from_pretrained(path)
+    with ExitStack() as stack:
+        handles = [stack.enter_context(safe_open(str(f), framework="pt", device="cpu"))
+                   for f in checkpoint_files(path)]
+        shapes = {name: tuple(h.get_slice(name).get_shape()) for h in handles for name in h.keys()}
+    known = expected_tensors(config) | ({c for c, _, _ in _sources(config, TIED_HEAD)}
+                                        if config.tie_word_embeddings else set())
+    unused = sorted(n for n in shapes if n not in known and not IGNORED.search(n)
+                    and not (config.checkpoint_prefix and MULTIMODAL.search(n)))
+    if unused:
+        raise CheckpointError(f"checkpoint {path} holds tensors a {config.model_type} model of this config.json "
+                              f"does not use: {', '.join(map(repr, unused[:3]))}")
+    whole = Llama(config, device="meta")
+    for name, param in whole.named_parameters():
+        sources = _sources(config, name)
+        if name == TIED_HEAD and config.tie_word_embeddings and not any(c in shapes for c, _, _ in sources):
+            sources = _sources(config, EMBEDDING)
+        found = next((src for src in sources if src[0] in shapes), None)
+        if found is None:
+            raise CheckpointError(f"checkpoint {path} has no tensor {sources[0][0]!r}")
+        source, start, rows = found
+        shape = shapes[source]
+        if rows is not None:
+            shape = (rows,) + shape[1:] if shape[0] >= start + rows else shape
+        if shape != tuple(param.shape):
+            raise CheckpointError(f"{source}: checkpoint tensor of shape {shape} does not fit the config's "
+                                  f"{tuple(param.shape)} (config.json and weights disagree)")
+    return config

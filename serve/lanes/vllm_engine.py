@@ -10,6 +10,7 @@ tokenized by the lane, so every lane sees exactly the same prompt.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -20,6 +21,7 @@ from ..config import ExactLaneConfig, VLLMLaneConfig
 from ..errors import LaneUnavailable
 from .engine import EngineOutput, EngineRequest
 from .vllm_sessions import eligible
+from .vllm_sizing import vllm_sizes
 
 
 def speculative_args(config: VLLMLaneConfig, draft_path: str | Path | None) -> dict:
@@ -56,9 +58,10 @@ class VLLMLaneEngine:
         from vllm import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        sizes = vllm_sizes(json.loads((Path(path) / "config.json").read_text()), config)
         args = AsyncEngineArgs(model=str(path), dtype=config.dtype, max_num_seqs=config.max_num_seqs,
-                               max_model_len=config.max_model_len,
-                               kv_cache_memory_bytes=config.kv_cache_memory_bytes,
+                               max_model_len=sizes["max_model_len"],
+                               kv_cache_memory_bytes=sizes["kv_cache_memory_bytes"],
                                gpu_memory_utilization=config.gpu_memory_utilization,
                                enforce_eager=config.enforce_eager, seed=0,
                                **speculative_args(config, draft_path),
