@@ -81,7 +81,8 @@ def build(config: AppConfig) -> Application:
                if cfg.max_constructor_retry_count is not None else {}),
         ).bind(lane, model.id, model.path, cfg.model_dump(mode="json"), config.telemetry.model_dump(mode="json"),
                draft_path=config.models.fast.path if lane == EXACT else None,
-               door=config.model_dump(mode="json") if lane == FAST and config.door_on() else None)
+               door=config.model_dump(mode="json") if lane == FAST and config.door_on() else None,
+               chat_template=model.chat_template, chat_template_kwargs=model.chat_template_kwargs)
     g = config.gateway
     stored = serve.deployment(StoredResponses).options(
         name="responses", num_replicas=1, ray_actor_options=actor_options(config, {"num_cpus": 0}),

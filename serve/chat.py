@@ -81,6 +81,11 @@ class ChatTemplate:
     def ids(self, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool = True,
             kwargs: dict[str, Any] | None = None) -> list[int]:
         """The prompt's ids: the rendered template with its special tokens, contents as plain text."""
+        return self.encode(messages, add_generation_prompt=add_generation_prompt, kwargs=kwargs)[1]
+
+    def encode(self, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool = True,
+               kwargs: dict[str, Any] | None = None) -> tuple[str, list[int]]:
+        """The rendered prompt (as ``text`` gives it) and its ids (as ``ids``)."""
         stood_in: list[str] = []
 
         def stand_in(match: re.Match) -> str:
@@ -91,7 +96,7 @@ class ChatTemplate:
         text = self.text(safe, add_generation_prompt=add_generation_prompt, kwargs=kwargs)
         if not stood_in:
             with self._lock:
-                return self.tokenizer.encode(text, add_special_tokens=False).ids
+                return text, self.tokenizer.encode(text, add_special_tokens=False).ids
         ids: list[int] = []
         pieces = re.split(f"([{chr(_PRIVATE)}-{chr(_PRIVATE + len(stood_in) - 1)}])", text)
         with self._lock:
@@ -106,7 +111,18 @@ class ChatTemplate:
                         self.tokenizer.encode_special_tokens = False
                 else:
                     ids += self.tokenizer.encode(piece, add_special_tokens=False).ids
-        return ids
+        return "".join(stood_in[ord(p) - _PRIVATE] if i % 2 else p for i, p in enumerate(pieces)), ids
+
+    def generation_prompt(self, kwargs: dict[str, Any] | None = None) -> str | None:
+        """The text ``add_generation_prompt`` appends to a conversation (``"<|im_start|>assistant\\n"``),
+        or ``None`` if the template does not simply append one (then no prompt is known to end with it)."""
+        probe = [{"role": "user", "content": "x"}]
+        try:
+            bare = self.text(probe, add_generation_prompt=False, kwargs=kwargs)
+            full = self.text(probe, add_generation_prompt=True, kwargs=kwargs)
+        except InvalidRequest:  # a template that wants other messages (a system one first, ...)
+            return None
+        return full[len(bare):] if full.startswith(bare) and len(full) > len(bare) else None
 
     def _defang(self, message: dict[str, Any], stand_in) -> dict[str, Any]:
         content = message.get("content")
@@ -130,3 +146,35 @@ def has_chat_template(path: str | Path) -> bool:
     except (OSError, ValueError):
         return False
     return bool(config.get("chat_template"))
+
+
+def end_of_turn_ids(path: str | Path) -> tuple[int, ...]:
+    """Every id that ends a turn of the checkpoint at ``path``: ``config.json``'s and
+    ``generation_config.json``'s ``eos_token_id`` (an id or a list: Llama 3's ``<|eot_id|>`` and
+    ``<|eom_id|>``, Qwen's ``<|im_end|>`` and ``<|endoftext|>``) and the tokenizer's ``eos_token``, as
+    vLLM stops on them (its ``--generation-config auto``); read without loading the tokenizer."""
+    path = Path(path)
+    ids: list[int] = []
+
+    def read(name: str) -> dict[str, Any]:
+        try:
+            data = json.loads((path / name).read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    for name in ("config.json", "generation_config.json"):
+        eos = read(name).get("eos_token_id")
+        for i in eos if isinstance(eos, list) else [eos]:
+            if isinstance(i, int) and not isinstance(i, bool) and i not in ids:
+                ids.append(i)
+    eos = read("tokenizer_config.json").get("eos_token")
+    eos = eos.get("content") if isinstance(eos, dict) else eos
+    if isinstance(eos, str):
+        tokenizer = read("tokenizer.json")
+        added = {t.get("content"): t.get("id") for t in tokenizer.get("added_tokens") or []}
+        vocab = (tokenizer.get("model") or {}).get("vocab")
+        i = added.get(eos, vocab.get(eos) if isinstance(vocab, dict) else None)
+        if isinstance(i, int) and i not in ids:
+            ids.append(i)
+    return tuple(ids)

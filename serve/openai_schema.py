@@ -12,9 +12,10 @@ token-id prompts are refused as invalid. The sampling fields are validated by th
 messages name them the same way.
 
 Mapping: ``max_completion_tokens`` (or ``max_tokens``) -> ``max_output_tokens``; ``messages`` ->
-``input`` as ``[{role, content}]`` (text parts joined); ``prompt`` -> ``input``; ``temperature``,
-``top_p``, ``stop``, ``seed``, ``service_tier``, ``metadata``, vLLM's ``ignore_eos`` and fastmode's
-``allow_spill`` unchanged.
+``input`` as ``[{role, content}]`` (text parts joined), which each lane renders with its model's
+chat template (``serve.lanes.prompt_ids``); ``prompt`` -> ``input``, a text no template touches;
+``temperature``, ``top_p``, ``stop``, ``seed``, ``service_tier``, ``metadata``, vLLM's ``ignore_eos``
+and ``chat_template_kwargs`` (chat only) and fastmode's ``allow_spill`` unchanged.
 """
 
 from __future__ import annotations
@@ -135,6 +136,13 @@ class ChatCompletionRequest(_Common):
 
     messages: list[dict[str, Any]] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM's extension
+
+    def generate_request(self, request_id: str) -> dict[str, Any]:
+        body = super().generate_request(request_id)
+        if self.chat_template_kwargs is not None:
+            body["chat_template_kwargs"] = self.chat_template_kwargs
+        return body
 
     @property
     def output_budget(self) -> int | None:

@@ -27,7 +27,8 @@ _Text = Annotated[str, StringConstraints(min_length=1)]
 
 
 class Message(BaseModel):
-    """A chat message; the shipped models have no chat template (see ``GenerateRequest.prompt``)."""
+    """A chat message: rendered by the lane's model's chat template, or joined (``join_messages``)
+    for a model without one (the shipped models: see ``GenerateRequest.prompt``)."""
 
     model_config = ConfigDict(extra="forbid")
     role: Literal["system", "developer", "user", "assistant"]
@@ -45,7 +46,13 @@ class GenerateRequest(BaseModel):
     service_tier: str | None = Field(default=None, description="'priority', 'exact', 'default' or 'auto' "
                                      "(= 'default'; with model 'auto', the router's auto_full_tier): which "
                                      "lane serves the full model.")
-    input: str | list[Message] = Field(description="The prompt, or chat messages.")
+    input: str | list[Message] = Field(description="The prompt (text the model continues as it is), or chat "
+                                       "messages (rendered by the model's chat template; joined one per line "
+                                       "for a model without one).")
+    chat_template_kwargs: dict[str, Any] | None = Field(default=None, description="Extra variables for the "
+                                                        "model's chat template (vLLM's, e.g. {\"enable_thinking\": "
+                                                        "false}); with chat messages only, on a model that has a "
+                                                        "template.")
     max_output_tokens: int | None = Field(default=None, ge=1, description="Default: the rest of the "
                                           "context window.")
     temperature: float = Field(default=SamplingParams.temperature, ge=0, le=2, allow_inf_nan=False,
@@ -87,6 +94,9 @@ class GenerateRequest(BaseModel):
                 raise UnsupportedParameter(f"{'.'.join(map(str, extra[0]['loc']))}: unknown parameter, "
                                            "not supported by this server") from None
             raise InvalidRequest(describe_validation(e.errors(), "(request)")) from None
+        if req.chat_template_kwargs is not None and isinstance(req.input, str):
+            raise InvalidRequest("chat_template_kwargs: a text input is not rendered by a chat template; send "
+                                 "chat messages")
         if isinstance(req.stop, list) and len(req.stop) > 4:
             raise InvalidRequest(f"stop: at most 4 stop strings, got {len(req.stop)}")
         escaped = source is None or b"\\u" in source
@@ -106,15 +116,33 @@ class GenerateRequest(BaseModel):
         return [] if self.stop is None else [self.stop] if isinstance(self.stop, str) else list(self.stop)
 
     @property
-    def prompt(self) -> str:
-        """The text the model continues: the input string, or the messages joined (``join_messages``)."""
+    def prompt(self) -> str | ChatPrompt:
+        """What the lane makes its prompt ids of (``serve.lanes.prompt_ids.PromptIds.encode_prompt``):
+        the input string as it is, or the messages as a ``ChatPrompt``. A conversation without any
+        text is as empty as an empty string, whatever the model's template would make of it."""
         if isinstance(self.input, str):
-            text = self.input
-        else:
-            text = join_messages((m.role, m.content) for m in self.input)
-        if not text:
+            if not self.input:
+                raise InvalidRequest("input: the prompt is empty")
+            return self.input
+        messages = tuple((m.role, m.content) for m in self.input)
+        if not any(content for _, content in messages):
             raise InvalidRequest("input: the prompt is empty")
-        return text
+        return ChatPrompt(messages, self.chat_template_kwargs)
+
+
+@dataclass(frozen=True)
+class ChatPrompt:
+    """A conversation as a lane receives it: the lane's model's chat template renders it
+    (``serve.chat.ChatTemplate``), or, for a model without one, its messages are joined
+    (``join_messages``). Either way ``serve.lanes.prompt_ids.PromptIds.encode_prompt`` decides the ids."""
+
+    messages: tuple[tuple[str, str], ...]
+    """``(role, content)`` pairs, oldest first."""
+    template_kwargs: dict[str, Any] | None = None
+    """The request's ``chat_template_kwargs`` (over the model's configured ones)."""
+
+    def joined(self) -> str:
+        return join_messages(self.messages)
 
 
 def join_messages(messages: Iterable[tuple[str, str]]) -> str:
@@ -155,12 +183,15 @@ class LaneRequest:
     """One request as a lane replica receives it from a front door's router (``GenerateRequest.to_lane``).
 
     Validated once, at the front door; no field has a default here, so no second default can
-    disagree with ``GenerateRequest``'s. The lane tokenizes ``prompt`` and resolves
-    ``max_output_tokens`` against its context (``None``: the rest of it).
+    disagree with ``GenerateRequest``'s. The lane makes ``prompt`` its model's prompt ids
+    (``PromptIds.encode_prompt``) and resolves ``max_output_tokens`` against its context (``None``:
+    the rest of it).
     """
 
     request_id: str
-    prompt: str
+    prompt: str | ChatPrompt
+    """Text to continue as it is (``/v1/completions``, a ``response.create`` with a string ``input``),
+    or a conversation for the model's chat template."""
     max_output_tokens: int | None
     temperature: float
     top_p: float

@@ -92,7 +92,9 @@ class Router:
         self.links = ({name: LaneLinks(self.handles[name], self.tries[name],
                                        self._open_head if name == FAST and self.config.router.head_links else None)
                        for name in LANES} if self.config.router.lane_links else {})
-        self.scorer = DifficultyScorer(self.config.models.fast.path, self.config.router.auto_max_tokens)
+        fast = self.config.models.fast
+        self.scorer = DifficultyScorer(fast.path, self.config.router.auto_max_tokens, chat_template=fast.chat_template,
+                                       chat_template_kwargs=fast.chat_template_kwargs)
         self.warm_lanes: set[str] = set()
         self._warming: asyncio.Task | None = None
         g = self.config.gateway
@@ -310,9 +312,11 @@ class Router:
 
     async def _open_head(self, replica: str, head: dict[str, Any]) -> HeadConn:
         """This front door's own fast lane on ``replica``'s ring (``serve.lanes.head_links``)."""
-        return await HeadConn.open(replica, head, self.ids[FAST], self.config.models.fast.path,
+        fast = self.config.models.fast
+        return await HeadConn.open(replica, head, self.ids[FAST], fast.path,
                                    self.config.lanes.fast.model_dump(mode="json"),
-                                   self.config.telemetry.model_dump(mode="json"))
+                                   self.config.telemetry.model_dump(mode="json"), fast.chat_template,
+                                   fast.chat_template_kwargs)
 
     def models(self) -> list[dict[str, Any]]:
         """The served model ids and the lanes behind each."""

@@ -52,6 +52,7 @@ from sharding.transport import LinkClosed
 
 from .. import metrics
 from ..auth import key_of, subprotocol_bearer
+from ..chat import end_of_turn_ids
 from ..errors import InvalidRequest, LaneUnavailable, UnknownModel, to_event
 from ..protocol import VERSION
 from ..request import GenerateRequest
@@ -59,7 +60,7 @@ from ..websocket import (CLOSE_GOING_AWAY, CLOSE_NORMAL, CLOSE_POLICY, REASONS, 
                          error_from, frame_id)
 from .step_spans import HopTotals
 from .detokenizer import TextStream
-from .word_ids import WordIds
+from .prompt_ids import PromptIds
 from .ws_frames import (FrameReader, decode_json, encode_json, offered_subprotocols, server_protocol,
                         text_frame)
 
@@ -79,6 +80,7 @@ class DoorSpec:
         host: the address to bind (``http.host``: loopback stays loopback); ``port`` 0: any free one.
         keys: the accepted API keys (empty: none needed, as on the gateway).
         limits: the ``gateway`` config section's values (``GatewayConfig``).
+        chat_template, chat_template_kwargs: the fast model's (``models.fast``), as ``Lane`` takes them.
     """
 
     model_id: str
@@ -88,6 +90,8 @@ class DoorSpec:
     port: int = 0
     keys: frozenset[str] = frozenset()
     limits: dict[str, Any] = field(default_factory=dict)
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
 
     def open(self, model_config, max_len: int) -> Door:
         return Door(self, model_config, max_len)
@@ -105,9 +109,13 @@ class Door:
         self.spec, self.model_config, self.max_len = spec, model_config, max_len
         self.limits = GatewayConfig.model_validate(spec.limits)
         self.tokenizer = Tokenizer.from_file(f"{spec.model_path}/tokenizer.json")
-        self.words = WordIds(self.tokenizer)
-        """The prompt's ids, from kept words' ids (``serve.lanes.word_ids``): shorter than the
-        tokenizer's own encode in a process whose caches a step has just emptied."""
+        self.prompt_ids = PromptIds.for_model(spec.model_path, self.tokenizer, chat_template=spec.chat_template,
+                                              chat_template_kwargs=spec.chat_template_kwargs, kept_tokens=0)
+        """The prompt's ids, as every lane's (no conversations here: no prompt kept for a next turn); a
+        text's from kept words' ids (``serve.lanes.word_ids``): shorter than the tokenizer's own encode
+        in a process whose caches a step has just emptied."""
+        self.stop_ids = end_of_turn_ids(spec.model_path)
+        """The fast model's end-of-turn ids (``Lane.stop_ids``)."""
         self.server = socket.create_server((spec.host, spec.port), family=socket.AF_INET6 if ":" in spec.host
                                            else socket.AF_INET, backlog=128)
         self.server.setblocking(False)
@@ -368,13 +376,14 @@ class DoorConnection:
         if req.previous_response_id is not None or req.store:
             raise InvalidRequest("previous_response_id and store: not served by the fast lane's door; the "
                                  "gateway's WebSocket serves conversations")
-        ids = door.words.encode(req.prompt)  # no conversations here: no prompt kept for a next turn
+        ids = door.prompt_ids.encode_prompt(req.prompt)[0]
         max_tokens = req.max_output_tokens or door.max_len - len(ids)
         if len(ids) + max_tokens > door.max_len or max_tokens < 1:
             raise PromptTooLong(f"the prompt has {len(ids)} tokens; with max_output_tokens {max_tokens} it "
                                 f"exceeds the {door.max_len}-token context of {door.spec.model_id}")
         params = SamplingParams(temperature=req.temperature, top_p=req.top_p, max_tokens=max_tokens,
-                                seed=req.seed, ignore_eos=req.ignore_eos)
+                                seed=req.seed, ignore_eos=req.ignore_eos,
+                                stop_token_ids=() if req.ignore_eos else door.stop_ids)
         validate_request(door.model_config, door.max_len, self.prefix + rid, ids, params)
         self.responses[rid] = _Response(rid, len(ids), TextStream(door.tokenizer, req.stop_list), time.perf_counter())
         return ("add", self.prefix + rid, ids, params)

@@ -24,6 +24,9 @@ class EngineRequest:
     top_p: float = SamplingParams.top_p
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
+    stop_token_ids: tuple[int, ...] = ()
+    """Ids that end the generation (included in the output, as an eos is): the lane passes its model's
+    end-of-turn ids (``serve.chat.end_of_turn_ids``) unless ``ignore_eos``."""
     ignore_eos: bool = False
     continues: bool = False
     """The prompt continues an earlier one (a conversation's next turn, ``PromptIds.encode_turn``):
@@ -34,7 +37,8 @@ class EngineRequest:
     def sampling(self) -> SamplingParams:
         """Its sampling parameters as fastmode's own engines take them (``sharding.sampling``)."""
         return SamplingParams(temperature=self.temperature, top_p=self.top_p, seed=self.seed,
-                              max_tokens=self.max_tokens, ignore_eos=self.ignore_eos)
+                              max_tokens=self.max_tokens, ignore_eos=self.ignore_eos,
+                              stop_token_ids=self.stop_token_ids)
 
 
 @dataclass(frozen=True)

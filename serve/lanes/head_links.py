@@ -52,14 +52,17 @@ class HeadConn:
 
     @classmethod
     async def open(cls, replica: str, head: dict[str, Any], model_id: str, model_path: str | Path,
-                   config: dict[str, Any], telemetry_config: dict[str, Any] | None = None) -> HeadConn:
-        """Connect to the head ``head`` (from ``Lane.link_address``) and build the lane around it."""
+                   config: dict[str, Any], telemetry_config: dict[str, Any] | None = None,
+                   chat_template: str | None = None, chat_template_kwargs: dict[str, Any] | None = None) -> HeadConn:
+        """Connect to the head ``head`` (from ``Lane.link_address``) and build the lane around it
+        (``chat_template``, ``chat_template_kwargs``: the fast model's, as ``Lane`` takes them)."""
         def build() -> Lane:
             tokenizer = Tokenizer.from_file(str(Path(model_path) / "tokenizer.json"))
             engine = HeadClient(ModelConfig.from_pretrained(model_path), head["max_len"],
                                 (head["host"], head["port"]), head["secret"], tokenizer, head["layout"],
                                 TelemetryConfig.model_validate(telemetry_config or {}))
-            return Lane(FAST, model_id, str(model_path), config, telemetry_config, engine=engine)
+            return Lane(FAST, model_id, str(model_path), config, telemetry_config, engine=engine,
+                        chat_template=chat_template, chat_template_kwargs=chat_template_kwargs)
 
         lane = await asyncio.to_thread(build)
         await lane.engine.connect()

@@ -1,6 +1,7 @@
 """``Lane``: the Serve deployment behind each lane (fast, priority, standard, exact).
 
-It tokenizes the prompt, checks the context budget and the batch cap, drives the lane's engine
+It makes the prompt its model's ids (``serve.lanes.prompt_ids``: a text as it is, chat messages
+through the model's chat template), checks the context budget and the batch cap, drives the lane's engine
 and streams coalesced ``delta`` events, then one ``done`` event with usage, timing and cost. The
 lanes differ only by configuration: which engine (``ShardedLaneEngine``, ``VLLMLaneEngine``, and
 for exact by default ``SpeculativeLaneEngine``), its batch cap, its price, and for exact the fast
@@ -23,6 +24,7 @@ from sharding.errors import PromptTooLong
 
 from .. import metrics, telemetry
 from ..config import LANE_CONFIGS, FastLaneConfig, TelemetryConfig, VLLMLaneConfig
+from ..chat import end_of_turn_ids
 from ..errors import LaneUnavailable, Overloaded, to_event
 from ..request import LaneRequest
 from ..coalesce import coalesce
@@ -64,17 +66,24 @@ class Lane:
             fails (its owner rebuilds it). ``None``: build and own the lane's engine.
         door: the fast lane: the application's config (a dict) when its head serves the lane's own
             WebSocket (``serve.lanes.door``: bound to ``http.host``, with the gateway's keys and limits).
+        chat_template, chat_template_kwargs: the model's ``models.<model>`` settings: a template to
+            use instead of the checkpoint's, and variables every rendering gets.
     """
 
     def __init__(self, lane: str, model_id: str, model_path: str, config: dict[str, Any],
                  telemetry_config: dict[str, Any] | None = None, draft_path: str | None = None,
-                 engine: LaneEngine | None = None, door: dict[str, Any] | None = None) -> None:
+                 engine: LaneEngine | None = None, door: dict[str, Any] | None = None,
+                 chat_template: str | None = None, chat_template_kwargs: dict[str, Any] | None = None) -> None:
         if engine is None:
             telemetry.setup(f"{lane}-lane")
         self.lane, self.model_id = lane, model_id
         self.tokenizer = Tokenizer.from_file(str(Path(model_path) / "tokenizer.json"))
-        self.prompt_ids = PromptIds(self.tokenizer)
-        """Tokenizes prompts; a conversation's next turn only its new text (``serve.lanes.prompt_ids``)."""
+        self.prompt_ids = PromptIds.for_model(model_path, self.tokenizer, chat_template=chat_template,
+                                              chat_template_kwargs=chat_template_kwargs)
+        """Makes prompts ids, through the model's chat template if it has one (``serve.lanes.prompt_ids``)."""
+        self.stop_ids = end_of_turn_ids(model_path)
+        """Ids that end a turn (config.json's, generation_config.json's and the tokenizer's eos): every
+        request stops on them unless it sets ``ignore_eos``."""
         self.config: FastLaneConfig | VLLMLaneConfig = LANE_CONFIGS[lane].model_validate(config)
         self.door = None if door is None or lane != FAST else _door_spec(door, model_id, model_path, self.config)
         self._engine_args = (model_path, TelemetryConfig.model_validate(telemetry_config or {}), draft_path)
@@ -186,7 +195,7 @@ class Lane:
         if self.cap is not None and self.in_flight >= self.cap:
             raise Overloaded(f"the {self.lane} lane's batch is full ({self.cap} sequences)",
                              retry_after=self.config.retry_after_s)
-        ids, continues = self.prompt_ids.encode_turn(request.prompt)
+        ids, continues = self.prompt_ids.encode_prompt(request.prompt)
         n_prompt = len(ids)
         max_tokens = request.max_output_tokens or self.engine.max_len - n_prompt
         if n_prompt + max_tokens > self.engine.max_len or max_tokens < 1:
@@ -195,7 +204,8 @@ class Lane:
         engine_request = EngineRequest(
             request_id=request.request_id, prompt_ids=ids, max_tokens=max_tokens,
             temperature=request.temperature, top_p=request.top_p, seed=request.seed, stop=list(request.stop),
-            ignore_eos=request.ignore_eos, continues=continues,
+            stop_token_ids=() if request.ignore_eos else self.stop_ids, ignore_eos=request.ignore_eos,
+            continues=continues,
             trace=trace.set_span_in_context(span) if span.is_recording() else None)
         # A front door's own lane starts the engine's request before ``accepted``: the caller's
         # handling of it (``response.created`` written to the client) overlaps the prefill. An
@@ -338,8 +348,9 @@ class Lane:
         open here, and streams closed before their end (``cancelled``, since start); the fast lane's chip layout and
         prefix cache too (``parked`` slots, ``hits``, ``reused_tokens``), and on our executor's
         lanes the linears running from packed bfloat16 weights (``sharding.packed``: per chip on
-        the fast lane, per model on the exact lane; 0: off); on vLLM's lanes with ``sessions``, the
-        conversations kept in vLLM (``parked``, ``continued`` turns, ``reused_tokens``)."""
+        the fast lane, per model on the exact lane; 0: off), and on the exact lane whether its models
+        run compiled yet (``compile``: ``SpeculativeLaneEngine.compile_status``); on vLLM's lanes with
+        ``sessions``, the conversations kept in vLLM (``parked``, ``continued`` turns, ``reused_tokens``)."""
         stats = {"lane": self.lane, "model": self.model_id, "running": self.engine.num_unfinished(),
                  "in_flight": self.in_flight, "cap": self.cap, "cancelled": self.cancelled, "warmup": self.warm,
                  "rebuilding": self._rebuilding is not None, "rebuilds": self.rebuilds}
@@ -354,6 +365,7 @@ class Lane:
         elif self.lane == EXACT and self.config.engine == "fastmode":
             stats["prefix_cache"] = None if self._rebuilding else self.engine.prefix_stats()
             stats["packed_linears"] = None if self._rebuilding else self.engine.packed_linears()
+            stats["compile"] = None if self._rebuilding else self.engine.compile_status()
         if (sessions := getattr(self.engine, "sessions", None)) is not None:
             stats["sessions"] = sessions.stats()
         return stats
@@ -392,9 +404,11 @@ def _door_spec(app: dict[str, Any], model_id: str, model_path: str, config: Fast
     from .door import DoorSpec
 
     app_config = load_config(app)
+    fast = app_config.models.fast
     return DoorSpec(model_id=model_id, model_path=model_path, price=config.price, host=app_config.http.host,
                     port=config.door_port, keys=load_keys(app_config),
-                    limits=app_config.gateway.model_dump(mode="json"))
+                    limits=app_config.gateway.model_dump(mode="json"), chat_template=fast.chat_template,
+                    chat_template_kwargs=fast.chat_template_kwargs)
 
 
 def _shutdown_quietly(engine: LaneEngine) -> None:

@@ -1,5 +1,14 @@
-"""``PromptIds``: a lane's tokenizer that keeps the ids of recent prompts, so that a prompt which
-continues one of them (the next turn of a conversation) tokenizes only what is new.
+"""``PromptIds``: the one place a request's input becomes a model's prompt ids, for every lane, the
+fast lane's door and the ``auto`` router's scorer (``encode_prompt``), keeping the ids of recent
+prompts so that a prompt which continues one of them (the next turn of a conversation) tokenizes
+only what is new.
+
+What the ids are: a text input (``/v1/completions``, a ``response.create`` with a string
+``input``) is tokenized as it is. Chat messages (``serve.request.ChatPrompt``) are rendered by the
+model's chat template, the ids exactly transformers' ``apply_chat_template(messages,
+add_generation_prompt=True, tokenize=True)``, special-token strings in the contents kept as text
+(``serve.chat.ChatTemplate``); a model without a template (the shipped ones) joins them
+(``serve.request.join_messages``) and tokenizes the text.
 
 Why: a conversation's turn ``n + 1`` is turn ``n``'s prompt, its output and the new input, joined
 at line breaks (``serve.request.join_messages``; the router joins the history kept for
@@ -13,6 +22,14 @@ a pre-token's edge. So for a kept prompt ``A`` and any ``B``, the ids of ``A + "
 kept ids of ``A`` followed by the ids of ``"\\n" + B`` without special tokens: exactly what
 tokenizing the whole text gives (tests/serve/test_prompt_ids.py checks it against the tokenizer
 itself). A tokenizer without that split (``incremental`` false) tokenizes every prompt whole.
+
+A templated prompt is rendered and tokenized whole every time (its special tokens and a template's
+rules, ``| trim`` and the like, make the text of turn ``n`` no safe cut point). Whether it continues a
+kept one (``continues``, for vLLM's sessions) is decided by ids: the kept prompt is where the
+template's generation prompt recurs in the new text, and its ids must be the new ids' first ones.
+A template whose turn ``n`` is not a prefix of turn ``n + 1`` (one that re-renders the history
+otherwise) continues nothing: every lane gets the whole prompt's ids, and its prefix cache reuses
+whatever leading ids match.
 """
 
 from __future__ import annotations
@@ -20,8 +37,14 @@ from __future__ import annotations
 import json
 from collections import Counter, OrderedDict
 
+from pathlib import Path
+from typing import Any
+
 from tokenizers import Tokenizer
 
+from ..chat import ChatTemplate
+from ..errors import InvalidRequest
+from ..request import ChatPrompt
 from .word_ids import WordIds
 
 KEPT_TOKENS = 262_144
@@ -41,15 +64,21 @@ def splits_at_newlines(tokenizer: Tokenizer) -> bool:
 
 
 class PromptIds:
-    """``encode(text)``: the ids ``tokenizer.encode(text)`` gives, reusing a kept prompt's.
+    """``encode_prompt(prompt)``: a request's prompt ids; ``encode(text)``: the ids
+    ``tokenizer.encode(text)`` gives, reusing a kept prompt's.
 
     Args:
-        tokenizer: the lane's tokenizer.
+        tokenizer: the model's tokenizer.
         kept_tokens: the ids kept at most, over all kept prompts (0: keep none).
+        chat: the model's chat template (``None``: it has none, messages are joined).
     """
 
-    def __init__(self, tokenizer: Tokenizer, kept_tokens: int = KEPT_TOKENS) -> None:
-        self.tokenizer, self.kept_tokens = tokenizer, kept_tokens
+    def __init__(self, tokenizer: Tokenizer, kept_tokens: int = KEPT_TOKENS, chat: ChatTemplate | None = None) -> None:
+        self.tokenizer, self.kept_tokens, self.chat = tokenizer, kept_tokens, chat
+        self._generation_prompts: dict[str, str | None] = {}
+        """The template's generation prompt per ``chat_template_kwargs`` (as JSON)."""
+        self._chats: OrderedDict[str, list[int]] = OrderedDict()
+        """Kept templated prompts: rendered text -> ids (bounded with the text prompts by ``kept_tokens``)."""
         self.words = WordIds(tokenizer)
         """What tokenizes the new text: the tokenizer's own ids, from kept words (``serve.lanes.word_ids``)."""
         self.incremental = kept_tokens > 0 and splits_at_newlines(tokenizer) and self._joins()
@@ -60,6 +89,68 @@ class PromptIds:
         self._tokens = 0
         self.reused_tokens = 0
         """Prompt ids taken from kept prompts instead of tokenized (since start)."""
+
+    @classmethod
+    def for_model(cls, path: str | Path, tokenizer: Tokenizer | None = None, *, chat_template: str | None = None,
+                  chat_template_kwargs: dict[str, Any] | None = None, kept_tokens: int = KEPT_TOKENS) -> PromptIds:
+        """The prompt ids of the checkpoint at ``path``: its ``tokenizer.json`` (or ``tokenizer``, the
+        same file loaded already), and its chat template if it has one or ``chat_template`` is given
+        (the config's, ``models.<model>.chat_template``, with ``chat_template_kwargs``)."""
+        if tokenizer is None:
+            tokenizer = Tokenizer.from_file(str(Path(path) / "tokenizer.json"))
+        chat = ChatTemplate.of(path, chat_template, chat_template_kwargs)
+        prompt_ids = cls(tokenizer, kept_tokens, chat)
+        if chat is not None:
+            prompt_ids._generation_prompt(None)  # renders once: the template is compiled before any request
+        return prompt_ids
+
+    def encode_prompt(self, prompt: str | ChatPrompt) -> tuple[list[int], bool]:
+        """A request's prompt ids (a new list), and whether they continue a kept prompt: a text as it
+        is; chat messages through the chat template, or joined without one (see the module docstring)."""
+        if isinstance(prompt, str):
+            return self.encode_turn(prompt)
+        if self.chat is None:
+            if prompt.template_kwargs:
+                raise InvalidRequest("chat_template_kwargs: the model has no chat template (its messages are "
+                                     "joined one per line)")
+            return self.encode_turn(prompt.joined())
+        return self._encode_chat(prompt)
+
+    def _generation_prompt(self, kwargs: dict[str, Any] | None) -> str | None:
+        key = json.dumps(kwargs, sort_keys=True, default=str)
+        if key not in self._generation_prompts:
+            if len(self._generation_prompts) >= 64:  # kwargs are the client's: bound what they keep
+                self._generation_prompts.clear()
+            self._generation_prompts[key] = self.chat.generation_prompt(kwargs)
+        return self._generation_prompts[key]
+
+    def _encode_chat(self, prompt: ChatPrompt) -> tuple[list[int], bool]:
+        text, ids = self.chat.encode([{"role": r, "content": c} for r, c in prompt.messages],
+                                     kwargs=prompt.template_kwargs)
+        continues = False
+        if self.kept_tokens > 0:
+            marker = self._generation_prompt(prompt.template_kwargs)
+            end = len(text) - len(marker or "")
+            while marker and (at := text.rfind(marker, 0, end)) >= 0:  # the longest kept prompt first
+                end = at
+                kept = self._chats.get(text[:at + len(marker)])
+                if kept is not None and ids[:len(kept)] == kept:
+                    self._chats.move_to_end(text[:at + len(marker)])
+                    continues = True
+                    break
+            self._keep_chat(text, ids)
+        return list(ids), continues
+
+    def _keep_chat(self, text: str, ids: list[int]) -> None:
+        if len(ids) > self.kept_tokens:
+            return
+        old = self._chats.pop(text, None)
+        self._tokens += len(ids) - (len(old) if old is not None else 0)
+        self._chats[text] = ids
+        while self._tokens > self.kept_tokens and self._chats:
+            self._tokens -= len(self._chats.popitem(last=False)[1])
+        while self._tokens > self.kept_tokens and self._kept:
+            self._forget(*self._kept.popitem(last=False))
 
     def _joins(self) -> bool:
         """The post-processor adds nothing between the parts: whole == kept + continuation."""
@@ -102,8 +193,10 @@ class PromptIds:
         self._kept[text] = ids
         self._lengths[len(text)] += 1
         self._tokens += len(ids)
-        while self._tokens > self.kept_tokens:
+        while self._tokens > self.kept_tokens and self._kept:
             self._forget(*self._kept.popitem(last=False))
+        while self._tokens > self.kept_tokens and self._chats:
+            self._tokens -= len(self._chats.popitem(last=False)[1])
 
     def _forget(self, text: str, ids: list[int]) -> None:
         self._tokens -= len(ids)

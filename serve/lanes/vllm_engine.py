@@ -108,6 +108,7 @@ class VLLMLaneEngine:
             raise LaneUnavailable(f"the vLLM engine has died: {self.engine.dead_error!r}")
         params = SamplingParams(temperature=request.temperature, top_p=request.top_p, seed=request.seed,
                                 max_tokens=request.max_tokens, stop=request.stop or None,
+                                stop_token_ids=list(request.stop_token_ids) or None,
                                 ignore_eos=request.ignore_eos,
                                 output_kind=RequestOutputKind.DELTA)
         if self.sessions is not None:

@@ -5,15 +5,28 @@ from __future__ import annotations
 import pytest
 
 from serve.errors import InvalidRequest
-from serve.request import GenerateRequest
+from serve.request import ChatPrompt, GenerateRequest
 
 
 def test_defaults_and_prompt_forms():
     r = GenerateRequest.parse({"model": "m", "input": "abc"})
     assert (r.temperature, r.top_p, r.max_output_tokens, r.stop_list, r.allow_spill) == (1.0, 1.0, None, [], False)
+    assert r.prompt == "abc"  # a text: no template touches it
     chat = GenerateRequest.parse({"model": "m", "input": [{"role": "system", "content": "a"},
-                                                          {"role": "user", "content": "b"}], "stop": "x"})
-    assert chat.prompt == "a\nb" and chat.stop_list == ["x"]
+                                                          {"role": "user", "content": "b"}], "stop": "x",
+                                  "chat_template_kwargs": {"enable_thinking": False}})
+    assert chat.prompt == ChatPrompt((("system", "a"), ("user", "b")), {"enable_thinking": False})
+    assert chat.prompt.joined() == "a\nb" and chat.stop_list == ["x"]  # for a model without a template
+
+
+def test_chat_template_kwargs_need_messages():
+    with pytest.raises(InvalidRequest, match="chat_template_kwargs: a text input"):
+        GenerateRequest.parse({"model": "m", "input": "abc", "chat_template_kwargs": {"x": 1}})
+
+
+def test_a_conversation_without_text_is_an_empty_prompt():
+    with pytest.raises(InvalidRequest, match="empty"):
+        _ = GenerateRequest.parse({"model": "m", "input": [{"role": "user", "content": ""}]}).prompt
 
 
 @pytest.mark.parametrize("messages,text", [
@@ -27,7 +40,7 @@ def test_defaults_and_prompt_forms():
 ])
 def test_messages_are_joined_one_per_line_and_outputs_follow_their_prompts(messages, text):
     r = GenerateRequest.parse({"model": "m", "input": [{"role": role, "content": c} for role, c in messages]})
-    assert r.prompt == text
+    assert r.prompt.joined() == text
 
 
 @pytest.mark.parametrize("body,field", [
@@ -84,7 +97,7 @@ def test_the_lane_request_carries_every_field_once_with_the_engines_defaults():
     from sharding.sampling import SamplingParams
 
     lane = GenerateRequest.parse({"model": "m", "input": [{"role": "user", "content": "a"}], "stop": "x"}).to_lane("r1")
-    assert lane == LaneRequest(request_id="r1", prompt="a", max_output_tokens=None, temperature=1.0, top_p=1.0,
+    assert lane == LaneRequest(request_id="r1", prompt=ChatPrompt((("user", "a"),)), max_output_tokens=None, temperature=1.0, top_p=1.0,
                                seed=None, stop=("x",), ignore_eos=False, trace=None)
     assert (lane.temperature, lane.top_p) == (SamplingParams().temperature, SamplingParams().top_p)
     with pytest.raises(TypeError):  # no defaults of its own: every field comes from the front door
