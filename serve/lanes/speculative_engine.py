@@ -8,6 +8,14 @@ asked for it. Nothing per token crosses a process; the per-token work on the eve
 The thread (``exact-engine``, by that name in ``top`` and ``py-spy``) runs on the node's compute
 cores (``sharding.cpus``: the replica's other threads stay on the serving ones) with ``threads``
 torch threads, beside vLLM's engines where they share those cores.
+
+With ``compile`` and ``compile_in_background`` (the defaults) the lane starts on eager models, which
+load in seconds, while a second thread (``exact-compile``, on the serving cores) builds the compiled
+engine and warms it up over every shape the lane meets; then the engine thread switches to it. A
+request runs wholly on the engine it started on: the ones running at the switch finish on the eager
+engine, stepped in turn with the compiled one until they end (the same tokens either way: greedy
+output is the full model's on both). ``compile_status`` says where it is (``/health``). Without
+``compile_in_background`` the compiled engine is built and warmed up before the lane starts.
 """
 
 from __future__ import annotations
@@ -15,6 +23,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import logging
+import os
 import queue
 import threading
 import time
@@ -34,8 +44,11 @@ from ..errors import LaneUnavailable
 from .engine import EngineOutput, EngineRequest
 from .detokenizer import TextStream
 
+log = logging.getLogger(__name__)
+
 START_TIMEOUT_S = 900.0
-"""How long the replica waits for the engine thread to load, compile and warm up both models."""
+"""How long the replica waits for the engine thread to load (and, compiling before it starts, to
+compile and warm up) both models."""
 
 
 def speculative_summary(stats: SpecStats, k: int) -> dict:
@@ -49,11 +62,22 @@ def speculative_summary(stats: SpecStats, k: int) -> dict:
 THREAD_NAME = "exact-engine"
 """The engine thread's name, also the OS's (``/proc/<pid>/task/<tid>/comm``: top, py-spy, tests)."""
 
+COMPILE_THREAD_NAME = "exact-compile"
+"""The name of the thread that compiles the engine in the background."""
 
-def _name_thread() -> None:
+
+def _name_thread(name: str = THREAD_NAME) -> None:
     """Name the calling thread for the OS."""
     with contextlib.suppress(Exception):  # Linux only; a name is a convenience
-        ctypes.CDLL(None).prctl(15, THREAD_NAME.encode(), 0, 0, 0)  # PR_SET_NAME: this thread
+        ctypes.CDLL(None).prctl(15, name.encode(), 0, 0, 0)  # PR_SET_NAME: this thread
+
+
+def _on_serving_cpus() -> None:
+    """Run the calling thread (and the compiler processes it starts) on the serving CPUs, where
+    placement is on: a compile in the background takes no compute core from the lanes' steps."""
+    plan = cpus.plan()
+    if plan is not None:
+        os.sched_setaffinity(0, plan.serving)  # pid 0: the calling thread only, on Linux
 
 
 class SpeculativeLaneEngine:
@@ -74,6 +98,9 @@ class SpeculativeLaneEngine:
         self._error: BaseException | None = None
         self._ready = threading.Event()
         self._engine: SpeculativeEngine | None = None
+        self._stopping = False
+        self._background = config.compile and config.compile_in_background
+        self._compile: dict = {"state": "compiling" if config.compile else "off", "seconds": None, "error": None}
         self._thread = threading.Thread(target=self._run, args=(path, draft_path), name=THREAD_NAME, daemon=True)
         self._thread.start()
         if not self._ready.wait(START_TIMEOUT_S):
@@ -82,55 +109,90 @@ class SpeculativeLaneEngine:
             self.shutdown()
             raise LaneUnavailable(f"the exact lane's engine did not start: {self._error}") from self._error
         self.max_len = self._engine.max_len
+        if self._background:
+            threading.Thread(target=self._compile_in_background, args=(path, draft_path),
+                             name=COMPILE_THREAD_NAME, daemon=True).start()
 
     # -- the engine thread ---------------------------------------------------------------------
-    def _build(self, path: str | Path, draft_path: str | Path) -> SpeculativeEngine:
+    def _build(self, path: str | Path, draft_path: str | Path, compile: bool) -> SpeculativeEngine:
         c = self.config
         torch.set_num_threads(c.threads)
         dtype = getattr(torch, c.dtype)
         engine = SpeculativeEngine.from_pretrained(
             path, draft_path, dtype=dtype, num_slots=c.max_num_seqs, max_len=c.max_model_len,
-            k=c.num_speculative_tokens, adaptive=c.adaptive_k, compile=c.compile, prefix_cache=c.prefix_cache,
+            k=c.num_speculative_tokens, adaptive=c.adaptive_k, compile=compile, prefix_cache=c.prefix_cache,
             packed_weights=resolve_packed(c.packed_weights, "cpu", dtype))
-        if c.compile:
+        if compile:
             engine.warm_up()  # every shape the lane meets, compiled now, not on a user's request
         return engine
 
     def _run(self, path: str | Path, draft_path: str | Path) -> None:
         _name_thread()
-        # Loading, compiling and warming up on every CPU of the node (the replica's own threads are on
-        # the serving ones), then this thread and the torch threads it started on the compute ones.
+        # Loading (compiling and warming up, unless that is left to the background) on every CPU of
+        # the node (the replica's own threads are on the serving ones), then this thread and the
+        # torch threads it started on the compute ones.
         cpus.unplace(this_thread=True)
         try:
-            self._engine = self._build(path, draft_path)
+            t0 = time.perf_counter()
+            compile = self.config.compile and not self._background
+            self._engine = self._build(path, draft_path, compile)
+            if compile:
+                self._compile.update(state="compiled", seconds=round(time.perf_counter() - t0, 1))
         except BaseException as e:  # noqa: BLE001 - reported by __init__
             self._error = e
             return
         finally:
             cpus.place_unplaced("compute")
             self._ready.set()
-        engine, added = self._engine, {}
+        # ``old``: the eager engine after a switch, stepped in turn with ``engine`` until the requests
+        # it holds have ended (then dropped); new requests go to ``engine``.
+        engine, old, added = self._engine, None, {}
         try:
             while True:
-                item = self._inbox.get() if not engine.has_work else self._next()
+                item = self._inbox.get() if not (engine.has_work or old is not None) else self._next()
                 while item is not None:
                     if item[0] == "stop":
                         return
-                    self._handle(engine, item, added)
+                    if item[0] == "switch":
+                        old, engine = engine, item[1]
+                        self._engine = engine
+                        self._compile.update(state="compiled", seconds=item[2])
+                    else:
+                        self._handle(engine, old, item, added)
                     item = self._next()
-                if not engine.has_work:
-                    continue
-                start = time.perf_counter()
-                outs = engine.step()
-                first = {o.request_id: (start - added.pop(o.request_id), engine.num_running)
-                         for o in outs if o.request_id in added}
-                spec = {rid: speculative_summary(s, engine.k) for rid, s in engine.finished_stats.items()}
-                for o in outs:
-                    self._put(o.request_id, (o, first.get(o.request_id), spec.get(o.request_id)))
+                for e in (old, engine):
+                    if e is not None and e.has_work:
+                        self._step(e, added)
+                if old is not None and not old.has_work:
+                    old = None  # its last request has ended: the eager models are freed
         except BaseException as e:  # noqa: BLE001 - every waiting request hears of it, and check_health
             self._error = e
             for rid in list(self._sinks):
                 self._put(rid, LaneUnavailable(f"the exact lane's engine failed: {type(e).__name__}: {e}"))
+
+    def _step(self, engine: SpeculativeEngine, added: dict[str, float]) -> None:
+        start = time.perf_counter()
+        outs = engine.step()
+        first = {o.request_id: (start - added.pop(o.request_id), engine.num_running)
+                 for o in outs if o.request_id in added}
+        spec = {rid: speculative_summary(s, engine.k) for rid, s in engine.finished_stats.items()}
+        for o in outs:
+            self._put(o.request_id, (o, first.get(o.request_id), spec.get(o.request_id)))
+
+    def _compile_in_background(self, path: str | Path, draft_path: str | Path) -> None:
+        """Build the compiled engine and warm it up, then hand it to the engine thread. A failure
+        leaves the lane on its eager engine (``compile_status``: ``failed``)."""
+        _name_thread(COMPILE_THREAD_NAME)
+        _on_serving_cpus()
+        t0 = time.perf_counter()
+        try:
+            engine = self._build(path, draft_path, compile=True)
+        except Exception as e:  # noqa: BLE001 - the eager engine serves on
+            log.warning("the exact lane's compile failed; it stays eager: %s: %s", type(e).__name__, e)
+            self._compile.update(state="failed", error=f"{type(e).__name__}: {e}"[:300])
+            return
+        if not self._stopping:
+            self._inbox.put(("switch", engine, round(time.perf_counter() - t0, 1)))
 
     def _next(self):
         try:
@@ -138,9 +200,11 @@ class SpeculativeLaneEngine:
         except queue.Empty:
             return None
 
-    def _handle(self, engine: SpeculativeEngine, item: tuple, added: dict[str, float]) -> None:
+    def _handle(self, engine: SpeculativeEngine, old: SpeculativeEngine | None, item: tuple,
+                added: dict[str, float]) -> None:
         if item[0] == "abort":
-            engine.abort(item[1])
+            if not engine.abort(item[1]) and old is not None:
+                old.abort(item[1])
             added.pop(item[1], None)
             return
         _, rid, prompt, params, at = item
@@ -209,6 +273,12 @@ class SpeculativeLaneEngine:
         if self.failure() is not None:
             raise LaneUnavailable(f"the exact lane's engine has stopped ({self._error})")
 
+    def compile_status(self) -> dict:
+        """Where the compiled models are: ``state`` (``off``: eager by config; ``compiling``: the lane
+        serves eager meanwhile; ``compiled``: requests run compiled; ``failed``: the compile raised,
+        the lane serves eager), ``seconds`` the compile and warm-up took, and a failure's ``error``."""
+        return dict(self._compile)
+
     def packed_linears(self) -> dict[str, int] | None:
         """Linears of each model on packed bfloat16 weights (``SpeculativeEngine.packed_linears``)."""
         return dict(self._engine.packed_linears) if self._engine is not None else None
@@ -218,6 +288,7 @@ class SpeculativeLaneEngine:
         return self._engine.prefix_stats() if self._engine is not None else None
 
     def shutdown(self) -> None:
+        self._stopping = True  # a compile still under way is dropped when it ends (it cannot be interrupted)
         self._inbox.put(("stop",))
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout=10)

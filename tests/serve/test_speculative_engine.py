@@ -137,3 +137,121 @@ def _drained(engine, timeout: float = 10.0) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+def _exact_with_gated_compile(monkeypatch, fail: bool = False):
+    """A ``SpeculativeLaneEngine`` compiling in the background whose compiled engine is eager models
+    (built the same way, fast) handed over only once ``gate`` is set (or whose compile raises)."""
+    import threading
+
+    from serve.lanes.speculative_engine import SpeculativeLaneEngine
+
+    gate, real = threading.Event(), SpeculativeLaneEngine._build
+
+    def build(self, path, draft_path, compile):
+        if not compile:
+            return real(self, path, draft_path, False)
+        gate.wait(60)
+        if fail:
+            raise RuntimeError("no C++ compiler")
+        return real(self, path, draft_path, False)
+
+    monkeypatch.setattr(SpeculativeLaneEngine, "_build", build)
+    e = SpeculativeLaneEngine(shipped(FULL), shipped(FAST), ExactLaneConfig(compile=True, compile_in_background=True),
+                              Tokenizer.from_file(str(shipped(FULL) / "tokenizer.json")))
+    return e, gate
+
+
+def _compile_thread():
+    import threading
+
+    from serve.lanes.speculative_engine import COMPILE_THREAD_NAME
+
+    return next(t for t in threading.enumerate() if t.name == COMPILE_THREAD_NAME)
+
+
+def test_a_background_compile_takes_over_new_requests_while_running_ones_end_on_the_eager_engine(monkeypatch):
+    import threading
+
+    e, gate = _exact_with_gated_compile(monkeypatch)
+    try:
+        assert e.compile_status()["state"] == "compiling"  # serving already, on the eager engine
+        eager, hold, steps = e._engine, threading.Event(), []
+        real_step = eager.step
+
+        def step():  # the eager engine's first round waits until the switch is queued behind it
+            steps.append(1)
+            if len(steps) == 2:
+                hold.wait(30)
+            return real_step()
+
+        monkeypatch.setattr(eager, "step", step)
+        prompt = ids(PROMPT)
+
+        async def run():
+            stream = e.generate(EngineRequest("r1", prompt, max_tokens=60, temperature=0, ignore_eos=True))
+            outs = [await stream.__anext__()]  # r1 is running on the eager engine
+            gate.set()
+            await asyncio.to_thread(_compile_thread().join, 30)  # the switch is queued
+            hold.set()
+            outs += [o async for o in stream]
+            return outs
+
+        r1 = [t for o in asyncio.run(asyncio.wait_for(run(), 60)) for t in o.token_ids]
+        assert r1 == hf_greedy(shipped(FULL), prompt, 60)
+        status = e.compile_status()
+        assert status["state"] == "compiled" and status["seconds"] >= 0 and e._engine is not eager
+        assert eager.stats.tokens == len(r1) - 1  # every round of r1 on the eager engine (its first token: the prefill)
+        r2 = asyncio.run(collect(e, EngineRequest("r2", prompt, max_tokens=20, temperature=0, ignore_eos=True)))
+        assert [t for o in r2 for t in o.token_ids] == r1[:20]
+        assert e._engine.stats.tokens == 20 - 1 and eager.stats.tokens == len(r1) - 1  # r2 on the new one alone
+    finally:
+        gate.set()
+        e.shutdown()
+
+
+def test_a_failed_background_compile_leaves_the_lane_serving_eager(monkeypatch):
+    e, gate = _exact_with_gated_compile(monkeypatch, fail=True)
+    try:
+        gate.set()
+        _compile_thread().join(30)
+        status = e.compile_status()
+        assert status["state"] == "failed" and "no C++ compiler" in status["error"]
+        asyncio.run(e.check_health())  # healthy: the eager engine serves on
+        outs = asyncio.run(collect(e, EngineRequest("f", ids(PROMPT), max_tokens=12, temperature=0, ignore_eos=True)))
+        assert [t for o in outs for t in o.token_ids] == hf_greedy(shipped(FULL), ids(PROMPT), 12)
+    finally:
+        e.shutdown()
+
+
+@pytest.mark.full  # a compile of every warm-up shape in a thread (minutes cold)
+def test_after_the_background_compile_requests_run_compiled_and_compile_nothing():
+    # Graphs compiled in the compile thread serve the engine thread (dynamo's guards hold there too).
+    import time
+
+    from torch._dynamo.utils import counters
+
+    from serve.lanes.speculative_engine import SpeculativeLaneEngine
+
+    e = SpeculativeLaneEngine(shipped(FULL), shipped(FAST), ExactLaneConfig(),
+                              Tokenizer.from_file(str(shipped(FULL) / "tokenizer.json")))
+    try:
+        deadline = time.monotonic() + 1500
+        while e.compile_status()["state"] == "compiling" and time.monotonic() < deadline:
+            time.sleep(1)
+        assert e.compile_status()["state"] == "compiled", e.compile_status()
+        graphs = counters["stats"]["unique_graphs"]
+        prompt = ids(PROMPT)
+
+        async def two():  # one stream, then two at once: every row count of the lane's batch
+            a = await collect(e, EngineRequest("c1", prompt, max_tokens=40, temperature=0, ignore_eos=True))
+            b, c = await asyncio.gather(*(collect(e, EngineRequest(f"c{i}", prompt[:-i] or prompt, max_tokens=30,
+                                                                   temperature=0, ignore_eos=True)) for i in (2, 3)))
+            return a, b, c
+
+        a, b, c = asyncio.run(two())
+        assert [t for o in a for t in o.token_ids] == hf_greedy(shipped(FULL), prompt, 40)
+        assert [t for o in b for t in o.token_ids] == hf_greedy(shipped(FULL), prompt[:-2], 30)
+        assert counters["stats"]["unique_graphs"] == graphs  # nothing compiled on a request
+    finally:
+        e.shutdown()
