@@ -178,3 +178,21 @@ def test_smollm2_from_its_wheel_answers_as_the_gguf_does():
                                   add_generation_prompt=True, return_dict=True, return_tensors="pt")["input_ids"]
     out_ids = model.generate(ids, max_new_tokens=12, do_sample=False)[0, ids.shape[1]:]
     assert "Paris" in tok.decode(out_ids)
+
+
+def test_a_gguf_model_path_in_the_config_serves_its_converted_checkpoint(tiny_gguf, cache, tmp_path):
+    """models.<m>.path may name a GGUF file: the config then points every lane at the cached checkpoint,
+    which passes the same pre-start checks as any checkpoint."""
+    from serve.config import load_config
+    from serve.errors import ConfigError
+    from sharding.weights import check_checkpoint
+
+    _, path = tiny_gguf
+    config = load_config({"models": {"fast": {"id": "g", "path": str(path)}}})
+    converted = Path(config.models.fast.path)
+    assert converted.parent == cache / "gguf" and (converted / "config.json").is_file()
+    assert check_checkpoint(converted).model_type == "llama"
+    not_gguf = tmp_path / "weights.bin"
+    not_gguf.write_bytes(b"not a gguf file")
+    with pytest.raises(ConfigError, match="models.fast.path: .* is a file but not GGUF"):
+        load_config({"models": {"fast": {"id": "g", "path": str(not_gguf)}}})
