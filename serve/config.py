@@ -107,7 +107,9 @@ class FastLaneConfig(LaneCommon):
     num_slots: int = Field(default=8, ge=1, description="Sequences decoded at once (KV-cache slots); "
                            "more requests wait in FIFO order.")
     max_len: int | None = Field(default=None, ge=1, description="Tokens per sequence; default: the "
-                                "model's context.")
+                                "model's context, at most 4096 and at most what kv_cache_bytes holds.")
+    kv_cache_bytes: int | None = Field(default=None, ge=1, description="KV cache per chip; null: 1 GiB "
+                                       "(sharding.kv_cache.DEFAULT_KV_CACHE_BYTES). A max_len over it is refused.")
     dtype: Literal["float32", "bfloat16", "float16"] = Field(default="float32", description=
                                                              "Weights and activations.")
     transport: Literal["tcp"] = Field(default="tcp", description="How the chips of the ring pass each "

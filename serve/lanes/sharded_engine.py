@@ -64,7 +64,7 @@ def ring_options(config: FastLaneConfig) -> dict[str, Any]:
     return {"num_slots": config.num_slots, "max_len": config.max_len, "dtype": getattr(torch, config.dtype),
             "device": config.device, "compile": config.compile, "threads_per_chip": config.threads_per_chip,
             "spin_s": config.spin_us / 1e6, "prefix_cache": config.prefix_cache,
-            "packed_weights": config.packed_weights}
+            "packed_weights": config.packed_weights, "kv_cache_bytes": config.kv_cache_bytes}
 
 
 class ShardedLaneEngine(HeadClient):
