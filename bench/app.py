@@ -1,5 +1,6 @@
 """A ``fastmode up`` for a benchmark run: started in a subprocess on free ports with a fresh API key,
-ready when it prints ``fastmode up: ready``, stopped with Ctrl-C (SIGINT) on exit."""
+ready when it prints ``fastmode up: ready`` (and, unless told otherwise, once the exact lane runs
+compiled: ``lanes.exact.compile_in_background``), stopped with Ctrl-C (SIGINT) on exit."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
+
+from serve.up import COMPILING
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -41,6 +44,8 @@ class RunningApp:
     start_s: float
     grpc: str | None = None
     """``127.0.0.1:PORT`` of its gRPC server."""
+    compiled_s: float | None = None
+    """Seconds from the start until the exact lane ran compiled, where it compiled in the background."""
 
     @property
     def ws_url(self) -> str:
@@ -52,7 +57,10 @@ class AppFailed(RuntimeError):
 
 
 @contextlib.contextmanager
-def running_app(*args: str, timeout_s: float = 400, log: Path | None = None) -> Iterator[RunningApp]:
+def running_app(*args: str, timeout_s: float = 400, log: Path | None = None, compiled: bool = True,
+                compile_timeout_s: float = 1200) -> Iterator[RunningApp]:
+    """``compiled``: where the exact lane compiles in the background, wait (up to ``compile_timeout_s``
+    more) until it runs compiled, so that it is measured as it serves from then on."""
     port, grpc_port, key = free_port(), free_port(), "sk-bench-" + secrets.token_urlsafe(12)
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"FASTMODE_API_KEYS": key}
     cmd = [sys.executable, "-m", "clients.cli", "up", "--port", str(port), "--grpc-port", str(grpc_port),
@@ -60,7 +68,7 @@ def running_app(*args: str, timeout_s: float = 400, log: Path | None = None) -> 
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
-    ready = threading.Event()
+    ready, switched = threading.Event(), threading.Event()
 
     def read() -> None:
         with open(log, "w") if log else contextlib.nullcontext() as f:
@@ -71,6 +79,8 @@ def running_app(*args: str, timeout_s: float = 400, log: Path | None = None) -> 
                     f.flush()
                 if line.startswith("fastmode up: ready"):
                     ready.set()
+                if line.startswith(("fastmode up: the exact lane runs compiled", "fastmode up: the exact lane's compile")):
+                    switched.set()
 
     threading.Thread(target=read, daemon=True).start()
     try:
@@ -78,7 +88,16 @@ def running_app(*args: str, timeout_s: float = 400, log: Path | None = None) -> 
         while not ready.wait(1):
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise AppFailed("fastmode up did not become ready:\n" + "".join(lines[-40:]))
-        yield RunningApp(f"http://127.0.0.1:{port}", key, time.perf_counter() - t0, f"127.0.0.1:{grpc_port}")
+        app = RunningApp(f"http://127.0.0.1:{port}", key, time.perf_counter() - t0, f"127.0.0.1:{grpc_port}")
+        if compiled and COMPILING in "".join(lines):
+            deadline = time.monotonic() + compile_timeout_s
+            while not switched.wait(1):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise AppFailed("the exact lane did not run compiled in time:\n" + "".join(lines[-40:]))
+            if not any(line.startswith("fastmode up: the exact lane runs compiled") for line in lines):
+                raise AppFailed("the exact lane's compile failed:\n" + "".join(lines[-40:]))
+            app.compiled_s = time.perf_counter() - t0
+        yield app
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)

@@ -162,7 +162,7 @@ def run(config: AppConfig, *, address: str | None, chips: int, verbose: bool = F
         serve.start(proxy_location="HeadOnly" if config.http.server == "serve" else "Disabled",
                     http_options=http_options(config) | {"root_url": base},
                     logging_config={"log_level": "INFO" if verbose else "WARNING", "enable_access_log": verbose})
-        print("fastmode up: deploying (engines load: about a minute on a CPU)", flush=True)
+        print(f"fastmode up: deploying: {DEPLOYING}", flush=True)
         try:
             serve.run(build(config), name=config.name, route_prefix="/")  # lanes are up once warmed up
         except RuntimeError as e:  # a deployment's replicas kept failing: say which, and why
@@ -179,7 +179,9 @@ def run(config: AppConfig, *, address: str | None, chips: int, verbose: bool = F
         if not address:  # Ray's daemons, idle workers, Serve's controller and this process: serving cores
             cpus.place_daemons(os.getpid(), config.cpus)
         m = config.models
-        print(f"fastmode up: ready in {time.perf_counter() - started:.0f} s\n"
+        compiling = _exact_compiling(config)
+        print(f"fastmode up: ready in {time.perf_counter() - started:.0f} s"
+              + (f" ({COMPILING})" if compiling else "") + "\n"
               f"  page     {base}{PLAYGROUND}/   (playground: race one prompt on every tier, in a browser)\n"
               f"  WS       {ws}{base[len(http):]}/v1/responses   (persistent WebSocket, docs/protocol.md)\n"
               + (f"  door     ws://{door['host']}:{door['port']}/v1/responses   ({m.fast.id} from its ring's head "
@@ -198,6 +200,8 @@ def run(config: AppConfig, *, address: str | None, chips: int, verbose: bool = F
               f"else {config.router.auto_full_tier})\n"
               f"  Ctrl-C to stop", flush=True)
         try:
+            if compiling:
+                _report_exact_compile(config.name)
             while True:
                 time.sleep(3600)
         except KeyboardInterrupt:
@@ -219,6 +223,50 @@ def run(config: AppConfig, *, address: str | None, chips: int, verbose: bool = F
 
 def _interrupt(*_) -> None:
     raise KeyboardInterrupt
+
+
+DEPLOYING = ("every lane loads its model and serves its warm-up requests; the fast lane compiles its step "
+             "first (torch.compile, cached for later starts): minutes on a small CPU's first start")
+"""What ``fastmode up`` says while the application deploys."""
+
+COMPILING = "the exact lane serves on eager models until its compile, in the background, has finished"
+"""What the ready line adds while the exact lane compiles (``lanes.exact.compile_in_background``)."""
+
+
+def _exact_compiling(config: AppConfig) -> bool:
+    """Whether the exact lane (one replica of it) is still compiling in the background."""
+    from ray import serve
+
+    exact = config.lanes.exact
+    if not (exact.engine == "fastmode" and exact.compile and exact.compile_in_background):
+        return False
+    try:
+        status = serve.get_deployment_handle("exact-lane", config.name).stats.remote().result(timeout_s=30)["compile"]
+    except Exception:  # noqa: BLE001 - a replica being replaced: it compiles again
+        return True
+    return status is None or status["state"] == "compiling"
+
+
+def _report_exact_compile(app: str, poll_s: float = 2.0) -> None:
+    """Wait until the exact lane (one replica of it) has switched to its compiled models, or its
+    compile failed, and say so."""
+    from ray import serve
+
+    handle = serve.get_deployment_handle("exact-lane", app)
+    while True:
+        try:
+            status = handle.stats.remote().result(timeout_s=30)["compile"] or {}
+        except Exception:  # noqa: BLE001 - a replica being replaced; ask again
+            status = {}
+        if status.get("state") == "compiled":
+            print(f"fastmode up: the exact lane runs compiled (its compile and warm-up took {status['seconds']:.0f} s)",
+                  flush=True)
+            return
+        if status.get("state") == "failed":
+            print(f"fastmode up: the exact lane's compile failed, it stays on eager models: {status['error']}",
+                  file=sys.stderr, flush=True)
+            return
+        time.sleep(poll_s)
 
 
 ERROR_LINE = re.compile(r"^(?:\(\w+ pid=\d+\) )?(?:ERROR \S+ \S+ \[\S+\] +)?"
