@@ -39,7 +39,12 @@ def with_template(src: Path, out: Path, template: str | None = CHATML, eos: list
         config["chat_template"] = template
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
     if eos is not None:
-        generation = json.loads((out / "generation_config.json").read_text())
-        generation["eos_token_id"] = eos
-        (out / "generation_config.json").write_text(json.dumps(generation, indent=2))
+        set_end_of_turn(out, eos)
     return out
+
+
+def set_end_of_turn(path: Path, eos: list[int]) -> None:
+    """Make ``eos`` the checkpoint's ``generation_config.json`` ``eos_token_id``."""
+    generation = json.loads((path / "generation_config.json").read_text())
+    generation["eos_token_id"] = eos
+    (path / "generation_config.json").write_text(json.dumps(generation, indent=2))
