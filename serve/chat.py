@@ -1,7 +1,7 @@
 """``ChatTemplate``: chat messages as a model's prompt ids, through the model's own chat template.
 
-Every front door (chat completions, Responses over HTTP and the WebSocket, the fast lane's door,
-gRPC) turns a conversation into ids here, once, for whichever lane serves it: the template
+Every lane (and the fast lane's door, and ``auto``'s scorer) turns a conversation into ids here,
+through ``serve.lanes.prompt_ids.PromptIds.encode_prompt``, whichever front door it came from: the template
 (``chat_template.jinja`` or ``tokenizer_config.json``'s ``chat_template``, or the config's
 override) is rendered by transformers' ``apply_chat_template`` with the generation prompt added,
 and the text is tokenized without adding special tokens, as ``apply_chat_template(...,
@@ -14,7 +14,9 @@ stood-in string as plain text (the tokenizer's ``encode_special_tokens``). A con
 such strings in its contents (every ordinary one) tokenizes as the whole text does.
 
 A model without a chat template has none to apply: ``ChatTemplate.of`` returns ``None`` and the
-front doors join the messages as before (``serve.request.join_messages``).
+lanes join the messages as before (``serve.request.join_messages``).
+
+``end_of_turn_ids``: the ids a checkpoint's turn ends on, which every lane stops on.
 """
 
 from __future__ import annotations
