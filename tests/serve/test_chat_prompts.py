@@ -211,3 +211,38 @@ def test_the_configs_chat_template_is_a_template_or_a_file(tmp_path):
     config.write_text(f"models:\n  full: {{id: f, path: {FULL}, chat_template: missing.jinja}}\n")
     with pytest.raises(ConfigError, match="models.full.chat_template: no template file"):
         load_config(config)
+
+
+def test_the_vllm_lanes_hand_vllm_the_ids_and_the_end_of_turn_ids():
+    """What ``VLLMLaneEngine`` gives vLLM's ``AsyncLLM.generate`` (a stand-in here; the lanes against
+    vLLM itself: ``test_lanes.py``): the lane's prompt ids as a ``TokensPrompt``, the end-of-turn ids
+    as ``stop_token_ids``."""
+    from types import SimpleNamespace
+
+    from serve.lanes.engine import EngineRequest
+    from serve.lanes.vllm_engine import VLLMLaneEngine
+
+    calls = []
+
+    class AsyncLLM:
+        errored = False
+
+        async def generate(self, prompt, params, request_id):
+            calls.append((prompt, params))
+            yield SimpleNamespace(outputs=[SimpleNamespace(token_ids=[7], text="", finish_reason="stop")],
+                                  finished=True, metrics=None, num_cached_tokens=0)
+
+        def get_num_unfinished_requests(self) -> int:
+            return 0
+
+    engine = VLLMLaneEngine.__new__(VLLMLaneEngine)
+    engine.engine, engine.sessions = AsyncLLM(), None
+
+    async def go(request):
+        return [o async for o in engine.generate(request)]
+
+    asyncio.run(go(EngineRequest("r", [0, 5, 6], 4, temperature=0, stop_token_ids=tuple(EOT))))
+    prompt, params = calls[-1]
+    assert prompt["prompt_token_ids"] == [0, 5, 6] and params.stop_token_ids == EOT and not params.ignore_eos
+    asyncio.run(go(EngineRequest("r", [0, 5], 4, temperature=0, ignore_eos=True)))
+    assert calls[-1][1].stop_token_ids == [] and calls[-1][1].ignore_eos
