@@ -51,8 +51,8 @@ class GenerateRequest(BaseModel):
                                        "for a model without one).")
     chat_template_kwargs: dict[str, Any] | None = Field(default=None, description="Extra variables for the "
                                                         "model's chat template (vLLM's, e.g. {\"enable_thinking\": "
-                                                        "false}); with chat messages only, on a model that has a "
-                                                        "template.")
+                                                        "false}); with chat messages (or previous_response_id) only, "
+                                                        "on a model that has a template.")
     max_output_tokens: int | None = Field(default=None, ge=1, description="Default: the rest of the "
                                           "context window.")
     temperature: float = Field(default=SamplingParams.temperature, ge=0, le=2, allow_inf_nan=False,
@@ -94,7 +94,7 @@ class GenerateRequest(BaseModel):
                 raise UnsupportedParameter(f"{'.'.join(map(str, extra[0]['loc']))}: unknown parameter, "
                                            "not supported by this server") from None
             raise InvalidRequest(describe_validation(e.errors(), "(request)")) from None
-        if req.chat_template_kwargs is not None and isinstance(req.input, str):
+        if req.chat_template_kwargs is not None and isinstance(req.input, str) and req.previous_response_id is None:
             raise InvalidRequest("chat_template_kwargs: a text input is not rendered by a chat template; send "
                                  "chat messages")
         if isinstance(req.stop, list) and len(req.stop) > 4:

@@ -22,6 +22,8 @@ def test_defaults_and_prompt_forms():
 def test_chat_template_kwargs_need_messages():
     with pytest.raises(InvalidRequest, match="chat_template_kwargs: a text input"):
         GenerateRequest.parse({"model": "m", "input": "abc", "chat_template_kwargs": {"x": 1}})
+    # continuing a conversation, the string is its next user message: templated
+    GenerateRequest.parse({"model": "m", "input": "abc", "chat_template_kwargs": {"x": 1}, "previous_response_id": "r"})
 
 
 def test_a_conversation_without_text_is_an_empty_prompt():
