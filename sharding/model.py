@@ -74,9 +74,10 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
                 slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 mask: torch.Tensor) -> torch.Tensor:
-        # x: [B, S, D]; k_cache, v_cache: [num_slots, max_len, kv_heads, head_dim]; mask: [B, 1, S, span]
+        # x: [B, S, D]; k_cache, v_cache: [num_slots, max_len, kv_heads, head_dim]; mask: [B, 1, S, span],
+        # or None for SDPA's causal path
         B, S, _ = x.shape
-        span = mask.shape[-1]
+        span = span_of(mask, S)
         q = self.q_proj(x).view(B, S, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(B, S, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(B, S, self.num_kv_heads, self.head_dim)
@@ -90,9 +91,11 @@ class Attention(nn.Module):
         # indexing the whole slot (and is much faster than advanced indexing on CPU).
         keys = k_cache[:, :span].index_select(0, slots)  # [B, span, kv_heads, head_dim]
         values = v_cache[:, :span].index_select(0, slots)
+        # mask None: every row is a prompt from position 0, so query i sees keys 0..i: SDPA's own causal
+        # path (top-left aligned; keys past S in the span are never seen), no [B, 1, S, span] mask.
         out = F.scaled_dot_product_attention(
             q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
-            attn_mask=mask, scale=self.scale, enable_gqa=self.num_heads != self.num_kv_heads,
+            attn_mask=mask, is_causal=mask is None, scale=self.scale, enable_gqa=self.num_heads != self.num_kv_heads,
         )  # [B, H, S, head_dim]
         return self.o_proj(out.transpose(1, 2).reshape(B, S, self.num_heads * self.head_dim))
 
@@ -193,7 +196,7 @@ class Llama(nn.Module):
                              if self.has_sliding and config.local_rope_theta is not None else None)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-                cache: KVCache, span: int | None = None) -> torch.Tensor:
+                cache: KVCache, span: int | None = None, causal: bool = False) -> torch.Tensor:
         """Run the owned layers on one batch, reading and writing ``cache``.
 
         Args:
@@ -205,6 +208,9 @@ class Llama(nn.Module):
             span: attend over cache positions ``< span`` only; must exceed every position in
                 ``positions`` (default: the cache's ``max_len``). Reading less of the cache is
                 most of a decode step's attention cost (see ``sharding.stage.span_for``).
+            causal: every row is a prompt from position 0 (``positions[b] = 0 .. S-1``, no cached
+                prefix): full-attention layers use SDPA's causal path and no mask is built
+                (``sharding.stage.StageRunner.forward`` knows this from the rows).
 
         Returns:
             Hidden states ``[B, S, D]``: after the final norm on the last stage (feed them to
@@ -222,11 +228,16 @@ class Llama(nn.Module):
         # Once per step, not per layer: key position j is visible to a query at position p iff j <= p
         # (and, in a sliding layer, j > p - sliding_window). Additive, in the activations' dtype: SDPA
         # would convert a boolean mask in every layer.
-        keys = torch.arange(span, device=positions.device)
-        visible = keys <= positions[:, :, None]  # [B, S, span]
-        mask = _additive(visible, h)
-        window = _additive(visible & (keys > positions[:, :, None] - self.config.sliding_window), h) \
-            if self.has_sliding else mask
+        mask = window = None
+        if not causal or self.has_sliding:
+            keys = torch.arange(span, device=positions.device)
+            visible = keys <= positions[:, :, None]  # [B, S, span]
+            if not causal:
+                mask = _additive(visible, h)
+            if self.has_sliding:
+                window = _additive(visible & (keys > positions[:, :, None] - self.config.sliding_window), h)
+        if not self.has_sliding:
+            window = mask
         for j, layer in enumerate(self.model.layers.values()):
             if layer.self_attn.sliding:
                 h = layer(h, *local, positions, slots, cache.k[j], cache.v[j], window)
@@ -241,6 +252,11 @@ class Llama(nn.Module):
         logits = self.lm_head(hidden)
         cap = self.config.final_logit_softcapping
         return logits if cap is None else torch.tanh(logits / cap) * cap
+
+
+def span_of(mask: torch.Tensor | None, fallback: int) -> int:
+    """Cache positions a layer reads: the mask's width, or ``fallback`` (the step's length) on the causal path."""
+    return fallback if mask is None else mask.shape[-1]
 
 
 def _additive(visible: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

@@ -63,8 +63,11 @@ class StageRunner:
         """Hidden states ``[B, S, D]`` per part; ``inputs`` are the previous stage's, else the tokens."""
         xs = inputs if inputs is not None else [r.tokens for r in parts]
         dev, max_len = self.device, self.cache.max_len
+        # A part whose longest row ends at its width starts every row at position 0 (fresh prompts):
+        # SDPA's causal path, no mask (Llama.forward's ``causal``).
         return [self._forward(_own_storage(x, dev), _own_storage(r.positions, dev),
-                              _own_storage(r.slots, dev), self.cache, span_for(r.context, max_len))
+                              _own_storage(r.slots, dev), self.cache,
+                              *((r.context, True) if _fresh(r) else (span_for(r.context, max_len),)))
                 for r, x in zip(parts, xs, strict=True)]
 
     def logits(self, parts: list[Rows], hidden: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -176,6 +179,12 @@ def warm_up(model, max_passes: int = 3) -> None:
         model.generate(ends, SamplingParams(max_tokens=4, ignore_eos=True, temperature=1.0, seed=0))
         if counters["stats"]["unique_graphs"] == graphs:
             return
+
+
+def _fresh(rows: Rows) -> bool:
+    """Whether every row of a prefill is a prompt from position 0 (no cached prefix)."""
+    width = rows.positions.shape[1]
+    return width > 1 and rows.context == width
 
 
 def _own_storage(t: torch.Tensor, device: torch.device) -> torch.Tensor:
