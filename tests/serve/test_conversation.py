@@ -53,14 +53,15 @@ def test_input_becomes_messages_and_back():
 
 
 class Recording(LaneHandle):
-    """A lane that records the prompt of every request it gets."""
+    """A lane that records the prompt of every request it gets: the text a model without a chat
+    template (the shipped ones) makes of it (a conversation joined, ``ChatPrompt.joined``)."""
 
     def __init__(self, name: str) -> None:
         super().__init__(name)
         self.prompts: list[str] = []
 
     def remote(self, request):
-        self.prompts.append(request.prompt)
+        self.prompts.append(request.prompt if isinstance(request.prompt, str) else request.prompt.joined())
         return super().remote(request)
 
 
