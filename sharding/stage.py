@@ -148,8 +148,9 @@ def warm_up(model, max_passes: int = 3) -> None:
     Dynamo first specialises on the shapes it sees, then makes a dimension dynamic once it
     changes (``compile_forward``); size 1 stays special. So: one-row decodes across three
     attention-span buckets (the span turns symbolic), one-row prefills of two lengths, then two- and
-    three-row prefills and decodes. The last span bucket (the whole cache) gets graphs of its own,
-    so one- to three-row prefills and decodes there too: prompts that fill all but half a bucket
+    three-row prefills and decodes, then prompts that continue earlier ones by several tokens (a
+    prefix cache's masked prefills; fresh prompts take SDPA's causal path, ``Llama.forward``). The
+    last span bucket (the whole cache) gets graphs of its own, so one- to three-row prefills and decodes there too: prompts that fill all but half a bucket
     (and, on the next pass, the same prompts again, which a prefix cache turns into one-token
     prefills). Without them a conversation's first turn past ``max_len - SPAN_BUCKET`` tokens with
     another sequence running compiled on the user's request. Every input reaches the model with its
@@ -173,6 +174,12 @@ def warm_up(model, max_passes: int = 3) -> None:
         model.generate([[1, 2, 3, 4, 5, 6, 7], [1, 2, 3, 4, 5]], greedy(8))
         model.generate([[1, 2, 3, 4, 5, 6], [1, 2, 3, 4], [1, 2, 3, 4, 5, 6, 7, 8, 9]],
                        SamplingParams(max_tokens=8, ignore_eos=True, temperature=1.0, seed=0))
+        # Prompts continuing a cached prefix by several tokens (a conversation's next turn, with a
+        # prefix cache): masked prefills, one and two rows; fresh prompts take the causal path.
+        starts = [[1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5, 6, 7, 8, 9]]
+        outs = model.generate(starts, greedy(4))
+        model.generate([starts[0] + outs[0] + [7, 8, 9]], greedy(4))
+        model.generate([p + o + [10, 11, 12, 13][: 2 + i] for i, (p, o) in enumerate(zip(starts, outs))], greedy(4))
         ends = [[1] + [3 + (7 * i + r) % 50 for i in range(model.max_len - SPAN_BUCKET // 2 - r)] for r in range(3)]
         model.generate(ends[:1], greedy(4))
         model.generate(ends[:2], greedy(4))
