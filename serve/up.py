@@ -225,8 +225,9 @@ def _interrupt(*_) -> None:
     raise KeyboardInterrupt
 
 
-DEPLOYING = ("every lane loads its model and serves its warm-up requests; the fast lane compiles its step "
-             "first (torch.compile, cached for later starts): minutes on a small CPU's first start")
+DEPLOYING = ("every lane loads its model and serves its warm-up requests, the fast lane compiling its step "
+             "first (torch.compile, cached for later starts): a first start on a 2-core CPU takes about 3-5 "
+             "minutes")
 """What ``fastmode up`` says while the application deploys."""
 
 COMPILING = "the exact lane serves on eager models until its compile, in the background, has finished"
