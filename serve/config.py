@@ -231,8 +231,9 @@ class ExactLaneConfig(VLLMLaneConfig):
     compile_in_background: bool = Field(default=True, description="fastmode's engine, with compile: the lane "
         "starts on eager models and switches to the compiled ones once their compile and warm-up, in a "
         "thread of the replica on the serving cores, have finished (requests running then end on the "
-        "eager models; the same tokens either way). /health's lanes.exact.compile says which models "
-        "serve. false: the lane starts only once compiled (a cold compile takes minutes on a small CPU).")
+        "eager models; the same tokens either way; until then the replica holds both engines' weights and "
+        "caches). /health's lanes.exact.compile says which models serve. false: the lane starts only once "
+        "compiled (a cold compile takes minutes on a small CPU).")
     threads: int = Field(default=1, ge=1, description="fastmode's engine: torch threads of the engine "
                          "thread (the compute cores it may use).")
     prefix_cache: bool = Field(default=True, description="fastmode's engine: keep a finished sequence's "
