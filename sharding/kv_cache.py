@@ -99,7 +99,7 @@ class KVCache(SlotPool):
 
     def __init__(self, *, num_layers: int, num_slots: int, max_len: int, num_kv_heads: int,
                  head_dim: int, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str | None = None) -> None:
+                 device: torch.device | str | None = None, spare: int = 0) -> None:
         for name, value in (("num_slots", num_slots), ("max_len", max_len), ("num_kv_heads", num_kv_heads),
                             ("head_dim", head_dim)):
             if value < 1:
@@ -107,14 +107,16 @@ class KVCache(SlotPool):
         if num_layers < 0:
             raise InvalidLayout(f"KVCache num_layers must be >= 0, got {num_layers}")
         super().__init__(num_slots)
-        shape = (num_slots, max_len, num_kv_heads, head_dim)
+        # `spare` positions past max_len are never written or read: they keep every attention span
+        # (at most max_len) shorter than the tensor, so a compiled step sees no span equal to it.
+        shape = (num_slots, max_len + spare, num_kv_heads, head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.max_len = max_len
 
     @classmethod
     def for_model(cls, model: nn.Module, *, num_slots: int, max_len: int | None = None,
-                  kv_cache_bytes: int | None = None) -> KVCache:
+                  kv_cache_bytes: int | None = None, spare: int = 0) -> KVCache:
         """A cache shaped for ``model`` (a ``sharding.model.Llama``, possibly a stage or a TP rank), of
         ``max_len`` positions per slot sized by ``fit_max_len`` (default: what fits ``kv_cache_bytes``,
         up to the context and ``DEFAULT_MAX_LEN``).
@@ -127,4 +129,4 @@ class KVCache(SlotPool):
         max_len = fit_max_len(cfg, num_slots=num_slots, layers=len(layers), kv_heads=kv_heads, dtype=param.dtype,
                               max_len=max_len, kv_cache_bytes=kv_cache_bytes)
         return cls(num_layers=len(layers), num_slots=num_slots, max_len=max_len, num_kv_heads=kv_heads,
-                   head_dim=cfg.head_dim, dtype=param.dtype, device=param.device)
+                   head_dim=cfg.head_dim, dtype=param.dtype, device=param.device, spare=spare)

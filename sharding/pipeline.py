@@ -48,6 +48,10 @@ class RingFailed(ShardingError):
     code = "engine_failed"
 
 
+COMPILE_STEP_S = 1800.0
+"""The longest one warm-up step may take: its first run of a shape compiles it."""
+
+
 class ChipUnresponsive(ShardingError):
     """A chip's actor did not answer within the timeout. It may be alive but starved of CPU (another
     process busy on its cores): unlike ``RingFailed``, not by itself a reason to rebuild the ring."""
@@ -213,12 +217,18 @@ class ShardedModel:
         self.client.send(("abort", request_id))
         return True
 
-    def step(self, timeout_s: float = 120.0) -> list[StepOutput]:
+    step_timeout_s: float = 120.0
+    """How long ``step`` waits for the ring's next message before ``RingFailed`` (``warmup`` allows
+    ``COMPILE_STEP_S``: a step of a new shape compiles first)."""
+
+    def step(self, timeout_s: float | None = None) -> list[StepOutput]:
         """The outputs of the ring's next message: the steps since its last one, in order
         (``[]`` at once if nothing added here is running); ``last_infos`` holds those steps.
+        ``timeout_s``: default ``step_timeout_s``.
 
         Outputs of aborted requests still in flight are dropped. ``RingFailed`` if the ring died.
         """
+        timeout_s = self.step_timeout_s if timeout_s is None else timeout_s
         while self._unfinished:
             self.client.sock.settimeout(timeout_s)
             try:
@@ -273,8 +283,14 @@ class ShardedModel:
     def warmup(self) -> None:
         """Run the shapes a served lane meets so that compiling happens now, not on a user's
         request (``sharding.stage.warm_up``); then each chip goes to its node's compute CPUs where
-        placement is on (``ChipWorker.place``): until then a chip loads and compiles on every CPU."""
-        warm_up(self)
+        placement is on (``ChipWorker.place``): until then a chip loads and compiles on every CPU.
+        A step may take up to ``COMPILE_STEP_S`` here (a cold compile of a real model's step on a
+        small, busy CPU takes minutes)."""
+        before, self.step_timeout_s = self.step_timeout_s, max(self.step_timeout_s, COMPILE_STEP_S)
+        try:
+            warm_up(self)
+        finally:
+            self.step_timeout_s = before
         ray.get([w.place.remote() for w in self._workers])
 
     def prompt_logits(self, prompt_ids: list[int]) -> torch.Tensor:

@@ -48,7 +48,9 @@ class StageRunner:
         """How many of the model's linears run from packed bfloat16 weights (0: packing off)."""
         # (before compile: the graphs capture the packed kernel)
         self.model = model
-        self.cache = KVCache.for_model(model, num_slots=num_slots, max_len=max_len, kv_cache_bytes=kv_cache_bytes)
+        # One spare bucket: no span equals the cache's length, so the last bucket needs no graphs of its own.
+        self.cache = KVCache.for_model(model, num_slots=num_slots, max_len=max_len, kv_cache_bytes=kv_cache_bytes,
+                                       spare=SPAN_BUCKET)
         self.device = next(model.parameters()).device
         self.params: dict[int, SamplingParams] = {}
         """Slot -> sampling parameters of the request in it (on the stage with the head)."""
@@ -150,12 +152,11 @@ def warm_up(model, max_passes: int = 3) -> None:
     attention-span buckets (the span turns symbolic), one-row prefills of two lengths, then two- and
     three-row prefills and decodes, then prompts that continue earlier ones by several tokens (a
     prefix cache's masked prefills; fresh prompts take SDPA's causal path, ``Llama.forward``). The
-    last span bucket (the whole cache) gets graphs of its own, so one- to three-row prefills and decodes there too: prompts that fill all but half a bucket
-    (and, on the next pass, the same prompts again, which a prefix cache turns into one-token
-    prefills). Without them a conversation's first turn past ``max_len - SPAN_BUCKET`` tokens with
-    another sequence running compiled on the user's request. Every input reaches the model with its
-    own storage (``_own_storage``), so no later batch size or message layout meets a guard these
-    did not.
+    cache keeps a spare bucket past ``max_len`` (``StageRunner``), so no span ever equals its length
+    and the end of the context needs no graphs of its own: nothing here decodes or prefills near it,
+    which on a real model's 4,096-token context would cost minutes. Every input reaches the model
+    with its own storage (``_own_storage``), so no later batch size or message layout meets a guard
+    these did not.
 
     Which graphs a shape ends up on depends on the order shapes arrive in (a graph compiled once a
     size turned symbolic guards against the values seen special before it), so the sequence runs
@@ -180,10 +181,6 @@ def warm_up(model, max_passes: int = 3) -> None:
         outs = model.generate(starts, greedy(4))
         model.generate([starts[0] + outs[0] + [7, 8, 9]], greedy(4))
         model.generate([p + o + [10, 11, 12, 13][: 2 + i] for i, (p, o) in enumerate(zip(starts, outs))], greedy(4))
-        ends = [[1] + [3 + (7 * i + r) % 50 for i in range(model.max_len - SPAN_BUCKET // 2 - r)] for r in range(3)]
-        model.generate(ends[:1], greedy(4))
-        model.generate(ends[:2], greedy(4))
-        model.generate(ends, SamplingParams(max_tokens=4, ignore_eos=True, temperature=1.0, seed=0))
         if counters["stats"]["unique_graphs"] == graphs:
             return
 

@@ -171,6 +171,11 @@ def test_after_the_warm_up_no_batch_compiles_again(tiny_dir):
     long = [prompt_ids(path, 40, seed=9)]  # then prompts that continue it: prefix-cache prefills
     engine.generate(long, params)
     engine.generate([long[0] + prompt_ids(path, 3 + r, seed=r) for r in range(4)], params)
+    # The end of the context, which the warm-up never reaches: one to three rows filling all but a
+    # few positions, then decoding into the last bucket.
+    ends = [prompt_ids(path, engine.max_len - 20 - r, seed=20 + r) for r in range(3)]
+    for rows in (1, 3):
+        engine.generate(ends[:rows], params)
     assert counters["stats"]["unique_graphs"] == warmed
 
 

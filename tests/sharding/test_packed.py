@@ -152,4 +152,9 @@ def test_after_the_warm_up_no_batch_compiles_again(bf16_pair):
         long = [prompt_ids(path, n, seed=n)]  # other seeds: no prefix shared
         assert engine.generate(long, params) == [hf_greedy(path, long[0], 12)]
     engine.generate([long[0] + prompt_ids(path, 3 + r, seed=r)[1:] for r in range(4)], params)
+    # The end of the context, which the warm-up never reaches: one to three rows filling all but a
+    # few positions, then decoding into the last bucket.
+    ends = [prompt_ids(path, engine.max_len - 20 - r, seed=20 + r) for r in range(3)]
+    for rows in (1, 3):
+        engine.generate(ends[:rows], params)
     assert counters["stats"]["unique_graphs"] == warmed
