@@ -61,6 +61,9 @@ class StepBatch:
     makes a sampled request's generator) until the slot is freed."""
     freed: list[int] = field(default_factory=list)
     """Slots given up since the last step; the sampler forgets their parameters."""
+    prompts: dict[int, list[int]] = field(default_factory=dict)
+    """Slot -> prompt ids of each request admitted this step whose sampling looks at its prompt
+    (a repetition penalty: ``SamplingParams.uses_prompt``); they travel with its parameters, once."""
 
     def parts(self) -> list[Rows]:
         """The non-empty row groups in execution order: prefill, then decode."""

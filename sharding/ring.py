@@ -13,7 +13,9 @@ samples and sends the tokens straight back to the head, which closes the ring:
   ranks. Every rank of the last stage reports back to the head: rank 0 with the tokens, the
   others with the hops they saw.
 - Per-request data travels once: a request's ``SamplingParams`` ride in the step that admits it
-  (``StepBatch.admit``), and the last stage keeps them by KV-cache slot until the slot is freed.
+  (``StepBatch.admit``; its prompt ids too when a repetition penalty reads them), and the last
+  stage keeps them by KV-cache slot until the slot is freed, with the token history its sampling
+  needs (``sharding.sampling.History``, fed by the tokens it samples).
 - Every hop is timed by its receiver (``Hop``); the head passes each step's hops to the client
   with its tokens (``StepInfo``), one message per step.
 - The head answers its clients (``sharding.pipeline.ShardedModel``'s own, the lane replica's, and
@@ -172,7 +174,7 @@ class Chip:
                 logits = self.runner.logits(parts, hidden)  # every rank: the head all-gathers
                 tokens = None
                 if role.tp_rank == 0:
-                    self.runner.admit(StepBatch(admit=meta["admit"], freed=meta["freed"]))
+                    self.runner.admit(StepBatch(admit=meta["admit"], freed=meta["freed"], prompts=meta["prompts"]))
                     tokens = self.runner.sample(parts, logits)
                 self.links["ret"].send({"step": meta["step"], "tokens": tokens, "hops": hops,
                                         "secs": meta["secs"] + [time.perf_counter() - start],
@@ -414,7 +416,8 @@ class Head(Chip):
         self.steps += 1
         desc = [(r.num_rows, int(r.positions.shape[1]), r.context) for r in parts]
         rows = _rows_tensors(parts)
-        meta = {"step": self.steps, "desc": desc, "admit": batch.admit, "freed": batch.freed, "hops": [],
+        meta = {"step": self.steps, "desc": desc, "admit": batch.admit, "freed": batch.freed,
+                "prompts": batch.prompts, "hops": [],
                 "secs": [], "sent_at": time.time_ns(), "src": role.chip, "src_stage": 0}
         tokens = [r.tokens for r in parts]
         for peer in self._list("peers"):

@@ -123,7 +123,8 @@ class Scheduler:
         self._in_flight = (admitted, decoding)
         batch = StepBatch(prefill=prefill_rows(admitted, self.max_len) if admitted else None,
                           decode=decode_rows(decoding) if decoding else None,
-                          admit={s.slot: s.params for s in admitted}, freed=self._freed)
+                          admit={s.slot: s.params for s in admitted}, freed=self._freed,
+                          prompts={s.slot: s.prompt for s in admitted if s.params.uses_prompt})
         self._freed = []
         return batch
 
@@ -179,13 +180,18 @@ class Scheduler:
 
 def validate_request(config: ModelConfig, max_len: int, request_id: str, prompt: list[int],
                      params: SamplingParams) -> None:
-    """The one check of a request against a model: raises ``EmptyPrompt``, ``TokenOutOfRange`` or
+    """The one check of a request against a model: raises ``EmptyPrompt``, ``TokenOutOfRange`` (in the
+    prompt or ``logit_bias``) or
     ``PromptTooLong`` (prompt + ``max_tokens`` beyond ``max_len``)."""
     if not prompt:
         raise EmptyPrompt(f"request {request_id!r} has an empty prompt")
     bad = [t for t in prompt if not 0 <= t < config.vocab_size]
     if bad:
         raise TokenOutOfRange(f"request {request_id!r} has token ids {bad[:5]} outside the "
+                              f"vocabulary [0, {config.vocab_size})")
+    bad = [t for t, _ in params.logit_bias if t >= config.vocab_size]
+    if bad:
+        raise TokenOutOfRange(f"request {request_id!r}: logit_bias has token ids {bad[:5]} outside the "
                               f"vocabulary [0, {config.vocab_size})")
     if len(prompt) + params.max_tokens > max_len:
         raise PromptTooLong(f"request {request_id!r}: prompt of {len(prompt)} tokens + max_tokens "

@@ -16,6 +16,13 @@ Each round, for every running sequence:
    draws from ``norm(max(p - q, 0))``, so every token follows the target's distribution (after its
    temperature and top-p) exactly.
 
+Every sampling parameter keeps this exact (``sharding.sampling``): both models' logits at a position
+go through the same processing before the argmax or the rule, the history-dependent part
+(``min_tokens``, ``logit_bias``, the penalties) with the sequence's tokens up to that position, the
+drafts before it included (a ``History`` copied per round). At each position the target's processed
+distribution is then the one it would sample alone, given the tokens before it, as in vLLM's
+rejection sampler.
+
 A round therefore makes between 1 and ``k + 1`` tokens for one target forward and ``k`` draft
 forwards. Nothing is rolled back in the KV caches: positions past a sequence's accepted tokens are
 overwritten before they are read (``sharding.kv_cache``). Invariant between rounds: the target's
@@ -49,7 +56,7 @@ from .errors import DuplicateRequest, InvalidLayout
 from .kv_cache import SlotPool, fit_max_len
 from .model import Llama
 from .prefix_cache import PrefixCache, place, release
-from .sampling import SamplingParams, generator_for_seed, params_per_prompt, top_p_filter
+from .sampling import History, SamplingParams, generator_for_seed, params_per_prompt, warp
 from .scheduler import StepOutput, prefill_rows, validate_request
 from .stage import StageRunner
 from .weights import load_model
@@ -105,6 +112,8 @@ class _Seq:
     params: SamplingParams
     slot: int
     gen: torch.Generator | None
+    history: History | None = None
+    """The tokens its logits processing looks at (``SamplingParams.uses_history``), else ``None``."""
     output: list[int] = field(default_factory=list)
     pending: list[int] = field(default_factory=list)
     """Tokens the draft model has not cached yet (the last one, or ``[dk, last]``)."""
@@ -149,14 +158,15 @@ def accept_sampled(drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
     return k, int(torch.multinomial(p[k], 1, generator=gen))
 
 
-def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """The probabilities ``[..., V]`` a sampled request draws from: softmax at its temperature, top-p."""
-    probs = torch.softmax(logits.float() / params.temperature, dim=-1)
-    if params.top_p < 1:
-        flat = probs.reshape(-1, probs.shape[-1])
-        flat = top_p_filter(flat, torch.full((flat.shape[0],), params.top_p, device=flat.device))
-        probs = (flat / flat.sum(-1, keepdim=True)).view_as(probs)
-    return probs
+def processed_positions(history: History, logits: torch.Tensor, tokens: list[int]) -> torch.Tensor:
+    """``logits: [n, V]`` of a sequence's next ``n`` positions as float32, row ``i`` processed by
+    ``history`` followed by ``tokens[:i]`` (the drafts before that position); ``history`` is not changed."""
+    h, out = history.copy(), logits.float().clone()
+    for i in range(out.shape[0]):
+        h.apply(out[i])
+        if i < len(tokens):
+            h.append(tokens[i:i + 1])
+    return out
 
 
 def best_k(per_position: float, t_draft: float, t_verify: float, k_max: int = K_MAX) -> int:
@@ -248,7 +258,9 @@ class SpeculativeEngine:
         if request_id in self._running or any(s.request_id == request_id for s in self._waiting):
             raise DuplicateRequest(f"request {request_id!r} is already in flight")
         gen = None if params.greedy else generator_for_seed(params.seed, self.target.device)
-        self._waiting.append(_Seq(request_id, prompt, params, -1, gen))
+        history = History(params, prompt, self.config.vocab_size, self.config.eos_token_ids,
+                          self.target.device) if params.uses_history else None
+        self._waiting.append(_Seq(request_id, prompt, params, -1, gen, history))
 
     def abort(self, request_id: str) -> bool:
         for s in self._waiting:
@@ -304,8 +316,9 @@ class SpeculativeEngine:
         for i, seq in enumerate(seqs):
             self._running[seq.request_id] = seq
             seq.valid = len(seq.prompt)
-            token = int(logits[i].argmax()) if seq.params.greedy else int(
-                torch.multinomial(warp(logits[i], seq.params), 1, generator=seq.gen))
+            row = logits[i] if seq.history is None else seq.history.apply(logits[i].float().clone())
+            token = int(row.argmax()) if seq.params.greedy else int(
+                torch.multinomial(warp(row, seq.params), 1, generator=seq.gen))
             out.append(self._emit(seq, [token], drafted=0, accepted=0, first=True, cached=seq.cached))
         return out
 
@@ -335,13 +348,21 @@ class SpeculativeEngine:
             lengths = [s.length for s in seqs]
             pos, last, top = torch.tensor(lengths), torch.zeros(B, dtype=torch.long), max(lengths)  # where d1 goes
             sampled = [b for b, s in enumerate(seqs) if not s.params.greedy]
+            # rows whose processing reads their tokens: a copy of the history each, fed the drafts
+            drafting = {b: s.history.copy() for b, s in enumerate(seqs) if s.history is not None}
             for i in range(k):
                 logits = self.draft.logits([rows], self.draft.forward([rows]))[0]  # [B, V]
                 drafts[:, i] = logits.argmax(dim=-1).to(drafts.device)  # the greedy rows' drafts (one op)
+                rows_of = {b: h.apply(logits[b].float().clone()) for b, h in drafting.items()}
+                for b in rows_of:
+                    if seqs[b].params.greedy:
+                        drafts[b, i] = int(rows_of[b].argmax())
                 for b in sampled:
-                    probs = warp(logits[b], seqs[b].params)
+                    probs = warp(rows_of.get(b, logits[b]), seqs[b].params)
                     q[b].append(probs)
                     drafts[b, i] = torch.multinomial(probs, 1, generator=seqs[b].gen)[0]
+                for b, h in drafting.items():
+                    h.append([int(drafts[b, i])])
                 if i + 1 < k:
                     rows = Rows(drafts[:, i:i + 1], (pos + i)[:, None], slots, last, top + i + 1)
             self._t_draft = _smooth(self._t_draft, (time.perf_counter() - t0) / k)
@@ -357,11 +378,13 @@ class SpeculativeEngine:
         # 3. accept, per row.
         out = []
         for b, s in enumerate(seqs):
+            target = logits[b] if s.history is None else processed_positions(s.history, logits[b],
+                                                                              drafts[b].tolist())
             if s.params.greedy:
-                a, nxt = accept_greedy(drafts[b], logits[b])
+                a, nxt = accept_greedy(drafts[b], target)
             else:
-                qb = torch.stack(q[b]) if q[b] else logits.new_zeros(0, logits.shape[-1])
-                a, nxt = accept_sampled(drafts[b], qb, warp(logits[b], s.params), s.gen)
+                qb = torch.stack(q[b]) if q[b] else target.new_zeros(0, target.shape[-1])
+                a, nxt = accept_sampled(drafts[b], qb, warp(target, s.params), s.gen)
             new = drafts[b, :a].tolist() + [nxt]
             if k == 0:  # nothing drafted: the draft has still to see what it had not
                 s.pending = s.pending + [nxt]
@@ -384,6 +407,8 @@ class SpeculativeEngine:
                 reason = "length"
                 break
         seq.output += kept
+        if seq.history is not None:
+            seq.history.append(kept)
         if first:
             seq.pending = [kept[0]]
         else:

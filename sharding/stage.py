@@ -1,8 +1,8 @@
 """``StageRunner``: one model's share of an engine step, the same code in process and on a chip.
 
 A runner owns a model (whole, a pipeline stage, and/or a tensor-parallel rank), its ``KVCache``
-and, on the stage with the head, the sampling generators of the requests it samples, keyed by
-KV-cache slot. ``LocalExecutor`` drives one runner over the whole model; every chip of a ring
+and, on the stage with the head, the sampling generators (and ``History``s) of the requests it
+samples, keyed by KV-cache slot. ``LocalExecutor`` drives one runner over the whole model; every chip of a ring
 (``sharding.ring``) drives one over its shard.
 """
 
@@ -14,7 +14,7 @@ from .batch import Rows, StepBatch
 from .kv_cache import KVCache
 from .model import Llama
 from .packed import apply_packed_weights
-from .sampling import SamplingParams, generator_for_seed, sample
+from .sampling import History, SamplingParams, generator_for_seed, sample
 
 
 SPAN_BUCKET = 64
@@ -55,6 +55,8 @@ class StageRunner:
         self.params: dict[int, SamplingParams] = {}
         """Slot -> sampling parameters of the request in it (on the stage with the head)."""
         self.generators: dict[int, torch.Generator] = {}
+        self.histories: dict[int, History] = {}
+        """Slot -> the token history of a request whose sampling looks at one (``SamplingParams.uses_history``)."""
         self._forward = compile_forward(model) if compile else model
         self._logits = model.compute_logits
         if compile and model.has_head:
@@ -107,14 +109,21 @@ class StageRunner:
 
     def admit(self, batch: StepBatch) -> None:
         """Forget the parameters of freed slots; keep those of newly admitted requests (and make
-        a sampled request's generator, seeded once, so its draws are the same alone or batched)."""
+        a sampled request's generator, seeded once, so its draws are the same alone or batched, and
+        the ``History`` of one whose processing looks at its tokens)."""
         for slot in batch.freed:
             self.params.pop(slot, None)
             self.generators.pop(slot, None)
+            self.histories.pop(slot, None)
         for slot, p in batch.admit.items():
             self.params[slot] = p
             if not p.greedy:
                 self.generators[slot] = generator_for_seed(p.seed, self.device)
+            self.histories.pop(slot, None)
+            if p.uses_history:
+                config = self.model.config
+                self.histories[slot] = History(p, batch.prompts.get(slot, ()), config.vocab_size,
+                                               config.eos_token_ids, self.device)
 
     def sample(self, parts: list[Rows], logits: list[torch.Tensor]) -> list[list[int]]:
         """One token per row of each part (call ``admit`` for the step first)."""
@@ -122,11 +131,16 @@ class StageRunner:
         for r, lg in zip(parts, logits, strict=True):
             slots = r.slots.tolist()
             params = [self.params[s] for s in slots]
-            if all(p.greedy for p in params):
+            histories = [self.histories.get(s) for s in slots] if self.histories else None
+            if all(p.greedy for p in params) and not (histories and any(histories)):
                 out.append(lg.argmax(dim=-1).tolist())
                 continue
             gens = [None if p.greedy else self.generators[s] for p, s in zip(params, slots, strict=True)]
-            out.append(sample(lg, params, gens).tolist())
+            tokens = sample(lg, params, gens, histories).tolist()
+            for h, t in zip(histories or (), tokens):
+                if h is not None:
+                    h.append([t])
+            out.append(tokens)
         return out
 
     def prompt_logits(self, prompt: torch.Tensor | None, slot: int, hidden: torch.Tensor | None = None) -> torch.Tensor:

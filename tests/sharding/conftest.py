@@ -15,6 +15,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from models import FAST, FULL
+from sharding.sampling import SamplingParams
 from tests.conftest import shipped
 
 TINY = ("tiny-full", "tiny-fast", "random-tied")
@@ -76,9 +77,26 @@ def hf_logits(path: Path, ids: list[int]) -> torch.Tensor:
 
 
 @torch.no_grad()
-def hf_greedy(path: Path, ids: list[int], n: int) -> list[int]:
-    """transformers' ``generate(do_sample=False)``: up to ``n`` new tokens, stopping after eos."""
+def hf_greedy(path: Path, ids: list[int], n: int, **processing) -> list[int]:
+    """transformers' ``generate(do_sample=False)``: up to ``n`` new tokens, stopping after eos
+    (``processing``: more of ``generate``'s arguments, e.g. ``hf_processing``'s)."""
     model = hf_model(path)
     out = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=n,
-                         pad_token_id=model.config.pad_token_id)
+                         pad_token_id=model.config.pad_token_id, **processing)
     return out[0, len(ids):].tolist()
+
+
+def hf_processing(params: SamplingParams, eos_token_ids: tuple[int, ...]) -> dict:
+    """``generate``'s arguments for the logits processing of greedy ``params``: transformers'
+    ``repetition_penalty``, ``sequence_bias`` (one-token sequences: ``logit_bias``) and
+    ``min_new_tokens``; ``stop_token_ids`` join the eos ids (transformers stops on those)."""
+    kw = {}
+    if params.repetition_penalty != 1:
+        kw["repetition_penalty"] = params.repetition_penalty
+    if params.logit_bias:
+        kw["sequence_bias"] = [[[t], float(b)] for t, b in params.logit_bias]
+    if params.min_tokens:
+        kw["min_new_tokens"] = params.min_tokens
+    if params.stop_token_ids:
+        kw["eos_token_id"] = [*eos_token_ids, *params.stop_token_ids]
+    return kw

@@ -16,7 +16,7 @@ from sharding.errors import (
 from sharding.sampling import SamplingParams
 from sharding.weights import load_model
 
-from .conftest import hf_greedy, prompt_ids, resolve
+from .conftest import hf_greedy, hf_processing, prompt_ids, resolve
 
 GREEDY = SamplingParams(temperature=0, max_tokens=64)
 BATCHING = ("tiny-full", "random-tied", "full")
@@ -87,6 +87,37 @@ def test_seeded_sample_same_alone_and_in_batch(batching_checkpoint):
     # A different seed gives a different stream (else the seed would not be doing anything).
     reseeded = SamplingParams(temperature=0.9, top_p=0.95, seed=99, max_tokens=20)
     assert engine.generate([ids], reseeded)[0] != alone
+
+
+def processing_cases(free: list[int], n: int) -> list[SamplingParams]:
+    """Greedy requests whose logits processing changes ``free`` (the plain greedy output): a repetition
+    penalty, a logit bias against its second token and for another, and ``min_tokens`` past the first
+    time it emits its third token, made a stop token."""
+    return [SamplingParams(temperature=0, max_tokens=n, repetition_penalty=1.8),
+            SamplingParams(temperature=0, max_tokens=n, logit_bias={free[1]: -100, 7: 4.5}),
+            SamplingParams(temperature=0, max_tokens=n, min_tokens=n // 2, stop_token_ids=[free[2]]),
+            SamplingParams(temperature=0, max_tokens=n, repetition_penalty=0.8, logit_bias={free[0]: -3})]
+
+
+def test_processed_greedy_matches_transformers_generate_alone_and_batched(batching_checkpoint):
+    """``repetition_penalty``, ``logit_bias`` and ``min_tokens`` give transformers' ``generate`` with its
+    ``repetition_penalty``, ``sequence_bias`` and ``min_new_tokens``, token for token; in one batch with
+    the others (and with penalised sampled rows) each is what it is alone."""
+    path = batching_checkpoint
+    engine = Engine.from_pretrained(path, num_slots=6)
+    ids = prompt_ids(path, 9, seed=4)
+    n = 16
+    free = engine.generate([ids], SamplingParams(temperature=0, max_tokens=n))[0]
+    cases = processing_cases(free, n)
+    alone = [engine.generate([ids], p)[0] for p in cases]
+    eos = engine.config.eos_token_ids
+    assert alone == [hf_greedy(path, ids, n, **hf_processing(p, eos)) for p in cases]
+    assert all(a != free for a in alone)
+    sampled = SamplingParams(temperature=0.8, top_k=8, min_p=0.05, presence_penalty=1.0, frequency_penalty=0.5,
+                             seed=3, max_tokens=n)
+    batched = engine.generate([ids] * (len(cases) + 1), cases + [sampled])
+    assert batched[:-1] == alone
+    assert batched[-1] == engine.generate([ids], sampled)[0]
 
 
 def test_requests_wait_for_a_free_slot_and_abort_frees_it(tiny_dir):

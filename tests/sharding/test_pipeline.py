@@ -25,7 +25,8 @@ from sharding.pipeline import ChipUnresponsive, RingFailed, ShardedModel
 from sharding.sampling import SamplingParams
 from sharding.transport import Link
 
-from .conftest import SHIPPED, hf_greedy, hf_logits, prompt_ids, resolve, save_random_llama
+from .conftest import SHIPPED, hf_greedy, hf_logits, hf_processing, prompt_ids, resolve, save_random_llama
+from .test_engine import processing_cases
 
 CHIPS = 4
 TOL = 1e-4
@@ -118,6 +119,23 @@ def test_batch_and_seeded_samples_match_alone(pipe):
     alone = [model.generate([p], sp)[0] for p, sp in zip(prompts, params, strict=True)]
     assert model.generate(prompts, params) == alone
     assert len(set(map(tuple, alone))) > 1
+
+
+@_pipe(TINY)
+def test_processed_greedy_matches_transformers_and_sampling_matches_alone(pipe):
+    """The ring's last stage processes the logits with each request's history (its prompt sent once,
+    with its parameters): greedy ``repetition_penalty``, ``logit_bias`` and ``min_tokens`` give
+    transformers' ``generate``; a penalised, top-k, min-p sampled request repeats alone and batched."""
+    model, path = pipe
+    ids = prompt_ids(path, 9, seed=4)
+    n = 16
+    free = model.generate([ids], SamplingParams(temperature=0, max_tokens=n))[0]
+    cases = processing_cases(free, n)[:3]
+    want = [hf_greedy(path, ids, n, **hf_processing(p, model.config.eos_token_ids)) for p in cases]
+    sampled = SamplingParams(temperature=0.8, top_k=8, min_p=0.05, presence_penalty=1.0, frequency_penalty=0.5,
+                             repetition_penalty=1.2, seed=3, max_tokens=n)
+    alone = model.generate([ids], sampled)[0]
+    assert model.generate([ids] * 4, cases + [sampled]) == want + [alone]
 
 
 @_pipe(TINY)

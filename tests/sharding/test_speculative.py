@@ -18,7 +18,8 @@ from sharding.speculative import K_MAX, DraftMismatch, SpeculativeEngine, accept
 from sharding.weights import load_model
 from tests.conftest import shipped
 
-from .conftest import hf_greedy
+from .conftest import hf_greedy, hf_processing
+from .test_engine import processing_cases
 
 PROMPTS = ["def read_config(path):\n", "import os\nimport sys\n\n\nclass ", "    for i in range(",
            "# Return the n-th Fibonacci number\ndef fib(n):\n"]
@@ -86,6 +87,74 @@ def test_sampled_output_is_seeded_and_within_the_vocabulary(pair):
     assert all(0 <= t < engine.config.vocab_size for o in a for t in o)
     other = engine.generate(prompts[:2], dataclasses.replace(params, seed=8))
     assert other != a
+
+
+@pytest.mark.parametrize("k,adaptive", [(3, False), (4, True)])
+def test_processed_greedy_is_transformers_generate_on_the_target(pair, k, adaptive):
+    """With ``repetition_penalty``, ``logit_bias`` and ``min_tokens`` (each draft position processed
+    with the drafts before it) the output is the target's processed greedy output: transformers'
+    ``generate`` with the same processors, alone and batched."""
+    full, fast, prompts = pair
+    engine = SpeculativeEngine.from_pretrained(full, fast, num_slots=4, k=k, adaptive=adaptive)
+    n, ids = 30, prompts[0]
+    free = engine.generate([ids], SamplingParams(temperature=0, max_tokens=n))[0]
+    cases = processing_cases(free, n)
+    eos = engine.config.eos_token_ids
+    want = [hf_greedy(full, ids, n, **hf_processing(p, eos)) for p in cases]
+    assert all(w != free for w in want)
+    assert [engine.generate([ids], p)[0] for p in cases] == want
+    assert engine.generate([ids] * len(cases), cases) == want
+    assert engine.stats.accepted > 0
+
+
+def test_processed_sampling_is_seeded(pair):
+    full, fast, prompts = pair
+    engine = SpeculativeEngine.from_pretrained(full, fast, num_slots=2, k=3, adaptive=False)
+    params = SamplingParams(temperature=0.9, top_k=20, min_p=0.02, repetition_penalty=1.2, presence_penalty=0.5,
+                            frequency_penalty=0.3, logit_bias={5: 2.0}, min_tokens=10, seed=4, max_tokens=24)
+    a = engine.generate(prompts[:2], params)
+    assert a == engine.generate(prompts[:2], params) and len(set(a[0])) > 1
+    assert a[0] == engine.generate(prompts[:1], params)[0]
+
+
+def test_processed_sampling_keeps_the_targets_processed_distribution(pair):
+    """The exact tier samples from the target's processed distribution: the second token (drafted,
+    then accepted or corrected by the rule) of 3,072 seeded requests, given the most common first,
+    follows transformers' processors (sequence bias, repetition penalty, temperature, top-k) applied
+    to the target's logits, and not the unprocessed distribution."""
+    from transformers.generation.logits_process import (RepetitionPenaltyLogitsProcessor, SequenceBiasLogitsProcessor,
+                                                        TemperatureLogitsWarper, TopKLogitsWarper)
+
+    from .conftest import hf_logits
+
+    full, fast, prompts = pair
+    ids = prompts[0]
+    likely = hf_logits(full, ids + [int(hf_logits(full, ids)[-1].argmax())])[-1].topk(3).indices
+    bias = {int(likely[2]): 2.5}  # the third most likely second token, made likelier
+    engine = SpeculativeEngine.from_pretrained(full, fast, num_slots=32, k=3, adaptive=False)
+    base = dict(temperature=0.8, top_k=12, max_tokens=3, ignore_eos=True)  # a round drafting one token
+    outs = []
+    for b in range(96):
+        outs += engine.generate([ids] * 32, [SamplingParams(**base, repetition_penalty=1.6, logit_bias=bias,
+                                                            seed=32 * b + i) for i in range(32)])
+    first = max({o[0] for o in outs}, key=[o[0] for o in outs].count)
+    second = torch.tensor([o[1] for o in outs if o[0] == first])
+    assert len(second) > 1000 and engine.stats.accepted > 0
+    seen = torch.bincount(second, minlength=engine.config.vocab_size).float() / len(second)
+
+    context = torch.tensor([ids + [first]])
+    logits = hf_logits(full, ids + [first])[-1:].clone()
+
+    def reference(processed: bool) -> torch.Tensor:
+        x = logits.clone()
+        if processed:
+            x = SequenceBiasLogitsProcessor([[[t], b] for t, b in bias.items()])(context, x)
+            x = RepetitionPenaltyLogitsProcessor(1.6)(context, x)
+        x = TopKLogitsWarper(12)(None, TemperatureLogitsWarper(0.8)(None, x))
+        return torch.softmax(x, dim=-1)[0]
+
+    tv = lambda p: float((seen - p).abs().sum() / 2)  # noqa: E731 - total variation distance
+    assert tv(reference(True)) < 0.06 < tv(reference(False))
 
 
 def test_rejection_rule_keeps_the_targets_distribution():
