@@ -36,7 +36,7 @@ async def _layers(m, prompt: list[int], tokens: int, rounds: int, per_block: int
     from serve.lanes.head_client import HeadClient
     from serve.lanes.lane import FAST as FAST_LANE
     from serve.lanes.lane import Lane
-    from serve.request import LaneRequest
+    from serve.request import GenerateRequest
     from sharding.sampling import SamplingParams
 
     client = HeadClient(m.config, m.max_len, m.client_address, m.secret, m.tokenizer, {})
@@ -62,8 +62,8 @@ async def _layers(m, prompt: list[int], tokens: int, rounds: int, per_block: int
 
     async def through_lane(coalesced: bool) -> float:
         lane.owns_engine = coalesced  # a lane that owns its engine coalesces (Lane._outputs)
-        request = LaneRequest(request_id=rid(), prompt=TTFT_PROMPT, max_output_tokens=tokens, temperature=0.0,
-                              top_p=1.0, seed=None, stop=(), ignore_eos=True, trace=None)
+        request = GenerateRequest.parse({"model": "m", "input": TTFT_PROMPT, "max_output_tokens": tokens,
+                                         "temperature": 0, "ignore_eos": True}).to_lane(rid())
         t, first = time.perf_counter(), None
         async for event in lane.generate(request):
             if event["type"] == "delta" and first is None:

@@ -34,7 +34,7 @@ from .errors import InvalidRequest, describe_validation, parse_json, to_event
 from .lanes.lane import EXACT, PRIORITY
 from .openai_api import JSONBody, _error_response, _extension, respond
 from .openai_api import _event_response as _openai_event_response
-from .openai_schema import OpenAIRequestError, refuse_unimplemented
+from .openai_schema import SAMPLING, OpenAIRequestError, refuse_unimplemented
 from .telemetry import with_traceparent
 
 
@@ -72,7 +72,17 @@ class ResponsesRequest(BaseModel):
     max_output_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0, le=2, allow_inf_nan=False)
     top_p: float | None = Field(default=None, gt=0, le=1, allow_inf_nan=False)
-    seed: int | None = None  # as chat completions' (not in OpenAI's Responses API)
+    # Not in OpenAI's Responses API; as chat completions' (vLLM's Responses API takes them too):
+    seed: int | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, Any] | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[Any] | None = None
+    min_tokens: int | None = None
     service_tier: str | None = None
     metadata: dict[str, str] | None = None
     user: str | None = None
@@ -89,7 +99,7 @@ class ResponsesRequest(BaseModel):
             items.insert(0, {"role": "system", "content": self.instructions})
         body = {"id": rid, "model": self.model, "input": items, "store": self.store,
                 "previous_response_id": self.previous_response_id, "max_output_tokens": self.max_output_tokens,
-                "temperature": self.temperature, "top_p": self.top_p, "seed": self.seed,
+                **{name: getattr(self, name) for name in SAMPLING},
                 "service_tier": self.service_tier,
                 "metadata": self.metadata, "ignore_eos": self.ignore_eos}
         return {k: v for k, v in body.items() if v is not None}

@@ -3,19 +3,20 @@ translation into the router's ``GenerateRequest`` fields (``serve.request``).
 
 No field is dropped. The fields below are honoured; a field this server does not implement is
 refused with a 400 whose ``code`` is ``unsupported_parameter`` and whose ``param`` names it, unless
-it holds its neutral value (``NEUTRAL``: e.g. ``presence_penalty: 0``, ``logit_bias: {}``, ``n: 1``,
-vLLM's ``top_k: -1``), which changes nothing, or is one of ``NO_EFFECT`` (identifiers and cache hints
-that do not change the output). That covers ``n`` other than 1, log probabilities, penalties,
-``logit_bias``, vLLM's ``top_k``/``min_p``/``min_tokens``, tools, a non-text ``response_format``,
-``echo``, ``suffix``, ``best_of``, and any field this API does not know. Non-text message parts and
-token-id prompts are refused as invalid. The sampling fields are validated by the router, whose
-messages name them the same way.
+it holds its neutral value (``NEUTRAL``: e.g. ``n: 1``, ``logprobs: false``), which changes nothing,
+or is one of ``NO_EFFECT`` (identifiers and cache hints that do not change the output). That covers
+``n`` other than 1, log probabilities, tools, a non-text ``response_format``, ``echo``, ``suffix``,
+``best_of``, and any field this API does not know. Non-text message parts and token-id prompts are
+refused as invalid. The sampling fields are validated by the router, whose messages name them the
+same way.
 
 Mapping: ``max_completion_tokens`` (or ``max_tokens``) -> ``max_output_tokens``; ``messages`` ->
 ``input`` as ``[{role, content}]`` (text parts joined), which each lane renders with its model's
 chat template (``serve.lanes.prompt_ids``); ``prompt`` -> ``input``, a text no template touches;
-``temperature``, ``top_p``, ``stop``, ``seed``, ``service_tier``, ``metadata``, vLLM's ``ignore_eos``
-and ``chat_template_kwargs`` (chat only) and fastmode's ``allow_spill`` unchanged.
+``temperature``, ``top_p``, ``presence_penalty``, ``frequency_penalty``, ``logit_bias``, ``stop``,
+``seed``, ``service_tier``, ``metadata``, vLLM's ``top_k``, ``min_p``, ``repetition_penalty``,
+``min_tokens``, ``stop_token_ids``, ``ignore_eos`` and ``chat_template_kwargs`` (chat only) and
+fastmode's ``allow_spill`` unchanged (``SAMPLING``).
 """
 
 from __future__ import annotations
@@ -44,17 +45,21 @@ def unsupported(name: str, why: str) -> OpenAIRequestError:
 
 NEUTRAL: dict[str, tuple[Any, ...]] = {
     "n": (1,), "best_of": (1,), "echo": (False,), "suffix": ("",), "logprobs": (False, 0),
-    "top_logprobs": (0,), "frequency_penalty": (0,), "presence_penalty": (0,), "logit_bias": ({},),
-    "repetition_penalty": (1,), "top_k": (-1, 0), "min_p": (0,), "min_tokens": (0,),
+    "top_logprobs": (0,),
     "tools": ([],), "functions": ([],), "tool_choice": ("none", "auto"), "parallel_tool_calls": (True, False),
     "response_format": ({"type": "text"},), "modalities": (["text"],), "store": (False,),
-    "use_beam_search": (False,), "skip_special_tokens": (True,), "stop_token_ids": ([],),
+    "use_beam_search": (False,), "skip_special_tokens": (True,),
     "include_stop_str_in_output": (False,),
     # Responses' own
     "include": ([],), "background": (False,), "text": ({"format": {"type": "text"}},),
 }
 """Fields this server does not implement, with the values that mean "not used" (``None`` always
 does): they are accepted at those values and refused (``unsupported_parameter``) at any other."""
+
+SAMPLING = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty",
+            "logit_bias", "stop", "stop_token_ids", "min_tokens", "seed")
+"""The sampling fields every OpenAI door passes to the router as they are (``serve.request.GenerateRequest``
+validates them and names a bad one)."""
 
 NO_EFFECT = frozenset({"user", "safety_identifier", "prompt_cache_key", "prompt_cache_retention"})
 """Fields accepted and not acted on because they do not change the output: end-user identifiers
@@ -95,7 +100,15 @@ class _Common(BaseModel):
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = None
     top_p: float | None = None
+    top_k: int | None = None  # vLLM's, as the next three
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, Any] | None = None
     stop: str | list[str] | None = None
+    stop_token_ids: list[Any] | None = None  # vLLM's
     seed: int | None = None
     service_tier: str | None = None
     metadata: dict[str, Any] | None = None
@@ -117,8 +130,7 @@ class _Common(BaseModel):
     def generate_request(self, request_id: str) -> dict[str, Any]:
         """The router's request body (``GenerateRequest`` fields), with only the fields that are set."""
         body: dict[str, Any] = {"id": request_id, "model": self.model, "input": self.router_input()}
-        optional = {"max_output_tokens": self.output_budget, "temperature": self.temperature,
-                    "top_p": self.top_p, "stop": self.stop, "seed": self.seed,
+        optional = {"max_output_tokens": self.output_budget, **{name: getattr(self, name) for name in SAMPLING},
                     "service_tier": self.service_tier, "metadata": self.metadata}
         body.update({k: v for k, v in optional.items() if v is not None})
         if self.ignore_eos:

@@ -19,11 +19,16 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
-from sharding.sampling import SamplingParams
-
 from .errors import InvalidRequest, UnsupportedParameter, describe_validation
 
 _Text = Annotated[str, StringConstraints(min_length=1)]
+_TokenId = Annotated[int, Field(ge=0, lt=2**31)]
+_Bias = Annotated[float, Field(ge=-100, le=100, allow_inf_nan=False)]
+
+MODEL_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
+                  "frequency_penalty")
+"""The sampling fields a model's ``generation_config.json`` gives defaults to (vLLM's
+``get_diff_sampling_param``): a request that leaves one unset gets the model's value, else the engines'."""
 
 
 class Message(BaseModel):
@@ -55,12 +60,32 @@ class GenerateRequest(BaseModel):
                                                         "on a model that has a template.")
     max_output_tokens: int | None = Field(default=None, ge=1, description="Default: the rest of the "
                                           "context window.")
-    temperature: float = Field(default=SamplingParams.temperature, ge=0, le=2, allow_inf_nan=False,
-                               description="0 (below 1e-5, as in vLLM) is greedy; the default is the engines' (1.0, "
-                               "as OpenAI's).")
-    top_p: float = Field(default=SamplingParams.top_p, gt=0, le=1, allow_inf_nan=False)
+    # Unset (None), a field of MODEL_DEFAULTS takes the model's generation_config.json value, else the
+    # engines' (sharding.sampling.SamplingParams), as vLLM's server with --generation-config auto.
+    temperature: float | None = Field(default=None, ge=0, le=2, allow_inf_nan=False, description=
+                                      "0 (below 1e-5, as in vLLM) is greedy; unset: the model's generation_config.json "
+                                      "value, else 1.0 (OpenAI's).")
+    top_p: float | None = Field(default=None, gt=0, le=1, allow_inf_nan=False, description="Unset: the model's, else 1.")
+    top_k: int | None = Field(default=None, ge=-1, description="vLLM's: keep the k most likely tokens; 0 or -1: all. "
+                              "Unset: the model's, else all.")
+    min_p: float | None = Field(default=None, ge=0, le=1, allow_inf_nan=False, description="vLLM's: drop tokens less "
+                                "likely than min_p times the most likely one. Unset: the model's, else 0.")
+    repetition_penalty: float | None = Field(default=None, gt=0, allow_inf_nan=False, description="vLLM's: > 1 "
+                                             "discourages the prompt's and the output's tokens. Unset: the model's, else 1.")
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2, allow_inf_nan=False, description="OpenAI's: "
+                                           "subtracted from the logit of each token the output holds. Unset: the "
+                                           "model's, else 0.")
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2, allow_inf_nan=False, description="OpenAI's: "
+                                            "subtracted once per time the output holds a token. Unset: the model's, "
+                                            "else 0.")
+    logit_bias: dict[_TokenId, _Bias] | None = Field(default=None, description="OpenAI's: token id -> bias in "
+                                                     "[-100, 100], added to its logit.")
     stop: _Text | list[_Text] | None = Field(default=None, description="Up to 4 stop strings; the "
                                               "text ends before the first one (which is not returned).")
+    stop_token_ids: list[_TokenId] | None = Field(default=None, description="vLLM's: more token ids that end the "
+                                                  "output (even with ignore_eos); their text is not returned.")
+    min_tokens: int = Field(default=0, ge=0, description="vLLM's: the output has at least this many tokens (eos and "
+                            "stop tokens are not sampled before, stop strings do not end it before).")
     seed: int | None = Field(default=None, ge=0, lt=2**63)
     ignore_eos: bool = Field(default=False, description="Keep generating past end-of-sequence tokens "
                              "(vLLM's extension; benchmarks use it for fixed output lengths).")
@@ -97,6 +122,9 @@ class GenerateRequest(BaseModel):
         if req.chat_template_kwargs is not None and isinstance(req.input, str) and req.previous_response_id is None:
             raise InvalidRequest("chat_template_kwargs: a text input is not rendered by a chat template; send "
                                  "chat messages")
+        if req.max_output_tokens is not None and req.min_tokens > req.max_output_tokens:
+            raise InvalidRequest(f"min_tokens: must be at most max_output_tokens ({req.max_output_tokens}), got "
+                                 f"{req.min_tokens}")
         if isinstance(req.stop, list) and len(req.stop) > 4:
             raise InvalidRequest(f"stop: at most 4 stop strings, got {len(req.stop)}")
         escaped = source is None or b"\\u" in source
@@ -108,8 +136,10 @@ class GenerateRequest(BaseModel):
     def to_lane(self, request_id: str, trace: dict[str, str] | None = None) -> LaneRequest:
         """What the router sends a lane: this request's generation fields, every default resolved."""
         return LaneRequest(request_id=request_id, prompt=self.prompt, max_output_tokens=self.max_output_tokens,
-                           temperature=self.temperature, top_p=self.top_p, seed=self.seed,
-                           stop=tuple(self.stop_list), ignore_eos=self.ignore_eos, trace=trace)
+                           **{name: getattr(self, name) for name in MODEL_DEFAULTS}, seed=self.seed,
+                           logit_bias=self.logit_bias, stop=tuple(self.stop_list),
+                           stop_token_ids=tuple(self.stop_token_ids or ()), min_tokens=self.min_tokens,
+                           ignore_eos=self.ignore_eos, trace=trace)
 
     @property
     def stop_list(self) -> list[str]:
@@ -193,10 +223,21 @@ class LaneRequest:
     """Text to continue as it is (``/v1/completions``, a ``response.create`` with a string ``input``),
     or a conversation for the model's chat template."""
     max_output_tokens: int | None
-    temperature: float
-    top_p: float
+    temperature: float | None
+    """This and the other ``MODEL_DEFAULTS``: ``None`` when the request left it to the model's
+    ``generation_config.json`` (the lane resolves it: ``serve.lanes.sampling``)."""
+    top_p: float | None
+    top_k: int | None
+    min_p: float | None
+    repetition_penalty: float | None
+    presence_penalty: float | None
+    frequency_penalty: float | None
     seed: int | None
+    logit_bias: dict[int, float] | None
     stop: tuple[str, ...]
+    stop_token_ids: tuple[int, ...]
+    """The request's own; the lane adds its model's end-of-turn ids unless ``ignore_eos``."""
+    min_tokens: int
     ignore_eos: bool
     trace: dict[str, str] | None
     """The router span's W3C trace context (``telemetry.inject``), when tracing is on."""

@@ -112,7 +112,8 @@ class Router:
         (docs/lanes.md), and the exact tier promises the full model's
         own output. fastmode's engine does (``sharding.speculative.accept_sampled``)."""
         lane, route = await self._pick(req)
-        if lane == EXACT and req.temperature >= GREEDY_BELOW and self.config.lanes.exact.engine == "vllm":
+        sampled = req.temperature is None or req.temperature >= GREEDY_BELOW  # None: the model's default, sampled
+        if lane == EXACT and sampled and self.config.lanes.exact.engine == "vllm":
             lane, route = PRIORITY, {**route, "sampled_on": PRIORITY}
         return lane, route
 

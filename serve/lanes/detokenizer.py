@@ -3,7 +3,10 @@
 Decoding goes through ``tokenizers``' ``DecodeStream`` (what vLLM uses too), so a multi-byte
 character split across tokens appears once it is whole. Stop strings follow vLLM's rules: the
 text ends right before the first stop string, and up to ``len(longest stop) - 1`` characters are
-held back while they could still be the start of one.
+held back while they could still be the start of one; with ``min_tokens`` a stop string counts only
+if it ends after the text of the first ``min_tokens`` tokens. A stop token (an eos, a
+``stop_token_ids`` id) that ended the sequence adds no text (``push(..., stop_token=True)``), as
+vLLM's detokenizer without ``include_stop_str_in_output``.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ class TextStream:
     """Turns a request's new token ids into new text; ``stopped`` once a stop string appears."""
 
     def __init__(self, tokenizer: Tokenizer, stop: list[str] | None = None,
-                 prompt_ids: list[int] | None = None) -> None:
+                 prompt_ids: list[int] | None = None, min_tokens: int = 0) -> None:
         self.tokenizer = tokenizer
         self.stop = [s for s in (stop or []) if s]
         self._hold = max((len(s) for s in self.stop), default=1) - 1
@@ -25,20 +28,28 @@ class TextStream:
         self._text = ""  # everything decoded so far (up to a stop string once stopped)
         self._sent = 0  # characters of _text already returned
         self.stopped = False
+        self._min_tokens, self._tokens = min_tokens, 0
+        self._min_end = 0 if min_tokens == 0 else None
+        """Characters of the first ``min_tokens`` tokens' text, once decoded: a stop string must end past them."""
 
-    def push(self, token_ids: list[int]) -> str:
-        """Decode ``token_ids``; return the text that is now safe to send (may be empty)."""
+    def push(self, token_ids: list[int], stop_token: bool = False) -> str:
+        """Decode ``token_ids``; return the text that is now safe to send (may be empty).
+        ``stop_token``: the last of them ended the sequence (its text is not decoded)."""
         if self.stopped:
             return ""
         start = len(self._text)
-        for t in token_ids:
+        for t in token_ids[:-1] if stop_token else token_ids:
             piece = self._decoder.step(self.tokenizer, t)
             if piece:
                 self._text += piece
-        if self.stop:
+            self._tokens += 1
+            if self._min_end is None and self._tokens >= self._min_tokens:
+                self._min_end = len(self._text)
+        if self.stop and self._min_end is not None:
             # A stop string may straddle the previous text; search from where it could begin.
             lo = max(0, start - self._hold)
-            hits = [i for i in (self._text.find(s, lo) for s in self.stop) if i >= 0]
+            hits = [i for i in (self._text.find(s, max(lo, self._min_end - len(s) + 1)) for s in self.stop)
+                    if i >= 0]
             if hits:
                 self._text = self._text[:min(hits)]
                 self.stopped = True

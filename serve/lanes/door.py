@@ -46,7 +46,6 @@ from websockets.protocol import State
 
 from sharding.errors import PromptTooLong
 from sharding.ring import step_infos
-from sharding.sampling import SamplingParams
 from sharding.scheduler import validate_request
 from sharding.transport import LinkClosed
 
@@ -61,6 +60,7 @@ from ..websocket import (CLOSE_GOING_AWAY, CLOSE_NORMAL, CLOSE_POLICY, REASONS, 
 from .step_spans import HopTotals
 from .detokenizer import TextStream
 from .prompt_ids import PromptIds
+from .sampling import engine_request, generation_defaults
 from .ws_frames import (FrameReader, decode_json, encode_json, offered_subprotocols, server_protocol,
                         text_frame)
 
@@ -116,6 +116,8 @@ class Door:
         in a process whose caches a step has just emptied."""
         self.stop_ids = end_of_turn_ids(spec.model_path)
         """The fast model's end-of-turn ids (``Lane.stop_ids``)."""
+        self.sampling_defaults = generation_defaults(spec.model_path)
+        """Its sampling defaults (``Lane.sampling_defaults``)."""
         self.server = socket.create_server((spec.host, spec.port), family=socket.AF_INET6 if ":" in spec.host
                                            else socket.AF_INET, backlog=128)
         self.server.setblocking(False)
@@ -381,11 +383,11 @@ class DoorConnection:
         if len(ids) + max_tokens > door.max_len or max_tokens < 1:
             raise PromptTooLong(f"the prompt has {len(ids)} tokens; with max_output_tokens {max_tokens} it "
                                 f"exceeds the {door.max_len}-token context of {door.spec.model_id}")
-        params = SamplingParams(temperature=req.temperature, top_p=req.top_p, max_tokens=max_tokens,
-                                seed=req.seed, ignore_eos=req.ignore_eos,
-                                stop_token_ids=() if req.ignore_eos else door.stop_ids)
+        params = engine_request(req.to_lane(self.prefix + rid), ids, max_tokens, defaults=door.sampling_defaults,
+                                stop_ids=door.stop_ids, vocab_size=door.model_config.vocab_size).sampling()
         validate_request(door.model_config, door.max_len, self.prefix + rid, ids, params)
-        self.responses[rid] = _Response(rid, len(ids), TextStream(door.tokenizer, req.stop_list), time.perf_counter())
+        self.responses[rid] = _Response(rid, len(ids), TextStream(door.tokenizer, req.stop_list, min_tokens=req.min_tokens),
+                                        time.perf_counter())
         return ("add", self.prefix + rid, ids, params)
 
     def _error(self, code: str, message: str, rid: str | None = None) -> list[tuple]:
@@ -441,7 +443,7 @@ class DoorConnection:
             tokens = [o[1] for o in outs]
             r.n_out += len(tokens)
             done, reason = outs[-1][2], outs[-1][3]
-            text = r.text.push(tokens)
+            text = r.text.push(tokens, stop_token=done and reason == "stop")
             if r.text.stopped or done:
                 if not r.text.stopped:
                     text += r.text.flush()

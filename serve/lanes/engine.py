@@ -22,11 +22,20 @@ class EngineRequest:
     max_tokens: int
     temperature: float = SamplingParams.temperature
     top_p: float = SamplingParams.top_p
+    top_k: int = SamplingParams.top_k
+    min_p: float = SamplingParams.min_p
+    repetition_penalty: float = SamplingParams.repetition_penalty
+    presence_penalty: float = SamplingParams.presence_penalty
+    frequency_penalty: float = SamplingParams.frequency_penalty
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    """``(token id, bias)`` pairs (``sharding.sampling.SamplingParams.logit_bias``)."""
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     stop_token_ids: tuple[int, ...] = ()
-    """Ids that end the generation (included in the output, as an eos is): the lane passes its model's
-    end-of-turn ids (``serve.chat.end_of_turn_ids``) unless ``ignore_eos``."""
+    """Ids that end the generation (in ``token_ids``, not in the text, as vLLM): the request's, and the
+    lane's model's end-of-turn ids (``serve.chat.end_of_turn_ids``) unless ``ignore_eos``."""
+    min_tokens: int = 0
+    """No stop token, eos or stop string ends the output before it has this many tokens."""
     ignore_eos: bool = False
     continues: bool = False
     """The prompt continues an earlier one (a conversation's next turn, ``PromptIds.encode_turn``):
@@ -36,9 +45,23 @@ class EngineRequest:
 
     def sampling(self) -> SamplingParams:
         """Its sampling parameters as fastmode's own engines take them (``sharding.sampling``)."""
-        return SamplingParams(temperature=self.temperature, top_p=self.top_p, seed=self.seed,
-                              max_tokens=self.max_tokens, ignore_eos=self.ignore_eos,
-                              stop_token_ids=self.stop_token_ids)
+        return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
+                              seed=self.seed, max_tokens=self.max_tokens, min_tokens=self.min_tokens,
+                              ignore_eos=self.ignore_eos, stop_token_ids=self.stop_token_ids,
+                              repetition_penalty=self.repetition_penalty, presence_penalty=self.presence_penalty,
+                              frequency_penalty=self.frequency_penalty, logit_bias=self.logit_bias)
+
+    def vllm_sampling(self, **kw: Any) -> Any:
+        """Its sampling parameters as vLLM's ``SamplingParams`` (``kw``: vLLM's own options)."""
+        from vllm import SamplingParams as VLLMSamplingParams
+
+        return VLLMSamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                                  min_p=self.min_p, seed=self.seed, max_tokens=self.max_tokens,
+                                  min_tokens=self.min_tokens, stop=self.stop or None,
+                                  stop_token_ids=list(self.stop_token_ids) or None, ignore_eos=self.ignore_eos,
+                                  repetition_penalty=self.repetition_penalty,
+                                  presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
+                                  logit_bias=dict(self.logit_bias) or None, **kw)
 
 
 @dataclass(frozen=True)

@@ -156,7 +156,7 @@ class HeadClient:
             added = self._add(request, params, await self.connect())
         rid = request.request_id
         sink, added_ns = added
-        text = TextStream(self.tokenizer, request.stop)
+        text = TextStream(self.tokenizer, request.stop, min_tokens=request.min_tokens)
         spans = None
         if request.trace is not None:
             spans = StepSpans(request.trace, self.telemetry.step_spans_first, self.telemetry.step_spans_every,
@@ -183,7 +183,7 @@ class HeadClient:
                              "cached_tokens": outs[0][3]}
                     added_ns = 0
                 _, done, reason, _ = outs[-1]
-                delta = text.push(tokens)
+                delta = text.push(tokens, stop_token=done and reason == "stop")
                 if text.stopped or done:
                     finished = done
                     if not text.stopped:

@@ -31,6 +31,8 @@ from ..coalesce import coalesce
 from .engine import EngineOutput, EngineRequest, LaneEngine
 from .lane_links import LinkServer
 from .prompt_ids import PromptIds
+from .sampling import engine_request as engine_request_for
+from .sampling import generation_defaults, vocab_size
 
 FAST = "fast"
 PRIORITY = "priority"
@@ -84,6 +86,9 @@ class Lane:
         self.stop_ids = end_of_turn_ids(model_path)
         """Ids that end a turn (config.json's, generation_config.json's and the tokenizer's eos): every
         request stops on them unless it sets ``ignore_eos``."""
+        self.sampling_defaults = generation_defaults(model_path)
+        """The model's sampling defaults (``serve.lanes.sampling``), for the fields a request leaves unset."""
+        self.vocab_size = vocab_size(model_path)
         self.config: FastLaneConfig | VLLMLaneConfig = LANE_CONFIGS[lane].model_validate(config)
         self.door = None if door is None or lane != FAST else _door_spec(door, model_id, model_path, self.config)
         self._engine_args = (model_path, TelemetryConfig.model_validate(telemetry_config or {}), draft_path)
@@ -201,11 +206,9 @@ class Lane:
         if n_prompt + max_tokens > self.engine.max_len or max_tokens < 1:
             raise PromptTooLong(f"the prompt has {n_prompt} tokens; with max_output_tokens {max_tokens} it "
                                 f"exceeds the {self.engine.max_len}-token context of {self.model_id}")
-        engine_request = EngineRequest(
-            request_id=request.request_id, prompt_ids=ids, max_tokens=max_tokens,
-            temperature=request.temperature, top_p=request.top_p, seed=request.seed, stop=list(request.stop),
-            stop_token_ids=() if request.ignore_eos else self.stop_ids, ignore_eos=request.ignore_eos,
-            continues=continues,
+        engine_request = engine_request_for(
+            request, ids, max_tokens, defaults=self.sampling_defaults, stop_ids=self.stop_ids,
+            vocab_size=self.vocab_size, continues=continues,
             trace=trace.set_span_in_context(span) if span.is_recording() else None)
         # A front door's own lane starts the engine's request before ``accepted``: the caller's
         # handling of it (``response.created`` written to the client) overlaps the prefill. An
@@ -328,7 +331,9 @@ class Lane:
         for i, (prompt, tokens) in enumerate(WARMUP_REQUESTS):
             t0 = time.perf_counter()
             request = LaneRequest(request_id=f"warmup-{self.lane}-{len(self.rebuilds)}-{i}", prompt=prompt,
-                                  max_output_tokens=tokens, temperature=0.0, top_p=1.0, seed=None, stop=(),
+                                  max_output_tokens=tokens, temperature=0.0, top_p=1.0, top_k=None, min_p=None,
+                                  repetition_penalty=None, presence_penalty=None, frequency_penalty=None,
+                                  seed=None, logit_bias=None, stop=(), stop_token_ids=(), min_tokens=0,
                                   ignore_eos=True, trace=None)
             self._warmup_ids.add(request.request_id)
             try:

@@ -236,7 +236,7 @@ class SpeculativeLaneEngine:
         sink: asyncio.Queue = asyncio.Queue()
         self._sinks[rid] = (asyncio.get_running_loop(), sink)
         self._inbox.put(("add", rid, list(request.prompt_ids), params, time.perf_counter()))
-        text = TextStream(self.tokenizer, request.stop)
+        text = TextStream(self.tokenizer, request.stop, min_tokens=request.min_tokens)
         finished = False
         try:
             while True:
@@ -248,7 +248,7 @@ class SpeculativeLaneEngine:
                 extra = {}
                 if first is not None:
                     extra = {"queue_s": first[0], "batch_size": first[1], "cached_tokens": out.cached}
-                delta = text.push(out.token_ids)
+                delta = text.push(out.token_ids, stop_token=out.finished and out.finish_reason == "stop")
                 if text.stopped or out.finished:
                     finished = out.finished
                     if not text.stopped:

@@ -101,16 +101,12 @@ class VLLMLaneEngine:
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
         """See ``LaneEngine.generate``; vLLM aborts the request when this generator is closed."""
-        from vllm import SamplingParams, TokensPrompt
+        from vllm import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
         if self.engine.errored:
             raise LaneUnavailable(f"the vLLM engine has died: {self.engine.dead_error!r}")
-        params = SamplingParams(temperature=request.temperature, top_p=request.top_p, seed=request.seed,
-                                max_tokens=request.max_tokens, stop=request.stop or None,
-                                stop_token_ids=list(request.stop_token_ids) or None,
-                                ignore_eos=request.ignore_eos,
-                                output_kind=RequestOutputKind.DELTA)
+        params = request.vllm_sampling(output_kind=RequestOutputKind.DELTA)
         if self.sessions is not None:
             if eligible(request):
                 first = True

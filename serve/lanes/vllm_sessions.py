@@ -186,7 +186,7 @@ class Sessions:
                 out = await anext(s.outputs)
                 c = out.outputs[0]
                 out_ids += c.token_ids
-                text = decoder.push(c.token_ids)
+                text = decoder.push(c.token_ids, stop_token=c.finish_reason == "stop")  # as vLLM's own text
                 if c.finish_reason is not None:
                     s.tokens = ids + out_ids[:-1]
                     self._park(s)  # before the last yield: a caller may stop reading at the end

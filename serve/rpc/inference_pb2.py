@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19serve/rpc/inference.proto\x12\x0b\x66\x61stmode.v1\"(\n\x07Message\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"2\n\x08Messages\x12&\n\x08messages\x18\x01 \x03(\x0b\x32\x14.fastmode.v1.Message\"\xa7\x04\n\x0fGenerateRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x19\n\x0cservice_tier\x18\x03 \x01(\tH\x01\x88\x01\x01\x12\x0e\n\x04text\x18\x04 \x01(\tH\x00\x12)\n\x08messages\x18\x05 \x01(\x0b\x32\x15.fastmode.v1.MessagesH\x00\x12\x1e\n\x11max_output_tokens\x18\x06 \x01(\rH\x02\x88\x01\x01\x12\x18\n\x0btemperature\x18\x07 \x01(\x01H\x03\x88\x01\x01\x12\x12\n\x05top_p\x18\x08 \x01(\x01H\x04\x88\x01\x01\x12\x0c\n\x04stop\x18\t \x03(\t\x12\x11\n\x04seed\x18\n \x01(\x04H\x05\x88\x01\x01\x12\x12\n\nignore_eos\x18\x0b \x01(\x08\x12\x13\n\x0b\x61llow_spill\x18\x0c \x01(\x08\x12<\n\x08metadata\x18\r \x03(\x0b\x32*.fastmode.v1.GenerateRequest.MetadataEntry\x12!\n\x14previous_response_id\x18\x0e \x01(\tH\x06\x88\x01\x01\x12\r\n\x05store\x18\x0f \x01(\x08\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x07\n\x05inputB\x0f\n\r_service_tierB\x14\n\x12_max_output_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x07\n\x05_seedB\x17\n\x15_previous_response_id\"a\n\x05Usage\x12\x14\n\x0cinput_tokens\x18\x01 \x01(\r\x12\x15\n\routput_tokens\x18\x02 \x01(\r\x12\x14\n\x0ctotal_tokens\x18\x03 \x01(\r\x12\x15\n\rcached_tokens\x18\x04 \x01(\r\"\xa1\x01\n\x06Timing\x12\x13\n\x06ttft_s\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x1a\n\rengine_ttft_s\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12 \n\x13\x64\x65\x63ode_tokens_per_s\x18\x03 \x01(\x01H\x02\x88\x01\x01\x12\x0f\n\x07total_s\x18\x04 \x01(\x01\x42\t\n\x07_ttft_sB\x10\n\x0e_engine_ttft_sB\x16\n\x14_decode_tokens_per_s\"\x8e\x01\n\x0bSpeculative\x12\x14\n\x0c\x64raft_tokens\x18\x01 \x01(\r\x12\x14\n\x0cverify_steps\x18\x02 \x01(\r\x12\x0f\n\x07\x64rafted\x18\x03 \x01(\r\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x04 \x01(\r\x12\x17\n\x0f\x61\x63\x63\x65ptance_rate\x18\x05 \x01(\x01\x12\x17\n\x0ftokens_per_step\x18\x06 \x01(\x01\"\x84\x02\n\rGenerateChunk\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\r\x12\r\n\x05\x64\x65lta\x18\x03 \x01(\t\x12\x0c\n\x04lane\x18\x04 \x01(\t\x12\r\n\x05model\x18\x05 \x01(\t\x12\x0c\n\x04last\x18\x06 \x01(\x08\x12!\n\x05usage\x18\x07 \x01(\x0b\x32\x12.fastmode.v1.Usage\x12#\n\x06timing\x18\x08 \x01(\x0b\x32\x13.fastmode.v1.Timing\x12\x15\n\rfinish_reason\x18\t \x01(\t\x12\x12\n\ncost_units\x18\n \x01(\x01\x12-\n\x0bspeculative\x18\x0b \x01(\x0b\x32\x18.fastmode.v1.Speculative\"\x13\n\x11ListModelsRequest\"\"\n\x05Model\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05lanes\x18\x02 \x03(\t\"8\n\x12ListModelsResponse\x12\"\n\x06models\x18\x01 \x03(\x0b\x32\x12.fastmode.v1.Model2\xa2\x01\n\tInference\x12\x46\n\x08Generate\x12\x1c.fastmode.v1.GenerateRequest\x1a\x1a.fastmode.v1.GenerateChunk0\x01\x12M\n\nListModels\x12\x1e.fastmode.v1.ListModelsRequest\x1a\x1f.fastmode.v1.ListModelsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19serve/rpc/inference.proto\x12\x0b\x66\x61stmode.v1\"(\n\x07Message\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"2\n\x08Messages\x12&\n\x08messages\x18\x01 \x03(\x0b\x32\x14.fastmode.v1.Message\"\xa4\x07\n\x0fGenerateRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x19\n\x0cservice_tier\x18\x03 \x01(\tH\x01\x88\x01\x01\x12\x0e\n\x04text\x18\x04 \x01(\tH\x00\x12)\n\x08messages\x18\x05 \x01(\x0b\x32\x15.fastmode.v1.MessagesH\x00\x12\x1e\n\x11max_output_tokens\x18\x06 \x01(\rH\x02\x88\x01\x01\x12\x18\n\x0btemperature\x18\x07 \x01(\x01H\x03\x88\x01\x01\x12\x12\n\x05top_p\x18\x08 \x01(\x01H\x04\x88\x01\x01\x12\x0c\n\x04stop\x18\t \x03(\t\x12\x11\n\x04seed\x18\n \x01(\x04H\x05\x88\x01\x01\x12\x12\n\nignore_eos\x18\x0b \x01(\x08\x12\x13\n\x0b\x61llow_spill\x18\x0c \x01(\x08\x12<\n\x08metadata\x18\r \x03(\x0b\x32*.fastmode.v1.GenerateRequest.MetadataEntry\x12!\n\x14previous_response_id\x18\x0e \x01(\tH\x06\x88\x01\x01\x12\r\n\x05store\x18\x0f \x01(\x08\x12\x12\n\x05top_k\x18\x10 \x01(\x05H\x07\x88\x01\x01\x12\x12\n\x05min_p\x18\x11 \x01(\x01H\x08\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x12 \x01(\x01H\t\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\x13 \x01(\x01H\n\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x14 \x01(\x01H\x0b\x88\x01\x01\x12?\n\nlogit_bias\x18\x15 \x03(\x0b\x32+.fastmode.v1.GenerateRequest.LogitBiasEntry\x12\x16\n\x0estop_token_ids\x18\x16 \x03(\r\x12\x12\n\nmin_tokens\x18\x17 \x01(\r\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\x07\n\x05inputB\x0f\n\r_service_tierB\x14\n\x12_max_output_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x07\n\x05_seedB\x17\n\x15_previous_response_idB\x08\n\x06_top_kB\x08\n\x06_min_pB\x15\n\x13_repetition_penaltyB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penalty\"a\n\x05Usage\x12\x14\n\x0cinput_tokens\x18\x01 \x01(\r\x12\x15\n\routput_tokens\x18\x02 \x01(\r\x12\x14\n\x0ctotal_tokens\x18\x03 \x01(\r\x12\x15\n\rcached_tokens\x18\x04 \x01(\r\"\xa1\x01\n\x06Timing\x12\x13\n\x06ttft_s\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x1a\n\rengine_ttft_s\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12 \n\x13\x64\x65\x63ode_tokens_per_s\x18\x03 \x01(\x01H\x02\x88\x01\x01\x12\x0f\n\x07total_s\x18\x04 \x01(\x01\x42\t\n\x07_ttft_sB\x10\n\x0e_engine_ttft_sB\x16\n\x14_decode_tokens_per_s\"\x8e\x01\n\x0bSpeculative\x12\x14\n\x0c\x64raft_tokens\x18\x01 \x01(\r\x12\x14\n\x0cverify_steps\x18\x02 \x01(\r\x12\x0f\n\x07\x64rafted\x18\x03 \x01(\r\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x04 \x01(\r\x12\x17\n\x0f\x61\x63\x63\x65ptance_rate\x18\x05 \x01(\x01\x12\x17\n\x0ftokens_per_step\x18\x06 \x01(\x01\"\x84\x02\n\rGenerateChunk\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\r\x12\r\n\x05\x64\x65lta\x18\x03 \x01(\t\x12\x0c\n\x04lane\x18\x04 \x01(\t\x12\r\n\x05model\x18\x05 \x01(\t\x12\x0c\n\x04last\x18\x06 \x01(\x08\x12!\n\x05usage\x18\x07 \x01(\x0b\x32\x12.fastmode.v1.Usage\x12#\n\x06timing\x18\x08 \x01(\x0b\x32\x13.fastmode.v1.Timing\x12\x15\n\rfinish_reason\x18\t \x01(\t\x12\x12\n\ncost_units\x18\n \x01(\x01\x12-\n\x0bspeculative\x18\x0b \x01(\x0b\x32\x18.fastmode.v1.Speculative\"\x13\n\x11ListModelsRequest\"\"\n\x05Model\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05lanes\x18\x02 \x03(\t\"8\n\x12ListModelsResponse\x12\"\n\x06models\x18\x01 \x03(\x0b\x32\x12.fastmode.v1.Model2\xa2\x01\n\tInference\x12\x46\n\x08Generate\x12\x1c.fastmode.v1.GenerateRequest\x1a\x1a.fastmode.v1.GenerateChunk0\x01\x12M\n\nListModels\x12\x1e.fastmode.v1.ListModelsRequest\x1a\x1f.fastmode.v1.ListModelsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,28 +33,32 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_GENERATEREQUEST_METADATAENTRY']._loaded_options = None
   _globals['_GENERATEREQUEST_METADATAENTRY']._serialized_options = b'8\001'
+  _globals['_GENERATEREQUEST_LOGITBIASENTRY']._loaded_options = None
+  _globals['_GENERATEREQUEST_LOGITBIASENTRY']._serialized_options = b'8\001'
   _globals['_MESSAGE']._serialized_start=42
   _globals['_MESSAGE']._serialized_end=82
   _globals['_MESSAGES']._serialized_start=84
   _globals['_MESSAGES']._serialized_end=134
   _globals['_GENERATEREQUEST']._serialized_start=137
-  _globals['_GENERATEREQUEST']._serialized_end=688
-  _globals['_GENERATEREQUEST_METADATAENTRY']._serialized_start=533
-  _globals['_GENERATEREQUEST_METADATAENTRY']._serialized_end=580
-  _globals['_USAGE']._serialized_start=690
-  _globals['_USAGE']._serialized_end=787
-  _globals['_TIMING']._serialized_start=790
-  _globals['_TIMING']._serialized_end=951
-  _globals['_SPECULATIVE']._serialized_start=954
-  _globals['_SPECULATIVE']._serialized_end=1096
-  _globals['_GENERATECHUNK']._serialized_start=1099
-  _globals['_GENERATECHUNK']._serialized_end=1359
-  _globals['_LISTMODELSREQUEST']._serialized_start=1361
-  _globals['_LISTMODELSREQUEST']._serialized_end=1380
-  _globals['_MODEL']._serialized_start=1382
-  _globals['_MODEL']._serialized_end=1416
-  _globals['_LISTMODELSRESPONSE']._serialized_start=1418
-  _globals['_LISTMODELSRESPONSE']._serialized_end=1474
-  _globals['_INFERENCE']._serialized_start=1477
-  _globals['_INFERENCE']._serialized_end=1639
+  _globals['_GENERATEREQUEST']._serialized_end=1069
+  _globals['_GENERATEREQUEST_METADATAENTRY']._serialized_start=778
+  _globals['_GENERATEREQUEST_METADATAENTRY']._serialized_end=825
+  _globals['_GENERATEREQUEST_LOGITBIASENTRY']._serialized_start=827
+  _globals['_GENERATEREQUEST_LOGITBIASENTRY']._serialized_end=875
+  _globals['_USAGE']._serialized_start=1071
+  _globals['_USAGE']._serialized_end=1168
+  _globals['_TIMING']._serialized_start=1171
+  _globals['_TIMING']._serialized_end=1332
+  _globals['_SPECULATIVE']._serialized_start=1335
+  _globals['_SPECULATIVE']._serialized_end=1477
+  _globals['_GENERATECHUNK']._serialized_start=1480
+  _globals['_GENERATECHUNK']._serialized_end=1740
+  _globals['_LISTMODELSREQUEST']._serialized_start=1742
+  _globals['_LISTMODELSREQUEST']._serialized_end=1761
+  _globals['_MODEL']._serialized_start=1763
+  _globals['_MODEL']._serialized_end=1797
+  _globals['_LISTMODELSRESPONSE']._serialized_start=1799
+  _globals['_LISTMODELSRESPONSE']._serialized_end=1855
+  _globals['_INFERENCE']._serialized_start=1858
+  _globals['_INFERENCE']._serialized_end=2020
 # @@protoc_insertion_point(module_scope)

@@ -65,11 +65,16 @@ def to_request(req: pb.GenerateRequest, metadata: dict[str, str]) -> dict[str, A
         body["input"] = [{"role": m.role, "content": m.content} for m in req.messages.messages]
     else:
         body["input"] = req.text
-    for field, key in (("service_tier", "service_tier"), ("max_output_tokens", "max_output_tokens"),
-                       ("temperature", "temperature"), ("top_p", "top_p"), ("seed", "seed"),
-                       ("previous_response_id", "previous_response_id")):
+    for field in ("service_tier", "max_output_tokens", "temperature", "top_p", "top_k", "min_p",
+                  "repetition_penalty", "presence_penalty", "frequency_penalty", "seed", "previous_response_id"):
         if req.HasField(field):
-            body[key] = getattr(req, field)
+            body[field] = getattr(req, field)
+    if req.logit_bias:
+        body["logit_bias"] = dict(req.logit_bias)
+    if req.stop_token_ids:
+        body["stop_token_ids"] = list(req.stop_token_ids)
+    if req.min_tokens:
+        body["min_tokens"] = req.min_tokens
     meta = dict(req.metadata)
     if "traceparent" in metadata:  # the call's own trace context wins
         meta["traceparent"] = metadata["traceparent"]

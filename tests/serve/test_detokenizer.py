@@ -59,3 +59,25 @@ def test_held_back_text_is_never_retracted(tok):
     ts = TextStream(tok, ["abf"])
     pieces = [ts.push([i]) for i in ids]
     assert "".join(pieces) + ts.flush() == "abc abd abe"
+
+
+def test_a_stop_token_adds_no_text(tok):
+    """As vLLM's detokenizer (``include_stop_str_in_output`` off): the token that ended the sequence
+    (a ``stop_token_ids`` id, here a plain word) is in the output's ids, not in its text."""
+    ids = tok.encode("def f(x): return x", add_special_tokens=False).ids
+    ts = TextStream(tok)
+    got = ts.push(ids[:3]) + ts.push(ids[3:], stop_token=True) + ts.flush()
+    assert got == tok.decode(ids[:-1])
+
+
+@pytest.mark.parametrize("min_tokens", [0, 1, 3, 6, 50])
+def test_with_min_tokens_a_stop_string_counts_once_it_ends_past_their_text(tok, min_tokens):
+    """vLLM's rule (its ``min_tokens`` with stop strings): only a stop string that ends after the text
+    of the first ``min_tokens`` tokens ends the text."""
+    ids = tok.encode("a = 1\nb = 2\nc = 3\n", add_special_tokens=False).ids
+    full = tok.decode(ids)
+    floor = len(tok.decode(ids[:min_tokens]))
+    cut = next((i for i in range(len(full)) if full.startswith("\n", i) and i + 1 > floor), None)
+    ts = TextStream(tok, ["\n"], min_tokens=min_tokens)
+    got = "".join(ts.push([i]) for i in ids) + ts.flush()
+    assert got == (full if cut is None else full[:cut]) and ts.stopped == (cut is not None)

@@ -292,9 +292,11 @@ def sse(r: httpx.Response) -> list:
 
 def test_fields_map_onto_the_routers_request():
     router, c = scripted([CREATED, *DELTAS, DONE])
+    sampling = {"top_k": 4, "min_p": 0.1, "repetition_penalty": 1.1, "presence_penalty": 0.5, "frequency_penalty": -1,
+                "logit_bias": {"42": 5}, "stop_token_ids": [7], "min_tokens": 2}
     body = {**CHAT, "max_tokens": 9, "max_completion_tokens": 7, "temperature": 0, "top_p": 0.5,
-            "stop": ["\n"],
-            "seed": 3, "service_tier": "priority", "ignore_eos": True, "user": "u", "presence_penalty": 0,
+            "stop": ["\n"], **sampling,
+            "seed": 3, "service_tier": "priority", "ignore_eos": True, "user": "u",
             "logprobs": False, "n": 1, "response_format": {"type": "text"},
             "messages": [{"role": "system", "content": "a"},
                          {"role": "user", "name": "x",
@@ -305,7 +307,7 @@ def test_fields_map_onto_the_routers_request():
     assert sent == {"model": "fastmode-full",
                     "input": [{"role": "system", "content": "a"}, {"role": "user", "content": "bc"}],
                     "max_output_tokens": 7, "temperature": 0, "top_p": 0.5, "stop": ["\n"], "seed": 3,
-                    "service_tier": "priority", "ignore_eos": True}
+                    "service_tier": "priority", "ignore_eos": True, **sampling}
     text = {"model": "m", "prompt": ["x"], "max_tokens": 4, "logprobs": None}
     assert c.post("/v1/completions", json=text).status_code == 200
     assert router.bodies[1]["input"] == "x" and router.bodies[1]["max_output_tokens"] == 4
@@ -379,11 +381,9 @@ I = "invalid_request"
     ("chat", {**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", U, "not supported"),
     ("chat", {**CHAT, "tool_choice": "required"}, "tool_choice", U, "required"),
     ("chat", {**CHAT, "response_format": {"type": "json_object"}}, "response_format", U, "json_object"),
-    ("chat", {**CHAT, "presence_penalty": 0.5}, "presence_penalty", U, "0.5"),
-    ("chat", {**CHAT, "frequency_penalty": -1}, "frequency_penalty", U, "not supported"),
-    ("chat", {**CHAT, "logit_bias": {"42": 5}}, "logit_bias", U, "not supported"),
-    ("chat", {**CHAT, "top_k": 5}, "top_k", U, "not supported"),  # vLLM's extension
-    ("chat", {**CHAT, "min_p": 0.1}, "min_p", U, "not supported"),
+    ("chat", {**CHAT, "top_k": "five"}, "top_k", I, "integer"),  # vLLM's extension
+    ("chat", {**CHAT, "logit_bias": [1]}, "logit_bias", I, "dictionary"),
+    ("chat", {**CHAT, "include_stop_str_in_output": True}, "include_stop_str_in_output", U, "not supported"),
     ("chat", {**CHAT, "reasoning_effort": "high"}, "reasoning_effort", U, "not supported"),
     ("chat", {**CHAT, "n": True}, "n", U, "True"),  # JSON's true is not 1
     ("chat", {**CHAT, "colour": "red"}, "colour", U, "unknown parameter"),
@@ -417,7 +417,8 @@ def test_requests_that_cannot_be_honored_get_a_400_naming_the_field(path, body, 
 
 def test_neutral_values_of_unimplemented_fields_and_identifiers_reach_the_router_unchanged():
     """What OpenAI's and LangChain's clients send by default (penalties 0, an empty ``logit_bias``,
-    ``n`` 1, ``tool_choice`` none, a ``user``) changes nothing, so it is accepted, not refused."""
+    ``n`` 1, ``tool_choice`` none, a ``user``) changes nothing, so it is accepted, not refused; the
+    sampling fields among them reach the router as sent."""
     router, c = scripted([CREATED, *DELTAS, DONE])
     body = {**CHAT, "presence_penalty": 0, "frequency_penalty": 0.0, "logit_bias": {}, "n": 1, "logprobs": False,
             "tool_choice": "none", "parallel_tool_calls": True, "user": "u-1", "store": False, "top_k": -1,
@@ -425,11 +426,13 @@ def test_neutral_values_of_unimplemented_fields_and_identifiers_reach_the_router
     r = c.post("/v1/chat/completions", json=body)
     assert r.status_code == 200, r.text
     assert router.bodies[0]["seed"] == 7 and router.bodies[0]["temperature"] == 0
-    assert not {"presence_penalty", "logit_bias", "user", "top_k"} & set(router.bodies[0])
+    assert not {"user", "n", "tool_choice", "logprobs"} & set(router.bodies[0])
+    assert (router.bodies[0]["presence_penalty"], router.bodies[0]["logit_bias"], router.bodies[0]["top_k"]) == (0, {}, -1)
 
 
 OPENAI_FIELDS_SERVED = {"model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature",
-                        "top_p", "stop", "seed", "service_tier", "metadata", "stream_options"}
+                        "top_p", "stop", "seed", "service_tier", "metadata", "stream_options", "presence_penalty",
+                        "frequency_penalty", "logit_bias"}
 
 
 @pytest.mark.parametrize("path", ["chat", "text"])
@@ -443,8 +446,8 @@ def test_every_field_of_the_openai_packages_params_is_served_or_refused_by_name(
     params = (chat_params if path == "chat" else text_params).CompletionCreateParamsBase.__annotations__
     base = CHAT if path == "chat" else {"model": "m", "prompt": "x"}
     url = "/v1/chat/completions" if path == "chat" else "/v1/completions"
-    not_neutral = {"audio": {"voice": "alloy", "format": "wav"}, "frequency_penalty": 1, "presence_penalty": 1,
-                   "function_call": "auto", "functions": [{"name": "f"}], "logit_bias": {"1": 1}, "logprobs": 1,
+    not_neutral = {"audio": {"voice": "alloy", "format": "wav"},
+                   "function_call": "auto", "functions": [{"name": "f"}], "logprobs": 1,
                    "modalities": ["text", "audio"], "moderation": {"x": 1}, "n": 2, "parallel_tool_calls": "yes",
                    "prediction": {"type": "content", "content": "x"}, "prompt_cache_options": {"x": 1},
                    "reasoning_effort": "high", "response_format": {"type": "json_object"}, "store": True,
@@ -463,6 +466,12 @@ def test_every_field_of_the_openai_packages_params_is_served_or_refused_by_name(
     for field in sorted(no_effect & set(params)):
         router, c = scripted([CREATED, *DELTAS, DONE])
         assert c.post(url, json={**base, field: "x"}).status_code == 200, field
+    sampled = {"temperature": 0.5, "top_p": 0.5, "stop": ["x"], "seed": 1, "presence_penalty": 1,
+               "frequency_penalty": -1, "logit_bias": {"1": 1}}
+    for field in sorted(OPENAI_FIELDS_SERVED & set(params) & set(sampled)):  # reaches the router as sent
+        router, c = scripted([CREATED, *DELTAS, DONE])
+        assert c.post(url, json={**base, field: sampled[field]}).status_code == 200, field
+        assert router.bodies[0][field] == sampled[field], field
 
 
 def test_a_body_that_is_not_json_is_a_400():

@@ -6,11 +6,14 @@ import pytest
 
 from serve.errors import InvalidRequest
 from serve.request import ChatPrompt, GenerateRequest
+from sharding.sampling import SamplingParams
 
 
 def test_defaults_and_prompt_forms():
     r = GenerateRequest.parse({"model": "m", "input": "abc"})
-    assert (r.temperature, r.top_p, r.max_output_tokens, r.stop_list, r.allow_spill) == (1.0, 1.0, None, [], False)
+    # unset sampling fields are the model's to default (serve.lanes.sampling)
+    assert (r.temperature, r.top_p, r.top_k, r.max_output_tokens, r.stop_list, r.allow_spill) == \
+        (None, None, None, None, [], False)
     assert r.prompt == "abc"  # a text: no template touches it
     chat = GenerateRequest.parse({"model": "m", "input": [{"role": "system", "content": "a"},
                                                           {"role": "user", "content": "b"}], "stop": "x",
@@ -57,6 +60,19 @@ def test_messages_are_joined_one_per_line_and_outputs_follow_their_prompts(messa
     ({"model": "m", "input": "x", "temperature": float("nan")}, "temperature"),
     ({"model": "m", "input": "x", "top_p": 0}, "top_p"),
     ({"model": "m", "input": "x", "seed": -1}, "seed"),
+    ({"model": "m", "input": "x", "top_k": -2}, "top_k"),
+    ({"model": "m", "input": "x", "top_k": 1.5}, "top_k"),
+    ({"model": "m", "input": "x", "min_p": 1.5}, "min_p"),
+    ({"model": "m", "input": "x", "min_tokens": -1}, "min_tokens"),
+    ({"model": "m", "input": "x", "min_tokens": 5, "max_output_tokens": 4}, "min_tokens"),
+    ({"model": "m", "input": "x", "stop_token_ids": [-1]}, "stop_token_ids"),
+    ({"model": "m", "input": "x", "stop_token_ids": "1"}, "stop_token_ids"),
+    ({"model": "m", "input": "x", "repetition_penalty": 0}, "repetition_penalty"),
+    ({"model": "m", "input": "x", "presence_penalty": 2.5}, "presence_penalty"),
+    ({"model": "m", "input": "x", "frequency_penalty": -2.5}, "frequency_penalty"),
+    ({"model": "m", "input": "x", "logit_bias": {"5": 101}}, "logit_bias"),
+    ({"model": "m", "input": "x", "logit_bias": {"five": 1}}, "logit_bias"),
+    ({"model": "m", "input": "x", "logit_bias": {"-5": 1}}, "logit_bias"),
     ({"model": "m", "input": "x", "stop": ["a", "b", "c", "d", "e"]}, "at most 4"),
     ({"model": "m", "input": "x", "stop": [""]}, "stop"),
     ({"model": "m", "input": "x", "metadata": {"k": 1}}, "metadata"),
@@ -96,12 +112,12 @@ def test_the_lane_request_carries_every_field_once_with_the_engines_defaults():
     import dataclasses
 
     from serve.request import LaneRequest
-    from sharding.sampling import SamplingParams
 
     lane = GenerateRequest.parse({"model": "m", "input": [{"role": "user", "content": "a"}], "stop": "x"}).to_lane("r1")
-    assert lane == LaneRequest(request_id="r1", prompt=ChatPrompt((("user", "a"),)), max_output_tokens=None, temperature=1.0, top_p=1.0,
-                               seed=None, stop=("x",), ignore_eos=False, trace=None)
-    assert (lane.temperature, lane.top_p) == (SamplingParams().temperature, SamplingParams().top_p)
+    assert lane == LaneRequest(request_id="r1", prompt=ChatPrompt((("user", "a"),)), max_output_tokens=None,
+                               temperature=None, top_p=None, top_k=None, min_p=None, repetition_penalty=None,
+                               presence_penalty=None, frequency_penalty=None, seed=None, logit_bias=None,
+                               stop=("x",), stop_token_ids=(), min_tokens=0, ignore_eos=False, trace=None)
     with pytest.raises(TypeError):  # no defaults of its own: every field comes from the front door
         LaneRequest(request_id="r2", prompt="a")
     assert all(f.default is dataclasses.MISSING for f in dataclasses.fields(LaneRequest))
@@ -109,3 +125,44 @@ def test_the_lane_request_carries_every_field_once_with_the_engines_defaults():
                                     "seed": 3, "ignore_eos": True}).to_lane("r3", {"traceparent": "t"})
     assert (greedy.temperature, greedy.max_output_tokens, greedy.seed, greedy.ignore_eos, greedy.trace) == \
         (0, 7, 3, True, {"traceparent": "t"})
+    every = GenerateRequest.parse({"model": "m", "input": "b", "top_k": 5, "min_p": 0.1, "repetition_penalty": 1.2,
+                                   "presence_penalty": -1, "frequency_penalty": 2, "logit_bias": {"7": -100, "9": 2.5},
+                                   "stop_token_ids": [3, 4], "min_tokens": 2}).to_lane("r4")
+    assert (every.top_k, every.min_p, every.repetition_penalty, every.presence_penalty, every.frequency_penalty,
+            every.logit_bias, every.stop_token_ids, every.min_tokens) == (5, 0.1, 1.2, -1, 2, {7: -100, 9: 2.5},
+                                                                          (3, 4), 2)
+
+
+def test_unset_sampling_fields_take_the_models_generation_config_then_the_engines_defaults(tmp_path):
+    """As vLLM's ``--generation-config auto``: ``generation_config.json``'s temperature, top_p, top_k,
+    min_p and penalties where the request leaves them unset; the request's own values win; the
+    model's end-of-turn ids join ``stop_token_ids`` unless ``ignore_eos``."""
+    import json
+
+    from serve.lanes.sampling import engine_request, generation_defaults
+
+    (tmp_path / "generation_config.json").write_text(json.dumps(
+        {"temperature": 0.6, "top_p": 0.9, "top_k": 20, "repetition_penalty": 1.05, "do_sample": True,
+         "eos_token_id": [1, 7], "max_new_tokens": 99}))
+    defaults = generation_defaults(tmp_path)
+    assert defaults == {"temperature": 0.6, "top_p": 0.9, "top_k": 20, "repetition_penalty": 1.05}
+
+    def sampling(body: dict, **kw) -> SamplingParams:
+        lane = GenerateRequest.parse({"model": "m", "input": "b", **body}).to_lane("r")
+        return engine_request(lane, [5], 8, defaults=defaults, stop_ids=(1, 7), vocab_size=50, **kw).sampling()
+
+    p = sampling({})
+    assert (p.temperature, p.top_p, p.top_k, p.min_p, p.repetition_penalty, p.presence_penalty) == (0.6, 0.9, 20, 0.0, 1.05, 0.0)
+    p = sampling({"temperature": 0, "top_k": -1, "repetition_penalty": 1, "stop_token_ids": [3]})
+    assert (p.temperature, p.top_p, p.top_k, p.repetition_penalty, p.stop_token_ids) == (0, 0.9, -1, 1, (3, 1, 7))
+    assert sampling({"ignore_eos": True, "stop_token_ids": [3]}).stop_token_ids == (3,)
+    plain = engine_request(GenerateRequest.parse({"model": "m", "input": "b"}).to_lane("r"), [5], 8,
+                           defaults=generation_defaults(tmp_path / "none"), stop_ids=(), vocab_size=50).sampling()
+    assert plain == SamplingParams(max_tokens=8)
+    with pytest.raises(InvalidRequest, match="logit_bias: token ids \\[50\\]"):
+        sampling({"logit_bias": {"50": 1}})
+    with pytest.raises(InvalidRequest, match="min_tokens"):
+        sampling({"min_tokens": 9})
+    (tmp_path / "generation_config.json").write_text(json.dumps({"top_p": 0}))
+    with pytest.raises(ValueError, match="top_p"):
+        generation_defaults(tmp_path)

@@ -1,0 +1,65 @@
+"""The sampling parameters a lane gives its engine, resolved once for every lane and the fast
+lane's door (``engine_request``).
+
+A field of ``serve.request.MODEL_DEFAULTS`` the request left unset takes the value of the model's
+``generation_config.json`` (``temperature``, ``top_p``, ``top_k``, ``min_p`` and the three
+penalties, where the file sets them), else the engines' own default (``sharding.sampling``): what
+vLLM's OpenAI server does with ``--generation-config auto``, its default. ``max_new_tokens`` there
+is not read (a request without ``max_output_tokens`` gets the rest of the context). The request's
+``stop_token_ids`` join the model's end-of-turn ids (``serve.chat.end_of_turn_ids``) unless
+``ignore_eos``, which drops only the latter.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from sharding.errors import InvalidSamplingParams
+from sharding.sampling import SamplingParams
+
+from ..errors import InvalidRequest
+from ..request import MODEL_DEFAULTS, LaneRequest
+from .engine import EngineRequest
+
+
+def generation_defaults(path: str | Path) -> dict[str, Any]:
+    """The sampling defaults in ``path``'s ``generation_config.json`` (none without one); ``ValueError``
+    if they are out of range (checked at the lane's start, not on a user's request)."""
+    file = Path(path) / "generation_config.json"
+    config = json.loads(file.read_text()) if file.exists() else {}
+    defaults = {name: config[name] for name in MODEL_DEFAULTS if config.get(name) is not None}
+    try:
+        SamplingParams(**defaults)
+    except InvalidSamplingParams as e:
+        raise ValueError(f"{file}: {e}") from None
+    return defaults
+
+
+def vocab_size(path: str | Path) -> int:
+    """The vocabulary of the checkpoint at ``path`` (``config.json``, or its ``text_config``)."""
+    config = json.loads((Path(path) / "config.json").read_text())
+    return int(config.get("vocab_size") or config["text_config"]["vocab_size"])
+
+
+def engine_request(request: LaneRequest, prompt_ids: list[int], max_tokens: int, *, defaults: dict[str, Any],
+                   stop_ids: tuple[int, ...], vocab_size: int, continues: bool = False,
+                   trace: Any = None) -> EngineRequest:
+    """``request`` as an engine takes it: each unset field resolved (the module docstring), the model's
+    end-of-turn ids added to ``stop_token_ids``. ``InvalidRequest`` names a field that does not fit
+    this model (a ``logit_bias`` token outside its vocabulary, ``min_tokens`` past ``max_tokens``)."""
+    resolved = {name: getattr(request, name) if getattr(request, name) is not None
+                else defaults.get(name, getattr(SamplingParams, name)) for name in MODEL_DEFAULTS}
+    bias = request.logit_bias or {}
+    if bad := sorted(t for t in bias if t >= vocab_size):
+        raise InvalidRequest(f"logit_bias: token ids {bad[:5]} are outside the vocabulary [0, {vocab_size})")
+    if request.min_tokens > max_tokens:
+        raise InvalidRequest(f"min_tokens: {request.min_tokens} is more than the {max_tokens} tokens this "
+                             "response may have")
+    ends = () if request.ignore_eos else tuple(t for t in stop_ids if t not in request.stop_token_ids)
+    return EngineRequest(request_id=request.request_id, prompt_ids=prompt_ids, max_tokens=max_tokens,
+                         **resolved, seed=request.seed, logit_bias=tuple(sorted(bias.items())),
+                         stop=list(request.stop), stop_token_ids=tuple(request.stop_token_ids) + ends,
+                         min_tokens=request.min_tokens, ignore_eos=request.ignore_eos, continues=continues,
+                         trace=trace)

@@ -1,0 +1,310 @@
+"""The sampling parameters from every front door to every lane's engine (``serve.lanes.sampling``),
+and end to end over the ``openai`` package, in process, on a real exact lane (fastmode's speculative
+engine on the shipped models under a ChatML template, as ``test_chat_app.py``):
+
+- every lane and the fast lane's door hand their engine the request's ``top_k``, ``min_p``,
+  penalties, ``logit_bias``, ``stop_token_ids`` and ``min_tokens``, the unset ones from the
+  checkpoint's ``generation_config.json``; the vLLM lanes give vLLM's ``SamplingParams`` the same;
+- chat completions, completions, Responses, the WebSocket and gRPC carry them to the router;
+- greedy output under ``repetition_penalty``, ``logit_bias``, ``min_tokens`` and
+  ``stop_token_ids`` is transformers' ``generate`` with its processors; under ``presence_penalty``
+  and ``frequency_penalty``, ``generate`` with vLLM's own ``apply_penalties`` as its processor; a
+  ``generation_config.json`` ``repetition_penalty`` applies as transformers applies it;
+- a value out of range is a 400 ``invalid_request`` naming the field.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import openai
+import pytest
+import torch
+from fastapi import FastAPI, Request, WebSocket
+from fastapi.testclient import TestClient
+from transformers import AutoTokenizer, LlamaForCausalLM, LogitsProcessor, LogitsProcessorList
+
+from models import FAST, FULL
+from serve.lanes.lane import LANES, Lane
+from serve.request import GenerateRequest
+from tests.conftest import shipped
+from tests.serve.chat_models import CHATML, with_template
+from tests.serve.test_chat_app import InProcess, Spy
+from tests.serve.test_chat_prompts import Recording, run
+
+DEFAULTS = {"repetition_penalty": 1.3, "top_k": 7, "min_p": 0.01}
+"""What the test checkpoint's ``generation_config.json`` recommends (transformers' ``generate`` reads
+its ``repetition_penalty`` too; the others matter only when sampling)."""
+
+EVERY = {"top_k": 5, "min_p": 0.05, "repetition_penalty": 1.2, "presence_penalty": 0.5, "frequency_penalty": -0.5,
+         "logit_bias": {"7": -100, "9": 2.5}, "stop_token_ids": [11], "min_tokens": 3}
+
+
+def with_defaults(src, out, defaults=DEFAULTS):
+    path = with_template(src, out, CHATML)
+    config = json.loads((path / "generation_config.json").read_text())
+    (path / "generation_config.json").write_text(json.dumps(config | defaults, indent=2))
+    return path
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sampling")
+    return with_defaults(shipped(FULL), root / "full"), with_template(shipped(FAST), root / "fast", CHATML)
+
+
+# -- every lane, the door and every front door ------------------------------------------------------
+@pytest.mark.parametrize("name", LANES)
+def test_every_lane_hands_its_engine_the_requests_sampling_over_the_models_defaults(checkpoints, name):
+    full, _ = checkpoints
+    engine = Recording()
+    lane = Lane(name, "m", str(full), {}, engine=engine)
+    run(lane, {"input": "x", **EVERY, "max_output_tokens": 8})
+    p = engine.requests[-1].sampling()
+    assert (p.top_k, p.min_p, p.repetition_penalty, p.presence_penalty, p.frequency_penalty, p.logit_bias,
+            p.stop_token_ids, p.min_tokens) == (5, 0.05, 1.2, 0.5, -0.5, ((7, -100), (9, 2.5)), (11, 1), 3)
+    run(lane, {"input": "x", "max_output_tokens": 8})  # unset: the checkpoint's, else the engines'
+    p = engine.requests[-1].sampling()
+    assert (p.temperature, p.top_p, p.top_k, p.min_p, p.repetition_penalty, p.presence_penalty, p.logit_bias,
+            p.min_tokens) == (1.0, 1.0, 7, 0.01, 1.3, 0.0, (), 0)
+    with pytest.raises(Exception, match=r"logit_bias: token ids \[99999\]") as e:
+        run(lane, {"input": "x", "logit_bias": {"99999": 1}})
+    assert e.value.code == "invalid_request"
+
+
+def test_the_door_hands_the_head_the_same_sampling(checkpoints, tmp_path):
+    from serve.lanes.door import Door, DoorConnection, DoorSpec
+    from sharding.config import ModelConfig
+
+    fast = with_defaults(shipped(FAST), tmp_path / "fast")
+    door = Door(DoorSpec(model_id="m", model_path=str(fast), price=1.0, host="127.0.0.1"),
+                ModelConfig.from_pretrained(fast), 512)
+    a, b = socket.socketpair()
+    try:
+        conn = DoorConnection(door, a, 0)
+        body = {"model": "m", "input": "x", **EVERY, "max_output_tokens": 8}
+        _, _, _, p = conn._create("r", body, json.dumps(body).encode())
+        assert (p.top_k, p.repetition_penalty, p.logit_bias, p.stop_token_ids, p.min_tokens) == \
+            (5, 1.2, ((7, -100), (9, 2.5)), (11, 1), 3)
+        _, _, _, p = conn._create("s", {"model": "m", "input": "x"}, b"{}")
+        assert (p.top_k, p.min_p, p.repetition_penalty) == (7, 0.01, 1.3)
+    finally:
+        door.close()
+        b.close()
+
+
+def test_the_vllm_lanes_hand_vllm_the_same_sampling():
+    """vLLM's own ``SamplingParams`` built from the engine request (``VLLMLaneEngine`` passes it to
+    ``AsyncLLM.generate``; ``test_chat_prompts.py`` checks that path with a stand-in)."""
+    from serve.lanes.engine import EngineRequest
+
+    request = EngineRequest("r", [0, 5], 8, temperature=0.5, top_p=0.9, top_k=5, min_p=0.05, repetition_penalty=1.2,
+                            presence_penalty=0.5, frequency_penalty=-0.5, logit_bias=((7, -100.0), (9, 2.5)), seed=3,
+                            stop_token_ids=(11, 1), min_tokens=3)
+    v = request.vllm_sampling()
+    assert (v.temperature, v.top_p, v.top_k, v.min_p, v.repetition_penalty, v.presence_penalty, v.frequency_penalty,
+            v.logit_bias, v.seed, v.stop_token_ids, v.min_tokens, v.max_tokens) == \
+        (0.5, 0.9, 5, 0.05, 1.2, 0.5, -0.5, {7: -100.0, 9: 2.5}, 3, [11, 1], 3, 8)
+    plain = EngineRequest("r", [0], 8).vllm_sampling()
+    assert (plain.top_k, plain.repetition_penalty, plain.logit_bias, plain.min_tokens) == (0, 1.0, None, 0)
+
+
+def test_every_front_door_carries_the_sampling_to_the_router():
+    from serve.openai_responses import ResponsesRequest
+    from serve.openai_schema import ChatCompletionRequest, CompletionRequest, parse
+    from serve.rpc import inference_pb2 as pb
+    from serve.rpc.server import to_request
+
+    def lane(body: dict):
+        r = GenerateRequest.parse(body).to_lane("r")
+        return (r.top_k, r.min_p, r.repetition_penalty, r.presence_penalty, r.frequency_penalty, r.logit_bias,
+                r.stop_token_ids, r.min_tokens)
+
+    want = (5, 0.05, 1.2, 0.5, -0.5, {7: -100, 9: 2.5}, (11,), 3)
+    messages = [{"role": "user", "content": "u"}]
+    assert lane(parse(ChatCompletionRequest, {"model": "m", "messages": messages, **EVERY}).generate_request("c")) == want
+    assert lane(parse(CompletionRequest, {"model": "m", "prompt": "x", **EVERY}).generate_request("t")) == want
+    assert lane(ResponsesRequest(model="m", input="u", **EVERY).generate_request("r")) == want
+    assert lane({"model": "m", "input": "x", **EVERY}) == want  # the WebSocket's response.create
+    grpc = pb.GenerateRequest(model="m", text="x", top_k=5, min_p=0.05, repetition_penalty=1.2, presence_penalty=0.5,
+                              frequency_penalty=-0.5, logit_bias={7: -100, 9: 2.5}, stop_token_ids=[11], min_tokens=3)
+    assert lane(to_request(grpc, {})) == want
+    assert lane(to_request(pb.GenerateRequest(model="m", text="x"), {})) == (None,) * 5 + (None, (), 0)
+
+
+# -- end to end over the openai package ----------------------------------------------------------------
+@pytest.fixture(scope="module")
+def app(checkpoints):
+    from serve.config import load_config
+    from serve.gateway import api as _  # noqa: F401 - the gateway's imports, as a front door has them
+    from serve.lanes.lane import EXACT
+    from serve.openai_api import chat_completions, completions
+    from serve.openai_responses import create
+    from serve.router import Router
+    from serve.websocket import Session
+
+    full, fast = checkpoints
+    config = load_config({"models": {"full": {"id": "s-full", "path": str(full)},
+                                     "fast": {"id": "s-fast", "path": str(fast)}},
+                          "router": {"lane_links": False}, "lanes": {"exact": {"compile": False}}})
+    exact = Lane(EXACT, "s-full", str(full), config.lanes.exact.model_dump(mode="json"), draft_path=str(fast))
+    exact.engine = Spy(exact.engine)
+    others = {name: Lane(name, "s-full" if name != "fast" else "s-fast", str(full if name != "fast" else fast), {},
+                         engine=Recording()) for name in ("fast", "priority", "standard")}
+    router = Router(config, **{name: InProcess(lane) for name, lane in others.items()}, exact=InProcess(exact))
+    api = FastAPI()
+
+    @api.post("/v1/chat/completions")
+    async def _chat(request: Request):
+        return await chat_completions(router, request)
+
+    @api.post("/v1/completions")
+    async def _completions(request: Request):
+        return await completions(router, request)
+
+    @api.post("/v1/responses")
+    async def _responses(request: Request):
+        return await create(router, request)
+
+    @api.websocket("/v1/responses")
+    async def _ws(ws: WebSocket):
+        await ws.accept()
+        await Session(ws, router, config.gateway).run()
+
+    with TestClient(api) as http:
+        client = openai.OpenAI(base_url="http://testserver/v1", api_key="k", http_client=http, max_retries=0)
+        yield {"client": client, "http": http, "spy": exact.engine, "full": full}
+    exact.engine.inner.shutdown()
+
+
+QUESTION = [{"role": "user", "content": "def parse(line):"}]
+N = 24
+
+
+def hf_generate(path, ids: list[int], **kw) -> list[int]:
+    """transformers' greedy ``generate`` on ``path`` (whose ``generation_config.json`` it reads)."""
+    model = LlamaForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=N,
+                             pad_token_id=model.config.pad_token_id, **kw)
+    return out[0, len(ids):].tolist()
+
+
+def prompt_ids(path) -> list[int]:
+    return AutoTokenizer.from_pretrained(path).apply_chat_template(QUESTION, add_generation_prompt=True,
+                                                                    tokenize=True, return_dict=False)
+
+
+def text_of(path, ids: list[int]) -> str:
+    return AutoTokenizer.from_pretrained(path).decode(ids, skip_special_tokens=True)
+
+
+def chat(app, **kw):
+    return app["client"].chat.completions.create(**{"model": "s-full", "service_tier": "exact", "messages": QUESTION,
+                                                    "max_tokens": N, "temperature": 0, **kw})
+
+
+def test_the_checkpoints_repetition_penalty_applies_unless_the_request_sets_one(app):
+    ids, full = prompt_ids(app["full"]), app["full"]
+    r = chat(app)
+    want = hf_generate(full, ids)  # transformers applies generation_config.json's repetition_penalty too
+    assert want != hf_generate(full, ids, repetition_penalty=1.0)
+    assert r.choices[0].message.content == text_of(full, want) and r.usage.completion_tokens == len(want)
+    assert app["spy"].requests[-1].repetition_penalty == 1.3
+    r = chat(app, extra_body={"repetition_penalty": 1.0})
+    assert r.choices[0].message.content == text_of(full, hf_generate(full, ids, repetition_penalty=1.0))
+
+
+def test_logit_bias_min_tokens_and_stop_token_ids_are_transformers_processors(app):
+    """``logit_bias`` (transformers' ``sequence_bias``), ``min_tokens`` (``min_new_tokens``), vLLM's
+    ``repetition_penalty`` and ``stop_token_ids`` (``generate``'s ``eos_token_id``), over chat completions:
+    the same tokens; the stop token's text is not returned, ``finish_reason`` is stop."""
+    ids, full = prompt_ids(app["full"]), app["full"]
+    free = hf_generate(full, ids, repetition_penalty=1.0)
+    bias = {free[0]: -100.0, free[2]: -100.0}
+    hf_bias = [[[t], b] for t, b in bias.items()]
+    biased = hf_generate(full, ids, repetition_penalty=1.0, sequence_bias=hf_bias)
+    stop = biased[8]
+    want = hf_generate(full, ids, repetition_penalty=1.5, sequence_bias=hf_bias, min_new_tokens=4,
+                       eos_token_id=[1, stop])
+    r = chat(app, logit_bias={str(t): b for t, b in bias.items()},
+             extra_body={"repetition_penalty": 1.5, "min_tokens": 4, "stop_token_ids": [stop]})
+    assert want != free and len(want) < N
+    assert r.usage.completion_tokens == len(want) and r.choices[0].finish_reason == "stop"
+    assert r.choices[0].message.content == text_of(full, want[:-1])
+    # min_tokens past the stop token's first place: it cannot end the output earlier
+    first = biased.index(stop)
+    later = hf_generate(full, ids, repetition_penalty=1.0, sequence_bias=hf_bias, min_new_tokens=first + 2,
+                        eos_token_id=[1, stop])
+    r = chat(app, logit_bias={str(t): b for t, b in bias.items()},
+             extra_body={"repetition_penalty": 1.0, "min_tokens": first + 2, "stop_token_ids": [stop]})
+    assert r.usage.completion_tokens == len(later) > first + 1
+
+
+class VLLMPenalties(LogitsProcessor):
+    """vLLM's own ``apply_penalties`` as a transformers logits processor: OpenAI's presence and
+    frequency penalties over the tokens generated after ``prompt_len``."""
+
+    def __init__(self, prompt_len: int, presence: float, frequency: float) -> None:
+        self.prompt_len, self.presence, self.frequency = prompt_len, presence, frequency
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        from vllm.model_executor.layers.utils import apply_penalties
+
+        vocab = scores.shape[-1]
+        output = torch.cat([input_ids[:, self.prompt_len:], torch.full((1, 1), vocab)], dim=1)  # padded with V
+        return apply_penalties(scores.clone(), input_ids[:, :self.prompt_len], output, torch.tensor([self.presence]),
+                               torch.tensor([self.frequency]), torch.tensor([1.0]))
+
+
+@pytest.mark.parametrize("presence,frequency", [(1.5, 0.0), (0.0, 2.0), (-0.5, 1.0)])
+def test_presence_and_frequency_penalties_are_vllms(app, presence, frequency):
+    ids, full = prompt_ids(app["full"]), app["full"]
+    want = hf_generate(full, ids, repetition_penalty=1.0,
+                       logits_processor=LogitsProcessorList([VLLMPenalties(len(ids), presence, frequency)]))
+    assert want != hf_generate(full, ids, repetition_penalty=1.0)
+    r = chat(app, presence_penalty=presence, frequency_penalty=frequency, extra_body={"repetition_penalty": 1.0})
+    assert r.choices[0].message.content == text_of(full, want)
+
+
+def test_top_k_one_is_greedy_and_seeded_sampling_repeats(app):
+    greedy = chat(app, extra_body={"repetition_penalty": 1.0}).choices[0].message.content
+    one = chat(app, temperature=1.0, seed=5, extra_body={"repetition_penalty": 1.0, "top_k": 1})
+    assert one.choices[0].message.content == greedy
+    kw = dict(temperature=1.0, seed=9, presence_penalty=0.3, extra_body={"top_k": 20, "min_p": 0.05, "min_tokens": 5})
+    a, b = chat(app, **kw), chat(app, **kw)
+    assert a.choices[0].message.content == b.choices[0].message.content and a.usage.completion_tokens >= 5
+
+
+@pytest.mark.parametrize("kw,param", [
+    (dict(presence_penalty=3), "presence_penalty"), (dict(frequency_penalty=-2.5), "frequency_penalty"),
+    (dict(logit_bias={"5": 200}), "logit_bias"), (dict(logit_bias={"99999": 1}), "logit_bias"),
+    (dict(extra_body={"top_k": -3}), "top_k"), (dict(extra_body={"min_p": 2}), "min_p"),
+    (dict(extra_body={"repetition_penalty": 0}), "repetition_penalty"), (dict(extra_body={"min_tokens": 99}), "min_tokens"),
+    (dict(extra_body={"stop_token_ids": [-1]}), "stop_token_ids"),
+])
+def test_out_of_range_values_are_400s_naming_the_field(app, kw, param):
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(app, **kw)
+    assert (e.value.code, e.value.param) == ("invalid_request", param), e.value.body
+
+
+def test_responses_and_the_websocket_take_the_same_parameters(app):
+    client, http, spy, full = app["client"], app["http"], app["spy"], app["full"]
+    client.responses.create(model="s-full", service_tier="exact", input=QUESTION, max_output_tokens=6, temperature=0,
+                            extra_body={"top_k": 3, "logit_bias": {"7": -100}, "presence_penalty": 1.0, "min_tokens": 2})
+    sent = spy.requests[-1]
+    assert (sent.top_k, sent.logit_bias, sent.presence_penalty, sent.min_tokens) == (3, ((7, -100.0),), 1.0, 2)
+    with http.websocket_connect("/v1/responses") as ws:
+        ws.send_text(json.dumps({"type": "response.create", "id": "w", "model": "s-full", "service_tier": "exact",
+                                 "input": QUESTION, "max_output_tokens": 4, "temperature": 0,
+                                 "logit_bias": {"9": 3}, "frequency_penalty": 0.5, "stop_token_ids": [5]}))
+        while (got := json.loads(ws.receive_text()))["type"] != "response.completed":
+            assert got["type"] != "error", got
+        ws.send_text(json.dumps({"type": "response.create", "id": "bad", "model": "s-full", "input": "x",
+                                 "min_p": -1}))
+        got = json.loads(ws.receive_text())
+        assert (got["type"], got["code"]) == ("error", "invalid_request") and "min_p" in got["message"]
+    sent = spy.requests[-1]
+    assert (sent.logit_bias, sent.frequency_penalty, sent.stop_token_ids[0]) == (((9, 3.0),), 0.5, 5)
