@@ -10,11 +10,14 @@ engine on the shipped models under a ChatML template, as ``test_chat_app.py``):
   ``stop_token_ids`` is transformers' ``generate`` with its processors; under ``presence_penalty``
   and ``frequency_penalty``, ``generate`` with vLLM's own ``apply_penalties`` as its processor; a
   ``generation_config.json`` ``repetition_penalty`` applies as transformers applies it;
-- a value out of range is a 400 ``invalid_request`` naming the field.
+- a value out of range is a 400 ``invalid_request`` naming the field;
+- vLLM's own engine (the priority lane's, in process) and fastmode's executor and speculative engine
+  give the same greedy tokens under each processing field.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 
@@ -308,3 +311,48 @@ def test_responses_and_the_websocket_take_the_same_parameters(app):
         assert (got["type"], got["code"]) == ("error", "invalid_request") and "min_p" in got["message"]
     sent = spy.requests[-1]
     assert (sent.logit_bias, sent.frequency_penalty, sent.stop_token_ids[0]) == (((9, 3.0),), 0.5, 5)
+
+
+# -- against vLLM itself -----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def vllm_engine():
+    """The priority lane's engine (vLLM's ``AsyncLLM``, in process) on the shipped full model."""
+    from serve.config import PriorityLaneConfig
+    from serve.lanes.vllm_engine import VLLMLaneEngine
+
+    with asyncio.Runner() as runner:
+        e = VLLMLaneEngine(shipped(FULL), PriorityLaneConfig())
+        e.run = runner.run
+        yield e
+        e.shutdown()
+
+
+@pytest.mark.slow
+def test_vllm_and_fastmodes_engines_process_the_same_tokens(vllm_engine):
+    """Greedy under each processing field: vLLM's own engine (the priority and standard lanes), fastmode's
+    executor (the fast lane's) and its speculative engine (the exact tier's) on the same checkpoint give
+    the same tokens, and each field changed them."""
+    from serve.lanes.engine import EngineRequest
+    from sharding.engine import Engine
+    from sharding.speculative import SpeculativeEngine
+
+    full = shipped(FULL)
+    ids = AutoTokenizer.from_pretrained(full)("def parse(line):\n").input_ids
+    n = 24
+    executor = Engine.from_pretrained(full, num_slots=2)
+    spec = SpeculativeEngine.from_pretrained(full, shipped(FAST), num_slots=2, k=3, adaptive=False)
+    free = executor.generate([ids], EngineRequest("f", ids, n, temperature=0, ignore_eos=True).sampling())[0]
+    cases = [dict(repetition_penalty=1.5), dict(repetition_penalty=0.7), dict(presence_penalty=1.5),
+             dict(frequency_penalty=2.0), dict(presence_penalty=-0.5, frequency_penalty=1.0),
+             dict(logit_bias=((free[0], -100.0), (free[3], -100.0), (7, 3.0))),
+             dict(min_tokens=6, stop_token_ids=(free[2],)), dict(repetition_penalty=1.2, logit_bias=((free[1], -5.0),))]
+
+    async def vllm(request: EngineRequest) -> list[int]:
+        return [t async for o in vllm_engine.generate(request) for t in o.token_ids]
+
+    for i, case in enumerate(cases):
+        request = EngineRequest(f"c{i}", ids, n, temperature=0, ignore_eos="stop_token_ids" not in case, **case)
+        theirs = vllm_engine.run(vllm(request))
+        assert theirs != free, case
+        assert executor.generate([ids], request.sampling())[0] == theirs, case
+        assert spec.generate([ids], request.sampling())[0] == theirs, case
