@@ -80,15 +80,29 @@ class _Chat:
     prefix, input_param = "chatcmpl-", "messages"
     object, chunk_object = "chat.completion", "chat.completion.chunk"
 
-    def choice(self, text: str, finish_reason: str | None) -> dict[str, Any]:
+    def choice(self, text: str, finish_reason: str | None, logprobs: list | None = None) -> dict[str, Any]:
         return {"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
-                "logprobs": None, "finish_reason": finish_reason}
+                "logprobs": self.logprobs(logprobs), "finish_reason": finish_reason}
 
-    def chunk_choice(self, text: str | None, finish_reason: str | None, first: bool) -> dict[str, Any]:
+    def chunk_choice(self, text: str | None, finish_reason: str | None, first: bool,
+                     logprobs: list | None = None) -> dict[str, Any]:
         delta: dict[str, Any] = {"role": "assistant"} if first else {}
         if text is not None:
             delta["content"] = text
-        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        return {"index": 0, "delta": delta, "logprobs": self.logprobs(logprobs), "finish_reason": finish_reason}
+
+    @staticmethod
+    def logprobs(entries: list | None, offset: int = 0) -> dict[str, Any] | None:
+        """OpenAI's ``choice.logprobs`` of the deltas' entries (``Lane._logprobs``): ``content``, one per
+        token with its ``top_logprobs``, each with its UTF-8 ``bytes``."""
+        if entries is None:
+            return None
+
+        def one(e: dict[str, Any]) -> dict[str, Any]:
+            return {"token": e["token"], "logprob": _clamp(e["logprob"]), "bytes": list(e["token"].encode())}
+
+        return {"content": [{**one(e), "top_logprobs": [one(t) for t in e["top_logprobs"]]} for e in entries],
+                "refusal": None}
 
 
 class _Text:
@@ -98,11 +112,34 @@ class _Text:
     prefix, input_param = "cmpl-", "prompt"
     object, chunk_object = "text_completion", "text_completion"
 
-    def choice(self, text: str, finish_reason: str | None) -> dict[str, Any]:
-        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    def choice(self, text: str, finish_reason: str | None, logprobs: list | None = None,
+               offset: int = 0) -> dict[str, Any]:
+        return {"index": 0, "text": text, "logprobs": self.logprobs(logprobs, offset), "finish_reason": finish_reason}
 
-    def chunk_choice(self, text: str | None, finish_reason: str | None, first: bool) -> dict[str, Any]:
-        return self.choice(text or "", finish_reason)
+    def chunk_choice(self, text: str | None, finish_reason: str | None, first: bool,
+                     logprobs: list | None = None, offset: int = 0) -> dict[str, Any]:
+        return self.choice(text or "", finish_reason, logprobs, offset)
+
+    @staticmethod
+    def logprobs(entries: list | None, offset: int = 0) -> dict[str, Any] | None:
+        """The completions API's ``logprobs``: ``tokens``, ``token_logprobs``, ``top_logprobs`` (per token
+        a map of the token and the most likely ones to theirs, as OpenAI's and vLLM's: up to
+        ``logprobs + 1``) and ``text_offset`` (each token's text's start, from ``offset``)."""
+        if entries is None:
+            return None
+        offsets = []
+        for e in entries:
+            offsets.append(offset)
+            offset += len(e["token"])
+        return {"tokens": [e["token"] for e in entries], "token_logprobs": [_clamp(e["logprob"]) for e in entries],
+                "top_logprobs": [{e["token"]: _clamp(e["logprob"])} | {t["token"]: _clamp(t["logprob"])
+                                                                       for t in e["top_logprobs"]} for e in entries],
+                "text_offset": offsets}
+
+
+def _clamp(logprob: float) -> float:
+    """A log probability JSON can carry: ``-inf`` as -9999, as OpenAI's and vLLM's servers."""
+    return max(logprob, -9999.0)
 
 
 async def _complete(router, request: Request, api: _Chat | _Text):
@@ -117,7 +154,7 @@ async def _complete(router, request: Request, api: _Chat | _Text):
         body = with_traceparent(req.generate_request(rid), request.headers)
     except OpenAIRequestError as e:
         return _error_response(400, e.message, e.code, e.param)
-    reply = _Reply(api, rid, int(time.time()), req.include_usage)
+    reply = _Reply(api, rid, int(time.time()), req.include_usage, logprobs="logprobs" in body)
     stream = router.stream(body, owner=getattr(request.state, "owner", ""))
     return await respond(stream, rid, request, req.stream, created=reply.created_event,
                          sse=lambda stream: _sse(reply, stream), body=reply.response,
@@ -150,8 +187,8 @@ async def respond(stream, rid: str, request: Request, streaming: bool, *, create
 
 
 async def collect(stream, rid: str, request: Request | None = None) -> tuple[str, dict[str, Any] | None]:
-    """A router stream's whole text and its ``done`` event, or its ``error`` event (then the text is
-    what came before it).
+    """A router stream's whole text and its ``done`` event (with ``logprobs``, every delta's, when they
+    carried any), or its ``error`` event (then the text is what came before it).
 
     With ``request``, reading stops as soon as its client hangs up, and the event is ``None``: a
     whole (not streamed) response otherwise holds its engine sequence to the end for nobody. The
@@ -180,11 +217,15 @@ async def _hung_up(request: Request) -> None:
 
 async def _read_all(stream, rid: str) -> tuple[str, dict[str, Any]]:
     texts: list[str] = []
+    logprobs: list[dict[str, Any]] = []
     try:
         async for event in stream:
             if event["type"] == "delta":
                 texts.append(event["text"])
-            elif event["type"] in ("done", "error"):
+                logprobs += event.get("logprobs") or []
+            elif event["type"] == "done":
+                return "".join(texts), {**event, "logprobs": logprobs} if logprobs else event
+            elif event["type"] == "error":
                 return "".join(texts), event
     except Exception as e:  # noqa: BLE001
         return "".join(texts), to_event(e, rid)
@@ -194,9 +235,13 @@ async def _read_all(stream, rid: str) -> tuple[str, dict[str, Any]]:
 class _Reply:
     """Builds the response objects of one request."""
 
-    def __init__(self, api: _Chat | _Text, rid: str, created: int, include_usage: bool) -> None:
+    def __init__(self, api: _Chat | _Text, rid: str, created: int, include_usage: bool,
+                 logprobs: bool = False) -> None:
         self.api, self.id, self.created, self.include_usage = api, rid, created, include_usage
         self.model, self.service_tier = None, "default"
+        self.wants_logprobs = logprobs
+        self.text_offset = 0
+        """Characters of the tokens' texts streamed so far (completions' ``text_offset``)."""
 
     def created_event(self, event: dict[str, Any]) -> None:
         self.model = event["model"]
@@ -209,13 +254,17 @@ class _Reply:
     def response(self, text: str, done: dict[str, Any]) -> dict[str, Any]:
         """The whole (non-streamed) response object."""
         self.model = done["model"]
-        return {**self._head(self.api.object), "choices": [self.api.choice(text, done["finish_reason"])],
+        logprobs = done.get("logprobs", []) if self.wants_logprobs else None
+        return {**self._head(self.api.object), "choices": [self.api.choice(text, done["finish_reason"], logprobs)],
                 "usage": _usage(done), "fastmode": _extension(done)}
 
     def chunk(self, text: str | None, finish_reason: str | None = None, first: bool = False,
-              done: dict[str, Any] | None = None) -> str:
-        obj = {**self._head(self.api.chunk_object),
-               "choices": [self.api.chunk_choice(text, finish_reason, first)]}
+              done: dict[str, Any] | None = None, logprobs: list | None = None) -> str:
+        choice = self.api.chunk_choice(text, finish_reason, first)
+        if logprobs is not None:
+            choice["logprobs"] = self.api.logprobs(logprobs, self.text_offset)
+            self.text_offset += sum(len(e["token"]) for e in logprobs)
+        obj = {**self._head(self.api.chunk_object), "choices": [choice]}
         if self.include_usage:
             obj["usage"] = None
         if done is not None:
@@ -254,7 +303,7 @@ async def _sse(reply: _Reply, stream) -> AsyncIterator[str]:
         async for event in stream:
             kind = event["type"]
             if kind == "delta":
-                yield reply.chunk(event["text"], first=first)
+                yield reply.chunk(event["text"], first=first, logprobs=event.get("logprobs"))
                 first = False
             elif kind == "done":
                 text = "" if first or isinstance(reply.api, _Text) else None  # chat: an empty delta

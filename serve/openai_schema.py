@@ -5,7 +5,7 @@ No field is dropped. The fields below are honoured; a field this server does not
 refused with a 400 whose ``code`` is ``unsupported_parameter`` and whose ``param`` names it, unless
 it holds its neutral value (``NEUTRAL``: e.g. ``n: 1``, ``logprobs: false``), which changes nothing,
 or is one of ``NO_EFFECT`` (identifiers and cache hints that do not change the output). That covers
-``n`` other than 1, log probabilities, tools, a non-text ``response_format``, ``echo``, ``suffix``,
+``n`` other than 1, Responses' ``top_logprobs``, tools, a non-text ``response_format``, ``echo``, ``suffix``,
 ``best_of``, and any field this API does not know. Non-text message parts and token-id prompts are
 refused as invalid. The sampling fields are validated by the router, whose messages name them the
 same way.
@@ -16,7 +16,9 @@ chat template (``serve.lanes.prompt_ids``); ``prompt`` -> ``input``, a text no t
 ``temperature``, ``top_p``, ``presence_penalty``, ``frequency_penalty``, ``logit_bias``, ``stop``,
 ``seed``, ``service_tier``, ``metadata``, vLLM's ``top_k``, ``min_p``, ``repetition_penalty``,
 ``min_tokens``, ``stop_token_ids``, ``ignore_eos`` and ``chat_template_kwargs`` (chat only) and
-fastmode's ``allow_spill`` unchanged (``SAMPLING``).
+fastmode's ``allow_spill`` unchanged (``SAMPLING``); chat's ``logprobs: true`` with ``top_logprobs``
+and completions' ``logprobs`` -> ``logprobs`` (the number of top tokens; their log probabilities
+come back in each delta, ``serve.openai_api`` shapes them as OpenAI does).
 """
 
 from __future__ import annotations
@@ -44,8 +46,8 @@ def unsupported(name: str, why: str) -> OpenAIRequestError:
 
 
 NEUTRAL: dict[str, tuple[Any, ...]] = {
-    "n": (1,), "best_of": (1,), "echo": (False,), "suffix": ("",), "logprobs": (False, 0),
-    "top_logprobs": (0,),
+    "n": (1,), "best_of": (1,), "echo": (False,), "suffix": ("",),
+    "top_logprobs": (0,),  # Responses'; chat completions serve it
     "tools": ([],), "functions": ([],), "tool_choice": ("none", "auto"), "parallel_tool_calls": (True, False),
     "response_format": ({"type": "text"},), "modalities": (["text"],), "store": (False,),
     "use_beam_search": (False,), "skip_special_tokens": (True,),
@@ -149,11 +151,20 @@ class ChatCompletionRequest(_Common):
     messages: list[dict[str, Any]] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     chat_template_kwargs: dict[str, Any] | None = None  # vLLM's extension
+    logprobs: bool | None = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+
+    def check(self) -> None:
+        super().check()
+        if self.top_logprobs and not self.logprobs:
+            raise OpenAIRequestError("top_logprobs: needs logprobs: true", "top_logprobs")
 
     def generate_request(self, request_id: str) -> dict[str, Any]:
         body = super().generate_request(request_id)
         if self.chat_template_kwargs is not None:
             body["chat_template_kwargs"] = self.chat_template_kwargs
+        if self.logprobs:
+            body["logprobs"] = self.top_logprobs or 0
         return body
 
     @property
@@ -168,6 +179,13 @@ class CompletionRequest(_Common):
     """``POST /v1/completions``."""
 
     prompt: Any = None
+    logprobs: int | None = Field(default=None, ge=0, le=20)
+
+    def generate_request(self, request_id: str) -> dict[str, Any]:
+        body = super().generate_request(request_id)
+        if self.logprobs is not None:
+            body["logprobs"] = self.logprobs
+        return body
 
     def router_input(self) -> str:
         prompt = self.prompt

@@ -63,6 +63,18 @@ class ResponseCreated(_Event):
     protocol: Literal["fastmode.responses.v1"]
 
 
+class TopLogprob(_Event):
+    token: str = Field(description="The token decoded alone (special tokens included).")
+    id: int = Field(ge=0)
+    logprob: float = Field(description="Of the model's raw logits (before penalties, biases, temperature).")
+
+
+class TokenLogprob(TopLogprob):
+    """One output token's log probability, and the request's ``logprobs`` most likely tokens', most likely first."""
+
+    top_logprobs: list[TopLogprob]
+
+
 class OutputTextDelta(_Event):
     """Server -> client: new text. ``seq`` numbers this response's deltas 0, 1, 2, ... with no gap."""
 
@@ -70,9 +82,12 @@ class OutputTextDelta(_Event):
     type: Literal["response.output_text.delta"]
     id: str
     seq: int = Field(ge=0)
-    delta: str = Field(min_length=1)
+    delta: str = Field(description="New text; empty only in a delta that carries logprobs of tokens without "
+                       "text of their own yet (a special token, part of a character).")
     tokens: int | None = Field(default=None, ge=0, description="Output tokens whose text this delta carries "
                                "(a client's live tokens/s; the completed event's usage is the exact total).")
+    logprobs: list[TokenLogprob] | None = Field(default=None, description="With the request's logprobs: one "
+                                                "entry per output token since the previous delta.")
 
 
 class InputTokensDetails(_Event):

@@ -87,6 +87,9 @@ class GenerateRequest(BaseModel):
     min_tokens: int = Field(default=0, ge=0, description="vLLM's: the output has at least this many tokens (eos and "
                             "stop tokens are not sampled before, stop strings do not end it before).")
     seed: int | None = Field(default=None, ge=0, lt=2**63)
+    logprobs: int | None = Field(default=None, ge=0, le=20, description="Each output token's log probability "
+                                 "(of the model's raw logits, as vLLM's) with those of the n most likely tokens "
+                                 "(0: its own only), in the deltas' 'logprobs'.")
     ignore_eos: bool = Field(default=False, description="Keep generating past end-of-sequence tokens "
                              "(vLLM's extension; benchmarks use it for fixed output lengths).")
     allow_spill: bool = Field(default=False, description="If the priority or exact lane is "
@@ -139,7 +142,7 @@ class GenerateRequest(BaseModel):
                            **{name: getattr(self, name) for name in MODEL_DEFAULTS}, seed=self.seed,
                            logit_bias=self.logit_bias, stop=tuple(self.stop_list),
                            stop_token_ids=tuple(self.stop_token_ids or ()), min_tokens=self.min_tokens,
-                           ignore_eos=self.ignore_eos, trace=trace)
+                           logprobs=self.logprobs, ignore_eos=self.ignore_eos, trace=trace)
 
     @property
     def stop_list(self) -> list[str]:
@@ -238,6 +241,7 @@ class LaneRequest:
     stop_token_ids: tuple[int, ...]
     """The request's own; the lane adds its model's end-of-turn ids unless ``ignore_eos``."""
     min_tokens: int
+    logprobs: int | None
     ignore_eos: bool
     trace: dict[str, str] | None
     """The router span's W3C trace context (``telemetry.inject``), when tracing is on."""

@@ -236,9 +236,13 @@ class Session:
                     if pending is None:
                         pending = {"type": "response.output_text.delta", "id": rid, "seq": 0, "delta": ev["text"],
                                    "tokens": ev["tokens"]}
+                        if "logprobs" in ev:
+                            pending["logprobs"] = list(ev["logprobs"])
                     else:  # the reader is behind: merge into the delta still waiting
                         pending["delta"] += ev["text"]
                         pending["tokens"] += ev["tokens"]
+                        if "logprobs" in ev:
+                            pending.setdefault("logprobs", []).extend(ev["logprobs"])
                     if not self.out.full():
                         pending["seq"], seq = seq, seq + 1
                         event, pending = pending, None

@@ -15,7 +15,7 @@ from typing import Protocol
 import torch
 
 from .config import ModelConfig
-from .sampling import SamplingParams
+from .sampling import Logprobs, SamplingParams
 
 @dataclass
 class Rows:
@@ -101,6 +101,8 @@ class StepResult:
     """Sampled token per prefill row."""
     decode: list[int] = field(default_factory=list)
     """Sampled token per decode row."""
+    logprobs: dict[int, Logprobs] = field(default_factory=dict)
+    """Slot -> the sampled token's ``Logprobs``, for the requests that asked for them."""
     hops: list[Hop] = field(default_factory=list)
     """Every hop of this step, in no particular order (empty in process)."""
     stage_seconds: list[float] = field(default_factory=list)

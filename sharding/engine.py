@@ -55,7 +55,8 @@ class LocalExecutor:
         parts = batch.parts()
         logits = self.runner.logits(parts, self.runner.forward(parts))
         self.runner.admit(batch)
-        return StepResult.of_parts(batch, self.runner.sample(parts, logits))
+        tokens, logprobs = self.runner.sample(parts, logits)
+        return StepResult.of_parts(batch, tokens, logprobs=logprobs)
 
     @torch.inference_mode()
     def prompt_logits(self, prompt_ids: list[int], slot: int) -> torch.Tensor:

@@ -246,9 +246,10 @@ class ShardedModel:
             self.last_infos = step_infos(msg[2])
             self.last_info = self.last_infos[-1]
             outs = []
-            for rid, token, finished, reason, cached in msg[1]:
+            for rid, token, finished, reason, cached, logprobs in msg[1]:
                 if rid in self._unfinished:
-                    outs.append(StepOutput(rid, [token], finished, reason, cached))
+                    outs.append(StepOutput(rid, [token], finished, reason, cached,
+                                           None if logprobs is None else [logprobs]))
                     if finished:
                         self._unfinished.discard(rid)
             return outs

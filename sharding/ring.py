@@ -172,11 +172,11 @@ class Chip:
                     self.links["next"].send(onward, tensors[:len(desc)] + hidden)
                     continue
                 logits = self.runner.logits(parts, hidden)  # every rank: the head all-gathers
-                tokens = None
+                tokens, logprobs = None, {}
                 if role.tp_rank == 0:
                     self.runner.admit(StepBatch(admit=meta["admit"], freed=meta["freed"], prompts=meta["prompts"]))
-                    tokens = self.runner.sample(parts, logits)
-                self.links["ret"].send({"step": meta["step"], "tokens": tokens, "hops": hops,
+                    tokens, logprobs = self.runner.sample(parts, logits)
+                self.links["ret"].send({"step": meta["step"], "tokens": tokens, "logprobs": logprobs, "hops": hops,
                                         "secs": meta["secs"] + [time.perf_counter() - start],
                                         "sent_at": time.time_ns(), "src": role.chip, "src_stage": role.stage})
         except LinkClosed:
@@ -245,8 +245,8 @@ class Head(Chip):
                 result, hops, secs = self._step(batch)
                 outputs = self.scheduler.postprocess(result)
                 self._infos.append((start, time.time_ns(), len(outputs), hops, secs))
-                self._outputs += [(o.request_id, o.token_ids[0], o.finished, o.finish_reason, o.cached)
-                                  for o in outputs]
+                self._outputs += [(o.request_id, o.token_ids[0], o.finished, o.finish_reason, o.cached,
+                                   o.logprobs[0] if o.logprobs else None) for o in outputs]
                 # A request's first token and its end leave at once; the rest at most every flush_s.
                 if (batch.prefill is not None or any(o.finished for o in outputs) or not self.scheduler.has_work
                         or time.perf_counter() - self._flushed >= self.flush_s):
@@ -427,19 +427,19 @@ class Head(Chip):
         if role.pp > 1:
             meta = {**meta, "secs": [time.perf_counter() - start], "sent_at": time.time_ns()}
             self.links["next"].send(meta, rows + hidden)
-            sampled, hops, secs = None, [], []
+            sampled, logprobs, hops, secs = None, {}, [], []
         else:
             logits = self.runner.logits(parts, hidden)
             self.runner.admit(batch)
-            sampled, hops, secs = self.runner.sample(parts, logits), [], [time.perf_counter() - start]
+            (sampled, logprobs), hops, secs = self.runner.sample(parts, logits), [], [time.perf_counter() - start]
         for link in self._list("returns"):
             back, _ = link.recv()
             arrived = time.time_ns()
             n = sum(len(t) for t in back["tokens"]) if back["tokens"] is not None else 0
             hops += back["hops"] + [_hop(back, role, 8 * n, arrived)]
             if back["tokens"] is not None:
-                sampled, secs = back["tokens"], back["secs"]
-        return StepResult.of_parts(batch, sampled), hops, secs
+                sampled, logprobs, secs = back["tokens"], back["logprobs"], back["secs"]
+        return StepResult.of_parts(batch, sampled, logprobs=logprobs), hops, secs
 
 
 def step_infos(infos: list[tuple]) -> list[StepInfo]:

@@ -66,6 +66,9 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     """``(token id, bias)`` pairs, each bias in [-100, 100], added to those tokens' logits (OpenAI's);
     a mapping is accepted and kept as pairs sorted by token."""
+    logprobs: int | None = None
+    """Report each generated token's log probability and those of the ``logprobs`` most likely tokens
+    (``Logprobs``; 0: its own only; at most ``MAX_LOGPROBS``); ``None``: none."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
@@ -97,6 +100,8 @@ class SamplingParams:
             value = getattr(self, name)
             if not (_is_number(value) and -2 <= value <= 2):
                 raise InvalidSamplingParams(f"{name} must be in [-2, 2], got {value!r}")
+        if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
+            raise InvalidSamplingParams(f"logprobs must be None or an int in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
         bad = [(t, b) for t, b in self.logit_bias
                if not _is_int(t) or t < 0 or not _is_number(b) or not -100 <= b <= 100]
         if bad:
@@ -118,6 +123,32 @@ class SamplingParams:
     def uses_prompt(self) -> bool:
         """Whether its processing looks at the prompt's tokens (a repetition penalty)."""
         return self.repetition_penalty != 1
+
+
+MAX_LOGPROBS = 20
+"""The most top log probabilities a request may ask for per token (vLLM's default ``max_logprobs``)."""
+
+Logprobs = tuple[float, tuple[int, ...], tuple[float, ...]]
+"""One generated token's log probabilities: its own, then the ids of the most likely tokens, most
+likely first, and theirs. Of the raw logits (before any processing or temperature), as vLLM's
+default (``logprobs_mode: raw_logprobs``)."""
+
+
+def token_logprobs(logits: torch.Tensor, tokens: list[int], top: list[int | None]) -> list[Logprobs | None]:
+    """``Logprobs`` of ``tokens[i]`` at row ``i`` of the raw ``logits: [B, V]``, with ``top[i]`` most
+    likely tokens (``None``: the row asked for none)."""
+    out: list[Logprobs | None] = [None] * len(tokens)
+    rows = [i for i, n in enumerate(top) if n is not None]
+    if not rows:
+        return out
+    lp = torch.log_softmax(logits[rows].float(), dim=-1)  # [R, V]
+    own = lp.gather(-1, torch.tensor([tokens[i] for i in rows], device=lp.device)[:, None])[:, 0].tolist()
+    k = max(top[i] for i in rows)
+    values, ids = lp.topk(k, dim=-1) if k else (lp[:, :0], lp[:, :0].long())
+    values, ids = values.tolist(), ids.tolist()
+    for j, i in enumerate(rows):
+        out[i] = (own[j], tuple(ids[j][:top[i]]), tuple(values[j][:top[i]]))
+    return out
 
 
 GREEDY_BELOW = 1e-5

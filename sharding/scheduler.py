@@ -24,7 +24,7 @@ from .config import ModelConfig
 from .errors import DuplicateRequest, EmptyPrompt, PromptTooLong, TokenOutOfRange
 from .kv_cache import SlotPool
 from .prefix_cache import PrefixCache, place, release
-from .sampling import SamplingParams
+from .sampling import Logprobs, SamplingParams
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,8 @@ class StepOutput:
     """``"stop"`` (a stop or eos token, which is included), ``"length"`` (``max_tokens``), or ``None``."""
     cached: int | None = None
     """On the request's first output (its prefill): prompt tokens its slot already held (prefix cache)."""
+    logprobs: list[Logprobs] | None = None
+    """One ``Logprobs`` per token of ``token_ids``, when the request asked for them."""
 
 
 @dataclass
@@ -132,9 +134,11 @@ class Scheduler:
         """Append the step's tokens, finish sequences that stopped, and report every row."""
         admitted, decoding = self._in_flight
         self._in_flight = ([], [])
-        return self._emit(admitted, result.prefill, prefill=True) + self._emit(decoding, result.decode)
+        return (self._emit(admitted, result.prefill, result.logprobs, prefill=True)
+                + self._emit(decoding, result.decode, result.logprobs))
 
-    def _emit(self, seqs: list[_Sequence], tokens: list[int], prefill: bool = False) -> list[StepOutput]:
+    def _emit(self, seqs: list[_Sequence], tokens: list[int], logprobs: dict[int, Logprobs],
+              prefill: bool = False) -> list[StepOutput]:
         outputs = []
         for seq, token in zip(seqs, tokens, strict=True):
             seq.output.append(token)
@@ -146,8 +150,9 @@ class Scheduler:
                 reason = "length"
             if reason is not None:
                 self._release(self._running.pop(seq.request_id))
+            lp = logprobs.get(seq.slot)
             outputs.append(StepOutput(seq.request_id, [token], reason is not None, reason,
-                                      seq.cached if prefill else None))
+                                      seq.cached if prefill else None, None if lp is None else [lp]))
         return outputs
 
     def clear_prefix(self) -> None:

@@ -56,7 +56,7 @@ from .errors import DuplicateRequest, InvalidLayout
 from .kv_cache import SlotPool, fit_max_len
 from .model import Llama
 from .prefix_cache import PrefixCache, place, release
-from .sampling import History, SamplingParams, generator_for_seed, params_per_prompt, warp
+from .sampling import History, SamplingParams, generator_for_seed, params_per_prompt, token_logprobs, warp
 from .scheduler import StepOutput, prefill_rows, validate_request
 from .stage import StageRunner
 from .weights import load_model
@@ -319,7 +319,8 @@ class SpeculativeEngine:
             row = logits[i] if seq.history is None else seq.history.apply(logits[i].float().clone())
             token = int(row.argmax()) if seq.params.greedy else int(
                 torch.multinomial(warp(row, seq.params), 1, generator=seq.gen))
-            out.append(self._emit(seq, [token], drafted=0, accepted=0, first=True, cached=seq.cached))
+            lps = token_logprobs(logits[i:i + 1], [token], [seq.params.logprobs])
+            out.append(self._emit(seq, [token], drafted=0, accepted=0, first=True, cached=seq.cached, logprobs=lps))
         return out
 
     def _k_for(self, seqs: list[_Seq]) -> int:
@@ -386,17 +387,19 @@ class SpeculativeEngine:
                 qb = torch.stack(q[b]) if q[b] else target.new_zeros(0, target.shape[-1])
                 a, nxt = accept_sampled(drafts[b], qb, warp(target, s.params), s.gen)
             new = drafts[b, :a].tolist() + [nxt]
+            # the target's raw logits at position j predicted new[j]
+            lps = token_logprobs(logits[b, :len(new)], new, [s.params.logprobs] * len(new))
             if k == 0:  # nothing drafted: the draft has still to see what it had not
                 s.pending = s.pending + [nxt]
             else:
                 s.pending = [int(drafts[b, k - 1]), nxt] if a == k else [nxt]
             # The draft has fed all but ``pending``; the target, all but the last (and more).
             s.valid = s.length + len(new) - len(s.pending)
-            out.append(self._emit(s, new, drafted=k, accepted=a))
+            out.append(self._emit(s, new, drafted=k, accepted=a, logprobs=lps))
         return out
 
     def _emit(self, seq: _Seq, new: list[int], *, drafted: int, accepted: int, first: bool = False,
-              cached: int | None = None) -> StepOutput:
+              cached: int | None = None, logprobs: list | None = None) -> StepOutput:
         p, reason, kept = seq.params, None, []
         for t in new:
             kept.append(t)
@@ -418,7 +421,8 @@ class SpeculativeEngine:
             self._running.pop(seq.request_id, None)
             self._release(seq)
             self.finished_stats[seq.request_id] = seq.stats
-        return StepOutput(seq.request_id, kept, reason is not None, reason, cached)
+        lps = None if seq.params.logprobs is None or logprobs is None else logprobs[:len(kept)]
+        return StepOutput(seq.request_id, kept, reason is not None, reason, cached, lps)
 
     def warm_up(self, max_passes: int = 3) -> None:
         """Compile every shape this engine can meet, now (with ``compile``): each model's forward over

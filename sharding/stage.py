@@ -14,7 +14,7 @@ from .batch import Rows, StepBatch
 from .kv_cache import KVCache
 from .model import Llama
 from .packed import apply_packed_weights
-from .sampling import History, SamplingParams, generator_for_seed, sample
+from .sampling import History, Logprobs, SamplingParams, generator_for_seed, sample, token_logprobs
 
 
 SPAN_BUCKET = 64
@@ -125,23 +125,28 @@ class StageRunner:
                 self.histories[slot] = History(p, batch.prompts.get(slot, ()), config.vocab_size,
                                                config.eos_token_ids, self.device)
 
-    def sample(self, parts: list[Rows], logits: list[torch.Tensor]) -> list[list[int]]:
-        """One token per row of each part (call ``admit`` for the step first)."""
-        out = []
+    def sample(self, parts: list[Rows], logits: list[torch.Tensor]) -> tuple[list[list[int]], dict[int, Logprobs]]:
+        """One token per row of each part (call ``admit`` for the step first), and the ``Logprobs`` of
+        each row whose request asked for them, by slot."""
+        out, logprobs = [], {}
         for r, lg in zip(parts, logits, strict=True):
             slots = r.slots.tolist()
             params = [self.params[s] for s in slots]
             histories = [self.histories.get(s) for s in slots] if self.histories else None
             if all(p.greedy for p in params) and not (histories and any(histories)):
-                out.append(lg.argmax(dim=-1).tolist())
-                continue
-            gens = [None if p.greedy else self.generators[s] for p, s in zip(params, slots, strict=True)]
-            tokens = sample(lg, params, gens, histories).tolist()
-            for h, t in zip(histories or (), tokens):
-                if h is not None:
-                    h.append([t])
+                tokens = lg.argmax(dim=-1).tolist()
+            else:
+                gens = [None if p.greedy else self.generators[s] for p, s in zip(params, slots, strict=True)]
+                tokens = sample(lg, params, gens, histories).tolist()
+                for h, t in zip(histories or (), tokens):
+                    if h is not None:
+                        h.append([t])
+            if any(p.logprobs is not None for p in params):
+                for s, lp in zip(slots, token_logprobs(lg, tokens, [p.logprobs for p in params]), strict=True):
+                    if lp is not None:
+                        logprobs[s] = lp
             out.append(tokens)
-        return out
+        return out, logprobs
 
     def prompt_logits(self, prompt: torch.Tensor | None, slot: int, hidden: torch.Tensor | None = None) -> torch.Tensor:
         """Debug: one prompt through this model in ``slot``: hidden states ``[1, S, D]``, or on the

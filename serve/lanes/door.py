@@ -52,7 +52,7 @@ from sharding.transport import LinkClosed
 from .. import metrics
 from ..auth import key_of, subprotocol_bearer
 from ..chat import end_of_turn_ids
-from ..errors import InvalidRequest, LaneUnavailable, UnknownModel, to_event
+from ..errors import InvalidRequest, LaneUnavailable, UnknownModel, UnsupportedParameter, to_event
 from ..protocol import VERSION
 from ..request import GenerateRequest
 from ..websocket import (CLOSE_GOING_AWAY, CLOSE_NORMAL, CLOSE_POLICY, REASONS, FrameBudget, error_event,
@@ -378,6 +378,9 @@ class DoorConnection:
         if req.previous_response_id is not None or req.store:
             raise InvalidRequest("previous_response_id and store: not served by the fast lane's door; the "
                                  "gateway's WebSocket serves conversations")
+        if req.logprobs is not None:
+            raise UnsupportedParameter("logprobs: not served by the fast lane's door; the gateway's WebSocket "
+                                       "serves them")
         ids = door.prompt_ids.encode_prompt(req.prompt)[0]
         max_tokens = req.max_output_tokens or door.max_len - len(ids)
         if len(ids) + max_tokens > door.max_len or max_tokens < 1:

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from sharding.sampling import SamplingParams
+from sharding.sampling import Logprobs, SamplingParams
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,8 @@ class EngineRequest:
     lane's model's end-of-turn ids (``serve.chat.end_of_turn_ids``) unless ``ignore_eos``."""
     min_tokens: int = 0
     """No stop token, eos or stop string ends the output before it has this many tokens."""
+    logprobs: int | None = None
+    """Report each token's ``Logprobs`` with this many most likely tokens (``None``: none)."""
     ignore_eos: bool = False
     continues: bool = False
     """The prompt continues an earlier one (a conversation's next turn, ``PromptIds.encode_turn``):
@@ -49,7 +51,8 @@ class EngineRequest:
                               seed=self.seed, max_tokens=self.max_tokens, min_tokens=self.min_tokens,
                               ignore_eos=self.ignore_eos, stop_token_ids=self.stop_token_ids,
                               repetition_penalty=self.repetition_penalty, presence_penalty=self.presence_penalty,
-                              frequency_penalty=self.frequency_penalty, logit_bias=self.logit_bias)
+                              frequency_penalty=self.frequency_penalty, logit_bias=self.logit_bias,
+                              logprobs=self.logprobs)
 
     def vllm_sampling(self, **kw: Any) -> Any:
         """Its sampling parameters as vLLM's ``SamplingParams`` (``kw``: vLLM's own options)."""
@@ -61,7 +64,7 @@ class EngineRequest:
                                   stop_token_ids=list(self.stop_token_ids) or None, ignore_eos=self.ignore_eos,
                                   repetition_penalty=self.repetition_penalty,
                                   presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
-                                  logit_bias=dict(self.logit_bias) or None, **kw)
+                                  logit_bias=dict(self.logit_bias) or None, logprobs=self.logprobs, **kw)
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,8 @@ class EngineOutput:
     hops: list[dict[str, Any]] | None = None
     """On the last output of an engine whose chips hand each step on (the fast lane's): every
     chip-to-chip hop of the request's steps, per chip pair (``HopTotals.per_pair``)."""
+    logprobs: list[Logprobs] | None = None
+    """One ``sharding.sampling.Logprobs`` per token of ``token_ids``, when the request asked for them."""
     speculative: dict[str, Any] | None = None
     """On the last output of a speculative engine (the exact lane's): ``draft_tokens`` (k),
     ``verify_steps``, ``drafted``, ``accepted``, ``acceptance_rate`` (accepted / drafted) and

@@ -97,8 +97,8 @@ class HeadClient:
 
     def _deliver(self, outputs: list[tuple], infos: list[StepInfo], report: bool) -> None:
         per: dict[str, list] = defaultdict(list)
-        for rid, token, finished, reason, cached in outputs:
-            per[rid].append((token, finished, reason, cached))
+        for rid, token, finished, reason, cached, logprobs in outputs:
+            per[rid].append((token, finished, reason, cached, logprobs))
         for rid, outs in per.items():
             sink = self._sinks.get(rid)
             if sink is not None:
@@ -170,7 +170,8 @@ class HeadClient:
                     finished = True  # never added, or the engine is gone
                     raise item
                 outs, infos = item
-                tokens = [t for t, _, _, _ in outs]
+                tokens = [o[0] for o in outs]
+                logprobs = [o[4] for o in outs] if outs[0][4] is not None else None
                 for info in infos[-len(outs):]:  # the steps this request took part in
                     hops.add(info.hops)
                     if spans is not None:
@@ -182,16 +183,16 @@ class HeadClient:
                              "batch_size": infos[-len(outs)].batch_size if len(infos) >= len(outs) else None,
                              "cached_tokens": outs[0][3]}
                     added_ns = 0
-                _, done, reason, _ = outs[-1]
+                _, done, reason, _, _ = outs[-1]
                 delta = text.push(tokens, stop_token=done and reason == "stop")
                 if text.stopped or done:
                     finished = done
                     if not text.stopped:
                         delta += text.flush()
                     yield EngineOutput(tokens, delta, "stop" if text.stopped else reason, hops=hops.per_pair(),
-                                       **first)
+                                       logprobs=logprobs, **first)
                     return
-                yield EngineOutput(tokens, delta, **first)
+                yield EngineOutput(tokens, delta, logprobs=logprobs, **first)
         finally:
             self._drop(rid, finished)
             if spans is not None:

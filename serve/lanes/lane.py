@@ -236,8 +236,12 @@ class Lane:
                     cached = outs[0].cached_tokens or 0
                     if self.lane != FAST and outs[0].batch_size is not None:
                         metrics.batch_size(self.lane, outs[0].batch_size)
-                if text:
-                    yield {"type": "delta", "seq": seq, "text": text, "tokens": tokens}
+                entries = self._logprobs(outs) if request.logprobs is not None else None
+                if text or entries:
+                    delta = {"type": "delta", "seq": seq, "text": text, "tokens": tokens}
+                    if entries:
+                        delta["logprobs"] = entries
+                    yield delta
                     seq += 1
             done = True
             event = self._done(n_prompt, n_out, reason, arrived, first, last)
@@ -257,6 +261,18 @@ class Lane:
             self.cancelled += not done
             if early is not None:  # iterated by this task only, so closing it here is safe
                 await early.aclose()
+
+    def _logprobs(self, outs: list[EngineOutput]) -> list[dict[str, Any]]:
+        """The outputs' tokens' log probabilities as the deltas carry them: per token its text (the
+        token decoded alone, special tokens included, as vLLM's), id, log probability and
+        ``top_logprobs``, the most likely tokens' alike."""
+        def text(t: int) -> str:
+            return self.tokenizer.decode([t], skip_special_tokens=False)
+
+        return [{"token": text(t), "id": t, "logprob": own,
+                 "top_logprobs": [{"token": text(i), "id": i, "logprob": v} for i, v in zip(ids, values, strict=True)]}
+                for o in outs if o.logprobs
+                for t, (own, ids, values) in zip(o.token_ids, o.logprobs, strict=True)]
 
     async def _outputs(self, engine_request: EngineRequest, early: AsyncIterator[EngineOutput] | None = None
                        ) -> AsyncIterator[list[EngineOutput]]:
@@ -334,7 +350,7 @@ class Lane:
                                   max_output_tokens=tokens, temperature=0.0, top_p=1.0, top_k=None, min_p=None,
                                   repetition_penalty=None, presence_penalty=None, frequency_penalty=None,
                                   seed=None, logit_bias=None, stop=(), stop_token_ids=(), min_tokens=0,
-                                  ignore_eos=True, trace=None)
+                                  logprobs=None, ignore_eos=True, trace=None)
             self._warmup_ids.add(request.request_id)
             try:
                 async for _ in self.generate(request):

@@ -61,5 +61,6 @@ def engine_request(request: LaneRequest, prompt_ids: list[int], max_tokens: int,
     return EngineRequest(request_id=request.request_id, prompt_ids=prompt_ids, max_tokens=max_tokens,
                          **resolved, seed=request.seed, logit_bias=tuple(sorted(bias.items())),
                          stop=list(request.stop), stop_token_ids=tuple(request.stop_token_ids) + ends,
-                         min_tokens=request.min_tokens, ignore_eos=request.ignore_eos, continues=continues,
+                         min_tokens=request.min_tokens, logprobs=request.logprobs, ignore_eos=request.ignore_eos,
+                         continues=continues,
                          trace=trace)

@@ -254,9 +254,9 @@ class SpeculativeLaneEngine:
                     if not text.stopped:
                         delta += text.flush()
                     yield EngineOutput(out.token_ids, delta, "stop" if text.stopped else out.finish_reason,
-                                       speculative=spec, **extra)
+                                       speculative=spec, logprobs=out.logprobs, **extra)
                     return
-                yield EngineOutput(out.token_ids, delta, **extra)
+                yield EngineOutput(out.token_ids, delta, logprobs=out.logprobs, **extra)
         finally:
             self._sinks.pop(rid, None)
             if not finished:  # closed early, or ended by a stop string: free the slot

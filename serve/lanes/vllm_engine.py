@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from sharding import cpus
+from sharding.sampling import Logprobs
 
 from ..config import ExactLaneConfig, VLLMLaneConfig
 from ..errors import LaneUnavailable
@@ -40,6 +41,18 @@ def speculative_summary(m: dict) -> dict:
     return {"draft_tokens": m["num_spec_tokens"], "verify_steps": m["num_spec_steps"],
             "drafted": m["num_draft_tokens"], "accepted": m["num_accepted_draft_tokens"],
             "acceptance_rate": m["draft_acceptance_rate"], "tokens_per_step": m["mean_acceptance_length"]}
+
+
+def vllm_logprobs(c, n: int | None) -> list[Logprobs] | None:
+    """``EngineOutput.logprobs`` of vLLM's ``CompletionOutput`` ``c`` (its ``logprobs``: per new token, a
+    dict of the token's and the top ``n`` tokens' ``Logprob``s with their ranks)."""
+    if n is None or c.logprobs is None:
+        return None
+    out = []
+    for token, step in zip(c.token_ids, c.logprobs, strict=True):
+        top = sorted(((t, lp) for t, lp in step.items() if lp.rank is not None and lp.rank <= n), key=lambda x: x[1].rank)
+        out.append((step[token].logprob, tuple(t for t, _ in top), tuple(lp.logprob for _, lp in top)))
+    return out
 
 
 def executor_backend(config: VLLMLaneConfig) -> str | None:
@@ -120,7 +133,8 @@ class VLLMLaneEngine:
                             # the prefix cache held
                             extra = {"batch_size": self.num_unfinished(),
                                      "cached_tokens": reused or getattr(out, "num_cached_tokens", None)}
-                        yield EngineOutput(list(c.token_ids), text, c.finish_reason, **extra)
+                        yield EngineOutput(list(c.token_ids), text, c.finish_reason,
+                                           logprobs=vllm_logprobs(c, request.logprobs), **extra)
                 return
             await self.sessions.make_room()  # parked sessions hold vLLM slots: free one for this request
         prompt = TokensPrompt(prompt_token_ids=request.prompt_ids)
@@ -137,7 +151,8 @@ class VLLMLaneEngine:
                          "cached_tokens": getattr(out, "num_cached_tokens", None)}
             if out.finished and getattr(c, "spec_decode_metrics", None) is not None:
                 extra["speculative"] = speculative_summary(c.spec_decode_metrics.to_dict())
-            yield EngineOutput(list(c.token_ids), c.text, c.finish_reason if out.finished else None, **extra)
+            yield EngineOutput(list(c.token_ids), c.text, c.finish_reason if out.finished else None,
+                               logprobs=vllm_logprobs(c, request.logprobs), **extra)
 
     def failure(self) -> BaseException | None:
         return (self.engine.dead_error or RuntimeError("the vLLM engine has died")) if self.engine.errored else None

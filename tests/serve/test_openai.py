@@ -376,8 +376,8 @@ I = "invalid_request"
 
 @pytest.mark.parametrize("path,body,param,code,says", [
     ("chat", {**CHAT, "n": 2}, "n", U, "not supported"),
-    ("chat", {**CHAT, "logprobs": True}, "logprobs", U, "not supported"),
-    ("chat", {**CHAT, "top_logprobs": 2}, "top_logprobs", U, "not supported"),
+    ("chat", {**CHAT, "top_logprobs": 2}, "top_logprobs", I, "logprobs: true"),
+    ("chat", {**CHAT, "logprobs": True, "top_logprobs": 21}, "top_logprobs", I, "less than or equal to 20"),
     ("chat", {**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", U, "not supported"),
     ("chat", {**CHAT, "tool_choice": "required"}, "tool_choice", U, "required"),
     ("chat", {**CHAT, "response_format": {"type": "json_object"}}, "response_format", U, "json_object"),
@@ -397,7 +397,7 @@ I = "invalid_request"
     ("text", {"model": "m", "prompt": [1, 2]}, "prompt", I, "token-id"),
     ("text", {"model": "m", "prompt": [[1, 2]]}, "prompt", I, "token-id"),
     ("text", {"model": "m", "prompt": ["a", "b"]}, "prompt", I, "one prompt"),
-    ("text", {"model": "m", "prompt": "x", "logprobs": 1}, "logprobs", U, "not supported"),
+    ("text", {"model": "m", "prompt": "x", "logprobs": -1}, "logprobs", I, "greater than or equal to 0"),
     ("text", {"model": "m", "prompt": "x", "echo": True}, "echo", U, "not supported"),
     ("text", {"model": "m", "prompt": "x", "best_of": 2}, "best_of", U, "not supported"),
     ("text", {"model": "m", "prompt": "x", "suffix": "end"}, "suffix", U, "not supported"),
@@ -432,7 +432,7 @@ def test_neutral_values_of_unimplemented_fields_and_identifiers_reach_the_router
 
 OPENAI_FIELDS_SERVED = {"model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature",
                         "top_p", "stop", "seed", "service_tier", "metadata", "stream_options", "presence_penalty",
-                        "frequency_penalty", "logit_bias"}
+                        "frequency_penalty", "logit_bias", "logprobs", "top_logprobs"}
 
 
 @pytest.mark.parametrize("path", ["chat", "text"])
@@ -447,11 +447,11 @@ def test_every_field_of_the_openai_packages_params_is_served_or_refused_by_name(
     base = CHAT if path == "chat" else {"model": "m", "prompt": "x"}
     url = "/v1/chat/completions" if path == "chat" else "/v1/completions"
     not_neutral = {"audio": {"voice": "alloy", "format": "wav"},
-                   "function_call": "auto", "functions": [{"name": "f"}], "logprobs": 1,
+                   "function_call": "auto", "functions": [{"name": "f"}],
                    "modalities": ["text", "audio"], "moderation": {"x": 1}, "n": 2, "parallel_tool_calls": "yes",
                    "prediction": {"type": "content", "content": "x"}, "prompt_cache_options": {"x": 1},
                    "reasoning_effort": "high", "response_format": {"type": "json_object"}, "store": True,
-                   "tool_choice": "required", "tools": [{"type": "function"}], "top_logprobs": 3, "verbosity": "low",
+                   "tool_choice": "required", "tools": [{"type": "function"}], "verbosity": "low",
                    "web_search_options": {}, "best_of": 2, "echo": True, "suffix": "s"}
     no_effect = {"user", "safety_identifier", "prompt_cache_key", "prompt_cache_retention"}
     for field in sorted(params):
@@ -472,6 +472,43 @@ def test_every_field_of_the_openai_packages_params_is_served_or_refused_by_name(
         router, c = scripted([CREATED, *DELTAS, DONE])
         assert c.post(url, json={**base, field: sampled[field]}).status_code == 200, field
         assert router.bodies[0][field] == sampled[field], field
+
+
+LOGPROBS = [{"token": "Hel", "id": 5, "logprob": -0.5, "top_logprobs": [{"token": "Hel", "id": 5, "logprob": -0.5},
+                                                                       {"token": "Hi", "id": 6, "logprob": -1.5}]},
+            {"token": "lo", "id": 7, "logprob": float("-inf"), "top_logprobs": [{"token": "l", "id": 8, "logprob": -0.1},
+                                                                                {"token": "o", "id": 9, "logprob": -2}]}]
+
+
+def test_logprobs_are_openais_shapes_whole_and_streamed():
+    """The deltas' entries as OpenAI's (and vLLM's) objects: chat's ``logprobs.content`` with ``bytes`` and
+    ``top_logprobs``; completions' ``tokens``/``token_logprobs``/``top_logprobs``/``text_offset`` (the
+    sampled token's entry first in each map); -inf as -9999."""
+    deltas = [{**DELTAS[0], "logprobs": LOGPROBS[:1]}, {**DELTAS[1], "logprobs": LOGPROBS[1:]}]
+    router, c = scripted([CREATED, *deltas, DONE])
+    r = c.post("/v1/chat/completions", json={**CHAT, "logprobs": True, "top_logprobs": 2}).json()
+    assert router.bodies[0]["logprobs"] == 2
+    content = r["choices"][0]["logprobs"]["content"]
+    assert content[0] == {"token": "Hel", "logprob": -0.5, "bytes": [72, 101, 108],
+                          "top_logprobs": [{"token": "Hel", "logprob": -0.5, "bytes": [72, 101, 108]},
+                                           {"token": "Hi", "logprob": -1.5, "bytes": [72, 105]}]}
+    assert content[1]["logprob"] == -9999.0 and len(content) == 2
+    router, c = scripted([CREATED, *deltas, DONE])
+    *chunks, end = sse(c.post("/v1/chat/completions", json={**CHAT, "logprobs": True, "stream": True}))
+    assert router.bodies[0]["logprobs"] == 0
+    assert [len(ch["choices"][0]["logprobs"]["content"]) for ch in chunks[:2]] == [1, 1]
+    assert chunks[2]["choices"][0]["logprobs"] is None
+    router, c = scripted([CREATED, *deltas, DONE])
+    r = c.post("/v1/completions", json={"model": "m", "prompt": "x", "logprobs": 1}).json()
+    assert r["choices"][0]["logprobs"] == {"tokens": ["Hel", "lo"], "token_logprobs": [-0.5, -9999.0],
+                                           "top_logprobs": [{"Hel": -0.5, "Hi": -1.5}, {"lo": -9999.0, "l": -0.1, "o": -2}],
+                                           "text_offset": [0, 3]}
+    router, c = scripted([CREATED, *deltas, DONE])
+    *chunks, end = sse(c.post("/v1/completions", json={"model": "m", "prompt": "x", "logprobs": 1, "stream": True}))
+    assert [ch["choices"][0]["logprobs"]["text_offset"] for ch in chunks[:2]] == [[0], [3]]
+    router, c = scripted([CREATED, *DELTAS, DONE])  # not asked: none
+    assert c.post("/v1/chat/completions", json=CHAT).json()["choices"][0]["logprobs"] is None
+    assert "logprobs" not in router.bodies[0]
 
 
 def test_a_body_that_is_not_json_is_a_400():

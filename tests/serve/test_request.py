@@ -73,6 +73,7 @@ def test_messages_are_joined_one_per_line_and_outputs_follow_their_prompts(messa
     ({"model": "m", "input": "x", "logit_bias": {"5": 101}}, "logit_bias"),
     ({"model": "m", "input": "x", "logit_bias": {"five": 1}}, "logit_bias"),
     ({"model": "m", "input": "x", "logit_bias": {"-5": 1}}, "logit_bias"),
+    ({"model": "m", "input": "x", "logprobs": 21}, "logprobs"),
     ({"model": "m", "input": "x", "stop": ["a", "b", "c", "d", "e"]}, "at most 4"),
     ({"model": "m", "input": "x", "stop": [""]}, "stop"),
     ({"model": "m", "input": "x", "metadata": {"k": 1}}, "metadata"),
@@ -117,7 +118,8 @@ def test_the_lane_request_carries_every_field_once_with_the_engines_defaults():
     assert lane == LaneRequest(request_id="r1", prompt=ChatPrompt((("user", "a"),)), max_output_tokens=None,
                                temperature=None, top_p=None, top_k=None, min_p=None, repetition_penalty=None,
                                presence_penalty=None, frequency_penalty=None, seed=None, logit_bias=None,
-                               stop=("x",), stop_token_ids=(), min_tokens=0, ignore_eos=False, trace=None)
+                               stop=("x",), stop_token_ids=(), min_tokens=0, logprobs=None, ignore_eos=False,
+                               trace=None)
     with pytest.raises(TypeError):  # no defaults of its own: every field comes from the front door
         LaneRequest(request_id="r2", prompt="a")
     assert all(f.default is dataclasses.MISSING for f in dataclasses.fields(LaneRequest))

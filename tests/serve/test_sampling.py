@@ -11,8 +11,10 @@ engine on the shipped models under a ChatML template, as ``test_chat_app.py``):
   and ``frequency_penalty``, ``generate`` with vLLM's own ``apply_penalties`` as its processor; a
   ``generation_config.json`` ``repetition_penalty`` applies as transformers applies it;
 - a value out of range is a 400 ``invalid_request`` naming the field;
+- log probabilities over chat completions, completions and the WebSocket are transformers'
+  log-softmax within 1e-3;
 - vLLM's own engine (the priority lane's, in process) and fastmode's executor and speculative engine
-  give the same greedy tokens under each processing field.
+  give the same greedy tokens under each processing field, and log probabilities within 1e-3.
 """
 
 from __future__ import annotations
@@ -313,6 +315,62 @@ def test_responses_and_the_websocket_take_the_same_parameters(app):
     assert (sent.logit_bias, sent.frequency_penalty, sent.stop_token_ids[0]) == (((9, 3.0),), 0.5, 5)
 
 
+def hf_logprobs(path, ids: list[int], out: list[int]) -> torch.Tensor:
+    """transformers' log-softmax ``[T, V]`` of the logits that chose each of ``out``'s tokens."""
+    model = LlamaForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = model(torch.tensor([ids + out])).logits[0, len(ids) - 1:-1]
+    return torch.log_softmax(logits, dim=-1)
+
+
+def test_chat_logprobs_are_transformers_log_softmax(app):
+    """``logprobs`` with ``top_logprobs`` over chat completions, whole and streamed, on the exact lane
+    (drafted tokens included): each token's and its top 3's log probabilities within 1e-3 of
+    transformers' log-softmax of the full model's logits there, as vLLM's default (raw logits: the
+    repetition penalty from ``generation_config.json`` does not change them)."""
+    ids, full = prompt_ids(app["full"]), app["full"]
+    r = chat(app, logprobs=True, top_logprobs=3)
+    out = hf_generate(full, ids)
+    assert r.usage.completion_tokens == len(out)
+    ref, tok = hf_logprobs(full, ids, out), AutoTokenizer.from_pretrained(full)
+    content = r.choices[0].logprobs.content
+    assert [c.token for c in content] == [tok.decode([t]) for t in out]
+    for t, (c, token) in enumerate(zip(content, out, strict=True)):
+        assert abs(c.logprob - ref[t, token].item()) < 1e-3
+        values, order = ref[t].topk(3)
+        assert [x.token for x in c.top_logprobs] == [tok.decode([i]) for i in order.tolist()]
+        assert max(abs(x.logprob - v) for x, v in zip(c.top_logprobs, values.tolist(), strict=True)) < 1e-3
+        assert c.bytes == list(c.token.encode())
+    streamed = chat(app, logprobs=True, top_logprobs=3, stream=True)
+    entries = [e for ch in streamed if ch.choices and ch.choices[0].logprobs for e in ch.choices[0].logprobs.content]
+    assert [(e.token, round(e.logprob, 4)) for e in entries] == [(c.token, round(c.logprob, 4)) for c in content]
+    assert chat(app).choices[0].logprobs is None
+
+
+def test_completion_logprobs_and_the_websockets(app):
+    client, http, full = app["client"], app["http"], app["full"]
+    ids = AutoTokenizer.from_pretrained(full)("def parse(line):").input_ids
+    r = client.completions.create(model="s-full", prompt="def parse(line):", max_tokens=8, temperature=0, logprobs=2,
+                                  extra_body={"service_tier": "exact", "repetition_penalty": 1.0, "ignore_eos": True})
+    out = hf_generate(full, ids, repetition_penalty=1.0)[:8]
+    ref = hf_logprobs(full, ids, out)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == 8 and lp.text_offset[0] == 0
+    assert max(abs(a - ref[t, token].item()) for t, (a, token) in enumerate(zip(lp.token_logprobs, out))) < 1e-3
+    assert all(len(top) in (2, 3) and lp.tokens[t] in top for t, top in enumerate(lp.top_logprobs))
+    assert lp.text_offset == [sum(len(x) for x in lp.tokens[:t]) for t in range(8)]
+    with http.websocket_connect("/v1/responses") as ws:
+        ws.send_text(json.dumps({"type": "response.create", "id": "w", "model": "s-full", "service_tier": "exact",
+                                 "input": "def parse(line):", "max_output_tokens": 8, "temperature": 0,
+                                 "repetition_penalty": 1.0, "ignore_eos": True, "logprobs": 1}))
+        entries = []
+        while (got := json.loads(ws.receive_text()))["type"] != "response.completed":
+            assert got["type"] != "error", got
+            entries += got.get("logprobs") or []
+    assert [e["id"] for e in entries] == out and all(len(e["top_logprobs"]) == 1 for e in entries)
+    assert max(abs(e["logprob"] - ref[t, e["id"]].item()) for t, e in enumerate(entries)) < 1e-3
+
+
 # -- against vLLM itself -----------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def vllm_engine():
@@ -356,3 +414,36 @@ def test_vllm_and_fastmodes_engines_process_the_same_tokens(vllm_engine):
         assert theirs != free, case
         assert executor.generate([ids], request.sampling())[0] == theirs, case
         assert spec.generate([ids], request.sampling())[0] == theirs, case
+
+
+@pytest.mark.slow
+def test_vllms_logprobs_are_fastmodes_within_1e_3(vllm_engine):
+    """The same request's log probabilities (the token's and the top 5's) from vLLM's engine, fastmode's
+    executor and its speculative engine, greedy and under a repetition penalty (raw logprobs: the
+    penalty changes the tokens, not how their log probabilities are taken)."""
+    from serve.lanes.engine import EngineRequest
+    from sharding.engine import Engine
+    from sharding.speculative import SpeculativeEngine
+    from tests.sharding.test_engine import logprobs_run
+
+    full = shipped(FULL)
+    ids = AutoTokenizer.from_pretrained(full)("def parse(line):\n").input_ids
+    engines = {"executor": Engine.from_pretrained(full, num_slots=2),
+               "speculative": SpeculativeEngine.from_pretrained(full, shipped(FAST), num_slots=2, k=3, adaptive=False)}
+
+    async def vllm(request: EngineRequest) -> tuple[list[int], list]:
+        tokens, lps = [], []
+        async for o in vllm_engine.generate(request):
+            tokens += o.token_ids
+            lps += o.logprobs
+        return tokens, lps
+
+    for i, case in enumerate([{}, {"repetition_penalty": 1.4}]):
+        request = EngineRequest(f"lp{i}", ids, 16, temperature=0, ignore_eos=True, logprobs=5, **case)
+        tokens, theirs = vllm_engine.run(vllm(request))
+        for name, engine in engines.items():
+            ours_tokens, ours = logprobs_run(engine, f"{name}{i}", ids, request.sampling())
+            assert ours_tokens == tokens, name
+            for (a, a_ids, a_lps), (b, b_ids, b_lps) in zip(ours, theirs, strict=True):
+                assert abs(a - b) < 1e-3 and a_ids == b_ids, name
+                assert max(abs(x - y) for x, y in zip(a_lps, b_lps, strict=True)) < 1e-3, name

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from sharding.engine import Engine
 from sharding.errors import (
@@ -223,3 +224,51 @@ def test_compiled_engine_matches_eager(tiny_dir):
 
     compiled = run(Engine.from_pretrained(path, num_slots=2, compile=True))
     assert compiled == run(Engine.from_pretrained(path, num_slots=2))
+
+
+def logprobs_run(engine, rid: str, ids: list[int], params: SamplingParams) -> tuple[list[int], list]:
+    """Drive ``engine`` (``add``/``step``) for one request: its tokens and their ``Logprobs``."""
+    engine.add(rid, ids, params)
+    tokens, lps = [], []
+    while engine.has_work:
+        for o in engine.step():
+            if o.request_id == rid:
+                tokens += o.token_ids
+                lps += o.logprobs
+    return tokens, lps
+
+
+def assert_logprobs_are_transformers(path, ids: list[int], tokens: list[int], lps: list, n: int) -> None:
+    """Each token's log probability and the ``n`` most likely tokens' are transformers' log-softmax
+    of its logits at that position (within 1e-4)."""
+    from .conftest import hf_logits
+
+    ref = torch.log_softmax(hf_logits(path, ids + tokens)[len(ids) - 1:-1], dim=-1)  # [T, V]
+    assert len(lps) == len(tokens)
+    for t, (token, (own, top_ids, top_lps)) in enumerate(zip(tokens, lps, strict=True)):
+        assert abs(own - ref[t, token].item()) < 1e-4
+        values, order = ref[t].topk(n)
+        assert list(top_ids) == order.tolist() and torch.allclose(torch.tensor(top_lps), values, atol=1e-4)
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0, max_tokens=12, logprobs=5, ignore_eos=True),
+                                    SamplingParams(temperature=0.9, top_k=10, repetition_penalty=1.3, seed=2,
+                                                   max_tokens=12, logprobs=0, ignore_eos=True)])
+def test_logprobs_are_transformers_log_softmax_of_the_raw_logits(batching_checkpoint, params):
+    """As vLLM's default ``raw_logprobs``: of the model's logits before any processing or temperature;
+    alone and beside a request that asks for none."""
+    path = batching_checkpoint
+    engine = Engine.from_pretrained(path, num_slots=2)
+    ids = prompt_ids(path, 9, seed=4)
+    tokens, lps = logprobs_run(engine, "a", ids, params)
+    assert_logprobs_are_transformers(path, ids, tokens, lps, params.logprobs)
+    engine.add("other", prompt_ids(path, 5), SamplingParams(temperature=0, max_tokens=12))
+    again, lps_again = logprobs_run(engine, "b", ids, params)
+    assert again == tokens  # and the logprobs within float noise of a batch of two
+    assert_logprobs_are_transformers(path, ids, again, lps_again, params.logprobs)
+
+
+def test_a_request_without_logprobs_gets_none(tiny_dir):
+    engine = Engine.from_pretrained(tiny_dir / "full")
+    engine.add("r", prompt_ids(tiny_dir / "full", 5), SamplingParams(temperature=0, max_tokens=3))
+    assert all(o.logprobs is None for _ in range(3) for o in engine.step())

@@ -139,6 +139,21 @@ def test_processed_greedy_matches_transformers_and_sampling_matches_alone(pipe):
 
 
 @_pipe(TINY)
+def test_logprobs_come_back_from_the_last_stage_as_transformers_has_them(pipe):
+    from .test_engine import assert_logprobs_are_transformers
+
+    model, path = pipe
+    ids = prompt_ids(path, 9, seed=4)
+    model.add("lp", ids, SamplingParams(temperature=0, max_tokens=8, logprobs=3, ignore_eos=True))
+    tokens, lps = [], []
+    while model.has_work:
+        for o in model.step():
+            tokens += o.token_ids
+            lps += o.logprobs
+    assert_logprobs_are_transformers(path, ids, tokens, lps, 3)
+
+
+@_pipe(TINY)
 def test_sequence_joining_mid_batch_matches_alone(pipe):
     model, path = pipe
     a, b, c = (prompt_ids(path, n, seed=10 + n) for n in (7, 19, 12))
@@ -270,7 +285,7 @@ def _read_until_done(link: Link, rid: str) -> tuple[list[int], set[str]]:
     while True:
         msg, _ = link.recv()
         assert msg[0] == "out", msg
-        for out_rid, token, finished, _, _ in msg[1]:
+        for out_rid, token, finished, *_ in msg[1]:
             seen.add(out_rid)
             if out_rid == rid:
                 tokens.append(token)

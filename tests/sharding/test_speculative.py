@@ -157,6 +157,20 @@ def test_processed_sampling_keeps_the_targets_processed_distribution(pair):
     assert tv(reference(True)) < 0.06 < tv(reference(False))
 
 
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0, max_tokens=20, logprobs=4, ignore_eos=True),
+                                    SamplingParams(temperature=0.8, seed=1, max_tokens=20, logprobs=2, ignore_eos=True)])
+def test_logprobs_are_the_targets_for_drafted_and_corrected_tokens(pair, params):
+    """Each token's log probabilities, whether a draft the target accepted, its correction or the
+    prefill's token, are transformers' log-softmax of the full model's logits at that position."""
+    from .test_engine import assert_logprobs_are_transformers, logprobs_run
+
+    full, fast, prompts = pair
+    engine = SpeculativeEngine.from_pretrained(full, fast, num_slots=2, k=3, adaptive=False)
+    tokens, lps = logprobs_run(engine, "a", prompts[0], params)
+    assert engine.stats.accepted > 0 and len(tokens) == 20
+    assert_logprobs_are_transformers(full, prompts[0], tokens, lps, params.logprobs)
+
+
 def test_rejection_rule_keeps_the_targets_distribution():
     """Drafts from q, accepted by the rule: every emitted position follows p (chi-square-free check
     on 40,000 draws of a 5-token vocabulary, 3 drafts)."""
