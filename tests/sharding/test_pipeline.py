@@ -370,14 +370,24 @@ def test_a_head_client_sends_each_request_before_its_first_output_is_asked_for(p
             load = until(lambda load: load["running"] == 0)
             assert load["running"] == 0 and load["aborted"] == before["aborted"] + 1, load
             assert client.num_unfinished() == 0
+            # the sampling fields and logprobs through the head client (the fast lane's engine)
+            outs = [o async for o in client.generate(EngineRequest("proc", ids, max_tokens=8, temperature=0,
+                                                                   ignore_eos=True, repetition_penalty=1.5,
+                                                                   logprobs=2))]
+            processed = ([t for o in outs for t in o.token_ids], [lp for o in outs for lp in o.logprobs])
             bad = client.generate(EngineRequest("bad", [], max_tokens=4))
             with pytest.raises(EmptyPrompt):
                 await bad.__anext__()
-            return tokens
+            return tokens, processed
         finally:
             client.close()
 
-    assert asyncio.run(run()) == hf_greedy(path, ids, n)
+    from .test_engine import assert_logprobs_are_transformers
+
+    tokens, (penalized, logprobs) = asyncio.run(run())
+    assert tokens == hf_greedy(path, ids, n)
+    assert penalized == hf_greedy(path, ids, 8, repetition_penalty=1.5)
+    assert_logprobs_are_transformers(path, ids, penalized, logprobs, 2)
 
 
 @_pipe([(1, 2, "tiny-full", EAGER)])
