@@ -90,6 +90,16 @@ def expected_tensors(config: ModelConfig) -> set[str]:
     return names
 
 
+def unused_tensors(config: ModelConfig, names) -> list[str]:
+    """The checkpoint tensor ``names`` no part of the whole model reads, sorted (RoPE tables that old
+    checkpoints saved, and a multimodal checkpoint's other towers, are not counted)."""
+    known = expected_tensors(config)
+    if config.tie_word_embeddings:
+        known |= {c for c, _, _ in _sources(config, TIED_HEAD)}
+    return sorted(n for n in names if n not in known and not IGNORED.search(n)
+                  and not (config.checkpoint_prefix and MULTIMODAL.search(n)))
+
+
 @torch.no_grad()
 def load_weights(model: Llama, path: str | Path, *, strict: bool = True) -> None:
     """Fill every parameter of ``model`` from the checkpoint at ``path``.
@@ -106,11 +116,7 @@ def load_weights(model: Llama, path: str | Path, *, strict: bool = True) -> None
                    for f in checkpoint_files(path)]
         where = {name: h for h in handles for name in h.keys()}
         if strict:
-            known = expected_tensors(config)
-            if config.tie_word_embeddings:
-                known |= {c for c, _, _ in _sources(config, TIED_HEAD)}
-            unused = sorted(n for n in where if n not in known and not IGNORED.search(n)
-                            and not (config.checkpoint_prefix and MULTIMODAL.search(n)))
+            unused = unused_tensors(config, where)
             if unused:
                 more = f" and {len(unused) - 3} more" if len(unused) > 3 else ""
                 raise CheckpointError(
@@ -167,10 +173,7 @@ def check_checkpoint(path: str | Path) -> ModelConfig:
         handles = [stack.enter_context(safe_open(str(f), framework="pt", device="cpu"))
                    for f in checkpoint_files(path)]
         shapes = {name: tuple(h.get_slice(name).get_shape()) for h in handles for name in h.keys()}
-    known = expected_tensors(config) | ({c for c, _, _ in _sources(config, TIED_HEAD)}
-                                        if config.tie_word_embeddings else set())
-    unused = sorted(n for n in shapes if n not in known and not IGNORED.search(n)
-                    and not (config.checkpoint_prefix and MULTIMODAL.search(n)))
+    unused = unused_tensors(config, shapes)
     if unused:
         raise CheckpointError(f"checkpoint {path} holds tensors a {config.model_type} model of this config.json "
                               f"does not use: {', '.join(map(repr, unused[:3]))}")
