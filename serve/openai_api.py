@@ -346,7 +346,7 @@ def _error_body(event: dict[str, Any], api: _Chat | _Text) -> dict[str, Any]:
     param = _CODE_PARAMS.get(code)
     if code == "prompt_too_long":
         param = api.input_param
-    elif code == "invalid_request" and (m := re.match(r"(\w+)[.:]", message)):
+    elif code in ("invalid_request", "unsupported_parameter") and (m := re.match(r"(\w+)[.:]", message)):
         param = _PARAMS.get(m[1], api.input_param if m[1] == "input" else m[1])
     return {"message": message, "type": _ERROR_TYPES.get(status, "server_error"), "param": param,
             "code": code}

@@ -13,7 +13,10 @@ its ``sequence_number``. A failure after the stream started is an ``error`` even
 Multi-turn as OpenAI's: ``store`` defaults to true here, so every completed response can be
 continued by ``previous_response_id`` (from this route, the WebSocket or gRPC: ``serve.conversation``).
 ``instructions`` becomes a leading ``system`` message of this request's input (as in OpenAI's API,
-a previous response's instructions are not carried over). ``usage`` has OpenAI's shape with
+a previous response's instructions are not carried over); ``chat_template_kwargs`` (vLLM's) go to
+the model's chat template. ``include: ["message.output_text.logprobs"]`` with ``top_logprobs`` asks
+for log probabilities (``serve.request.logprobs_of``): in the ``output_text`` part's ``logprobs`` and
+in each ``response.output_text.delta`` and ``.done``, OpenAI's shapes. ``usage`` has OpenAI's shape with
 ``input_tokens_details.cached_tokens``; a ``fastmode`` object adds lane, route, timing, cost units
 (and on the exact lane ``speculative``). Errors are OpenAI's ``{"error": {...}}`` bodies, as in
 ``serve.openai_api``.
@@ -32,9 +35,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import InvalidRequest, describe_validation, parse_json, to_event
 from .lanes.lane import EXACT, PRIORITY
-from .openai_api import JSONBody, _error_response, _extension, respond
+from .openai_api import JSONBody, _Chat, _clamp, _error_response, _extension, respond
 from .openai_api import _event_response as _openai_event_response
 from .openai_schema import SAMPLING, OpenAIRequestError, refuse_unimplemented
+from .request import LOGPROBS_INCLUDE, logprobs_of
 from .telemetry import with_traceparent
 
 
@@ -90,6 +94,9 @@ class ResponsesRequest(BaseModel):
     parallel_tool_calls: bool | None = None
     tools: list[Any] | None = Field(default=None, max_length=0, description="No tools are served.")
     ignore_eos: bool | None = None  # vLLM's extension
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    include: list[str] | None = None  # "message.output_text.logprobs" only (serve.request.LOGPROBS_INCLUDE)
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM's extension: variables for the model's chat template
 
     def generate_request(self, rid: str) -> dict[str, Any]:
         """The router's request (``serve.request.GenerateRequest`` fields)."""
@@ -101,7 +108,9 @@ class ResponsesRequest(BaseModel):
                 "previous_response_id": self.previous_response_id, "max_output_tokens": self.max_output_tokens,
                 **{name: getattr(self, name) for name in SAMPLING},
                 "service_tier": self.service_tier,
-                "metadata": self.metadata, "ignore_eos": self.ignore_eos}
+                "metadata": self.metadata, "ignore_eos": self.ignore_eos,
+                "chat_template_kwargs": self.chat_template_kwargs,
+                "logprobs": logprobs_of(self.include, self.top_logprobs)}
         return {k: v for k, v in body.items() if v is not None}
 
 
@@ -113,17 +122,20 @@ async def create(router, request: Request):
         return _error_response(400, e.message, "invalid_request")
     if not isinstance(data, dict):
         return _error_response(400, "the body must be a JSON object", "invalid_request")
+    rid = f"resp_{uuid.uuid4().hex}"
     try:
         req = ResponsesRequest.model_validate(data)
         refuse_unimplemented(req.model_extra or {})
+        body = with_traceparent(req.generate_request(rid), request.headers)
     except ValidationError as e:
         return _error_response(400, describe_validation(e.errors(), "(body)"), "invalid_request",
                                str(e.errors()[0]["loc"][0]) if e.errors()[0]["loc"] else None)
     except OpenAIRequestError as e:
         return _error_response(400, e.message, e.code, e.param)
-    rid = f"resp_{uuid.uuid4().hex}"
+    except InvalidRequest as e:  # include, top_logprobs (serve.request.logprobs_of)
+        return _error_response(400, e.message, e.code, e.message.split(":", 1)[0])
     reply = _Response(rid, req)
-    return await respond(router.stream(with_traceparent(req.generate_request(rid), request.headers),
+    return await respond(router.stream(body,
                                        owner=getattr(request.state, "owner", "")), rid, request,
                          req.stream, created=reply.created, sse=lambda stream: _sse(reply, stream), body=reply.final,
                          error=_event_response)
@@ -141,9 +153,20 @@ class _Response:
         self.model = event["model"]
         self.service_tier = {PRIORITY: "priority", EXACT: "exact"}.get(event["lane"], "default")
 
-    def message(self, text: str, status: str) -> dict[str, Any]:
+    @property
+    def wants_logprobs(self) -> bool:
+        return LOGPROBS_INCLUDE in (self.req.include or [])
+
+    def part(self, text: str, logprobs: list | None = None) -> dict[str, Any]:
+        """An ``output_text`` content part; with logprobs asked for, theirs (OpenAI's ``Logprob``s)."""
+        part = {"type": "output_text", "text": text, "annotations": []}
+        if self.wants_logprobs:
+            part["logprobs"] = output_logprobs(logprobs or [])
+        return part
+
+    def message(self, text: str, status: str, logprobs: list | None = None) -> dict[str, Any]:
         return {"type": "message", "id": self.msg_id, "status": status, "role": "assistant",
-                "content": [{"type": "output_text", "text": text, "annotations": []}]}
+                "content": [self.part(text, logprobs)]}
 
     def body(self, status: str, output: list, done: dict[str, Any] | None = None) -> dict[str, Any]:
         r = self.req
@@ -153,7 +176,7 @@ class _Response:
                "max_output_tokens": r.max_output_tokens, "temperature": r.temperature if r.temperature is not None else 1.0,
                "top_p": r.top_p if r.top_p is not None else 1.0, "metadata": r.metadata or {}, "error": None,
                "incomplete_details": None, "parallel_tool_calls": False, "tool_choice": "none", "tools": [],
-               "truncation": "disabled", "usage": None}
+               "truncation": "disabled", "top_logprobs": r.top_logprobs, "usage": None}
         if done is not None:
             u = done["usage"]
             out["usage"] = {"input_tokens": u["input_tokens"],
@@ -169,7 +192,7 @@ class _Response:
     def final(self, text: str, done: dict[str, Any]) -> dict[str, Any]:
         self.model = done["model"]
         status = "incomplete" if done["finish_reason"] == "length" else "completed"
-        return self.body(status, [self.message(text, status)], done)
+        return self.body(status, [self.message(text, status, done.get("logprobs"))], done)
 
 
 async def _sse(reply: _Response, stream) -> AsyncIterator[str]:
@@ -182,9 +205,10 @@ async def _sse(reply: _Response, stream) -> AsyncIterator[str]:
         seq += 1
         return f"event: {kind}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
 
-    part = {"type": "output_text", "text": "", "annotations": []}
+    part = reply.part("")
     at = {"item_id": reply.msg_id, "output_index": 0, "content_index": 0}
     texts: list[str] = []
+    logprobs: list[dict[str, Any]] = []
     try:
         yield event("response.created", response=reply.body("in_progress", []))
         yield event("response.in_progress", response=reply.body("in_progress", []))
@@ -195,12 +219,14 @@ async def _sse(reply: _Response, stream) -> AsyncIterator[str]:
             kind = ev["type"]
             if kind == "delta":
                 texts.append(ev["text"])
-                yield event("response.output_text.delta", delta=ev["text"], logprobs=[], **at)
+                entries = ev.get("logprobs") or []
+                logprobs += entries
+                yield event("response.output_text.delta", delta=ev["text"], logprobs=delta_logprobs(entries), **at)
             elif kind == "done":
                 text = "".join(texts)
-                final = reply.final(text, ev)
-                yield event("response.output_text.done", text=text, logprobs=[], **at)
-                yield event("response.content_part.done", part={**part, "text": text}, **at)
+                final = reply.final(text, {**ev, "logprobs": logprobs})
+                yield event("response.output_text.done", text=text, logprobs=delta_logprobs(logprobs), **at)
+                yield event("response.content_part.done", part=final["output"][0]["content"][0], **at)
                 yield event("response.output_item.done", output_index=0, item=final["output"][0])
                 yield event(f"response.{final['status']}", response=final)
                 return
@@ -211,6 +237,20 @@ async def _sse(reply: _Response, stream) -> AsyncIterator[str]:
     except Exception as e:  # noqa: BLE001 - mid-stream failure: the stream's last event says so
         err = to_event(e, reply.id)
         yield event("error", code=err["code"], message=err["message"], param=None)
+
+
+def output_logprobs(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The deltas' entries (``Lane._logprobs``) as OpenAI's ``output_text`` ``logprobs``: per token its
+    ``token``, UTF-8 ``bytes``, ``logprob`` and ``top_logprobs`` alike (-inf as -9999, as chat's)."""
+    return _Chat.logprobs(entries)["content"]
+
+
+def delta_logprobs(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The entries as ``response.output_text.delta``'s (and ``.done``'s) ``logprobs``: OpenAI's stream
+    ``Logprob``, ``token``, ``logprob`` and ``top_logprobs`` of ``token`` and ``logprob`` (as vLLM's)."""
+    return [{"token": e["token"], "logprob": _clamp(e["logprob"]),
+             "top_logprobs": [{"token": t["token"], "logprob": _clamp(t["logprob"])} for t in e["top_logprobs"]]}
+            for e in entries]
 
 
 class _Api:

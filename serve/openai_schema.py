@@ -5,7 +5,7 @@ No field is dropped. The fields below are honoured; a field this server does not
 refused with a 400 whose ``code`` is ``unsupported_parameter`` and whose ``param`` names it, unless
 it holds its neutral value (``NEUTRAL``: e.g. ``n: 1``, ``logprobs: false``), which changes nothing,
 or is one of ``NO_EFFECT`` (identifiers and cache hints that do not change the output). That covers
-``n`` other than 1, Responses' ``top_logprobs``, tools, a non-text ``response_format``, ``echo``, ``suffix``,
+``n`` other than 1, tools, a non-text ``response_format``, ``echo``, ``suffix``,
 ``best_of``, and any field this API does not know. Non-text message parts and token-id prompts are
 refused as invalid. The sampling fields are validated by the router, whose messages name them the
 same way.
@@ -47,13 +47,12 @@ def unsupported(name: str, why: str) -> OpenAIRequestError:
 
 NEUTRAL: dict[str, tuple[Any, ...]] = {
     "n": (1,), "best_of": (1,), "echo": (False,), "suffix": ("",),
-    "top_logprobs": (0,),  # Responses'; chat completions serve it
     "tools": ([],), "functions": ([],), "tool_choice": ("none", "auto"), "parallel_tool_calls": (True, False),
     "response_format": ({"type": "text"},), "modalities": (["text"],), "store": (False,),
     "use_beam_search": (False,), "skip_special_tokens": (True,),
     "include_stop_str_in_output": (False,),
     # Responses' own
-    "include": ([],), "background": (False,), "text": ({"format": {"type": "text"}},),
+    "background": (False,), "text": ({"format": {"type": "text"}},),
 }
 """Fields this server does not implement, with the values that mean "not used" (``None`` always
 does): they are accepted at those values and refused (``unsupported_parameter``) at any other."""

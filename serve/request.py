@@ -25,6 +25,9 @@ _Text = Annotated[str, StringConstraints(min_length=1)]
 _TokenId = Annotated[int, Field(ge=0, lt=2**31)]
 _Bias = Annotated[float, Field(ge=-100, le=100, allow_inf_nan=False)]
 
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+"""The ``include`` entry of OpenAI's Responses API that asks for the output's log probabilities."""
+
 MODEL_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
                   "frequency_penalty")
 """The sampling fields a model's ``generation_config.json`` gives defaults to (vLLM's
@@ -90,6 +93,12 @@ class GenerateRequest(BaseModel):
     logprobs: int | None = Field(default=None, ge=0, le=20, description="Each output token's log probability "
                                  "(of the model's raw logits, as vLLM's) with those of the n most likely tokens "
                                  "(0: its own only), in the deltas' 'logprobs'.")
+    top_logprobs: int | None = Field(default=None, ge=0, le=20, description="OpenAI Responses': with include "
+                                     "['message.output_text.logprobs'], how many most likely tokens each output "
+                                     "token's entry lists (as logprobs: n).")
+    include: list[str] | None = Field(default=None, description="OpenAI Responses': "
+                                      f"{LOGPROBS_INCLUDE!r} asks for logprobs (top_logprobs of them, else 0); no "
+                                      "other value is served.")
     ignore_eos: bool = Field(default=False, description="Keep generating past end-of-sequence tokens "
                              "(vLLM's extension; benchmarks use it for fixed output lengths).")
     allow_spill: bool = Field(default=False, description="If the priority or exact lane is "
@@ -128,6 +137,7 @@ class GenerateRequest(BaseModel):
         if req.max_output_tokens is not None and req.min_tokens > req.max_output_tokens:
             raise InvalidRequest(f"min_tokens: must be at most max_output_tokens ({req.max_output_tokens}), got "
                                  f"{req.min_tokens}")
+        req = req._resolve_include()
         if isinstance(req.stop, list) and len(req.stop) > 4:
             raise InvalidRequest(f"stop: at most 4 stop strings, got {len(req.stop)}")
         escaped = source is None or b"\\u" in source
@@ -135,6 +145,12 @@ class GenerateRequest(BaseModel):
             # JSON may carry lone surrogates (an unpaired "\\ud800" escape); no tokenizer takes them.
             raise InvalidRequest(f"{where}: not valid Unicode text (a lone surrogate)")
         return req
+
+    def _resolve_include(self) -> GenerateRequest:
+        """OpenAI Responses' ``include`` and ``top_logprobs`` as ``logprobs`` (``logprobs_of``)."""
+        if self.include is None and self.top_logprobs is None:
+            return self
+        return self.model_copy(update={"logprobs": logprobs_of(self.include, self.top_logprobs, self.logprobs)})
 
     def to_lane(self, request_id: str, trace: dict[str, str] | None = None) -> LaneRequest:
         """What the router sends a lane: this request's generation fields, every default resolved."""
@@ -161,6 +177,25 @@ class GenerateRequest(BaseModel):
         if not any(content for _, content in messages):
             raise InvalidRequest("input: the prompt is empty")
         return ChatPrompt(messages, self.chat_template_kwargs)
+
+
+def logprobs_of(include: list[str] | None, top_logprobs: int | None, logprobs: int | None = None) -> int | None:
+    """OpenAI Responses' ``include`` and ``top_logprobs`` as the router's ``logprobs``, as vLLM's Responses
+    API reads them: ``include`` with ``LOGPROBS_INCLUDE`` asks for log probabilities, ``top_logprobs``
+    (default 0) says how many top tokens. Any other ``include`` entry is ``unsupported_parameter``;
+    ``top_logprobs`` above 0 without that entry (vLLM would drop it), or a ``logprobs`` that says
+    otherwise, is ``invalid_request``."""
+    include = include or []
+    if other := [i for i in include if i != LOGPROBS_INCLUDE]:
+        raise UnsupportedParameter(f"include: {other[0]!r:.80} is not served; only {LOGPROBS_INCLUDE!r}")
+    if LOGPROBS_INCLUDE not in include:
+        if top_logprobs:
+            raise InvalidRequest(f"top_logprobs: needs include: [{LOGPROBS_INCLUDE!r}]")
+        return logprobs
+    n = top_logprobs or 0
+    if logprobs is not None and logprobs != n:
+        raise InvalidRequest(f"logprobs: {logprobs} disagrees with include and top_logprobs ({n}); send one")
+    return n
 
 
 @dataclass(frozen=True)

@@ -378,9 +378,10 @@ class DoorConnection:
         if req.previous_response_id is not None or req.store:
             raise InvalidRequest("previous_response_id and store: not served by the fast lane's door; the "
                                  "gateway's WebSocket serves conversations")
-        if req.logprobs is not None:
-            raise UnsupportedParameter("logprobs: not served by the fast lane's door; the gateway's WebSocket "
-                                       "serves them")
+        if req.logprobs is not None:  # asked for as logprobs, or as OpenAI Responses' include
+            field = "include" if req.include else "logprobs"
+            raise UnsupportedParameter(f"{field}: log probabilities are not served by the fast lane's door; the "
+                                       "gateway's WebSocket serves them")
         ids = door.prompt_ids.encode_prompt(req.prompt)[0]
         max_tokens = req.max_output_tokens or door.max_len - len(ids)
         if len(ids) + max_tokens > door.max_len or max_tokens < 1:

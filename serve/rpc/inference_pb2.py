@@ -22,9 +22,10 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19serve/rpc/inference.proto\x12\x0b\x66\x61stmode.v1\"(\n\x07Message\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"2\n\x08Messages\x12&\n\x08messages\x18\x01 \x03(\x0b\x32\x14.fastmode.v1.Message\"\xa4\x07\n\x0fGenerateRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x19\n\x0cservice_tier\x18\x03 \x01(\tH\x01\x88\x01\x01\x12\x0e\n\x04text\x18\x04 \x01(\tH\x00\x12)\n\x08messages\x18\x05 \x01(\x0b\x32\x15.fastmode.v1.MessagesH\x00\x12\x1e\n\x11max_output_tokens\x18\x06 \x01(\rH\x02\x88\x01\x01\x12\x18\n\x0btemperature\x18\x07 \x01(\x01H\x03\x88\x01\x01\x12\x12\n\x05top_p\x18\x08 \x01(\x01H\x04\x88\x01\x01\x12\x0c\n\x04stop\x18\t \x03(\t\x12\x11\n\x04seed\x18\n \x01(\x04H\x05\x88\x01\x01\x12\x12\n\nignore_eos\x18\x0b \x01(\x08\x12\x13\n\x0b\x61llow_spill\x18\x0c \x01(\x08\x12<\n\x08metadata\x18\r \x03(\x0b\x32*.fastmode.v1.GenerateRequest.MetadataEntry\x12!\n\x14previous_response_id\x18\x0e \x01(\tH\x06\x88\x01\x01\x12\r\n\x05store\x18\x0f \x01(\x08\x12\x12\n\x05top_k\x18\x10 \x01(\x05H\x07\x88\x01\x01\x12\x12\n\x05min_p\x18\x11 \x01(\x01H\x08\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x12 \x01(\x01H\t\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\x13 \x01(\x01H\n\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x14 \x01(\x01H\x0b\x88\x01\x01\x12?\n\nlogit_bias\x18\x15 \x03(\x0b\x32+.fastmode.v1.GenerateRequest.LogitBiasEntry\x12\x16\n\x0estop_token_ids\x18\x16 \x03(\r\x12\x12\n\nmin_tokens\x18\x17 \x01(\r\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\x07\n\x05inputB\x0f\n\r_service_tierB\x14\n\x12_max_output_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x07\n\x05_seedB\x17\n\x15_previous_response_idB\x08\n\x06_top_kB\x08\n\x06_min_pB\x15\n\x13_repetition_penaltyB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penalty\"a\n\x05Usage\x12\x14\n\x0cinput_tokens\x18\x01 \x01(\r\x12\x15\n\routput_tokens\x18\x02 \x01(\r\x12\x14\n\x0ctotal_tokens\x18\x03 \x01(\r\x12\x15\n\rcached_tokens\x18\x04 \x01(\r\"\xa1\x01\n\x06Timing\x12\x13\n\x06ttft_s\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x1a\n\rengine_ttft_s\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12 \n\x13\x64\x65\x63ode_tokens_per_s\x18\x03 \x01(\x01H\x02\x88\x01\x01\x12\x0f\n\x07total_s\x18\x04 \x01(\x01\x42\t\n\x07_ttft_sB\x10\n\x0e_engine_ttft_sB\x16\n\x14_decode_tokens_per_s\"\x8e\x01\n\x0bSpeculative\x12\x14\n\x0c\x64raft_tokens\x18\x01 \x01(\r\x12\x14\n\x0cverify_steps\x18\x02 \x01(\r\x12\x0f\n\x07\x64rafted\x18\x03 \x01(\r\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x04 \x01(\r\x12\x17\n\x0f\x61\x63\x63\x65ptance_rate\x18\x05 \x01(\x01\x12\x17\n\x0ftokens_per_step\x18\x06 \x01(\x01\"\x84\x02\n\rGenerateChunk\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\r\x12\r\n\x05\x64\x65lta\x18\x03 \x01(\t\x12\x0c\n\x04lane\x18\x04 \x01(\t\x12\r\n\x05model\x18\x05 \x01(\t\x12\x0c\n\x04last\x18\x06 \x01(\x08\x12!\n\x05usage\x18\x07 \x01(\x0b\x32\x12.fastmode.v1.Usage\x12#\n\x06timing\x18\x08 \x01(\x0b\x32\x13.fastmode.v1.Timing\x12\x15\n\rfinish_reason\x18\t \x01(\t\x12\x12\n\ncost_units\x18\n \x01(\x01\x12-\n\x0bspeculative\x18\x0b \x01(\x0b\x32\x18.fastmode.v1.Speculative\"\x13\n\x11ListModelsRequest\"\"\n\x05Model\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05lanes\x18\x02 \x03(\t\"8\n\x12ListModelsResponse\x12\"\n\x06models\x18\x01 \x03(\x0b\x32\x12.fastmode.v1.Model2\xa2\x01\n\tInference\x12\x46\n\x08Generate\x12\x1c.fastmode.v1.GenerateRequest\x1a\x1a.fastmode.v1.GenerateChunk0\x01\x12M\n\nListModels\x12\x1e.fastmode.v1.ListModelsRequest\x1a\x1f.fastmode.v1.ListModelsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19serve/rpc/inference.proto\x12\x0b\x66\x61stmode.v1\x1a\x1cgoogle/protobuf/struct.proto\"(\n\x07Message\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"2\n\x08Messages\x12&\n\x08messages\x18\x01 \x03(\x0b\x32\x14.fastmode.v1.Message\"\xa5\t\n\x0fGenerateRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x19\n\x0cservice_tier\x18\x03 \x01(\tH\x01\x88\x01\x01\x12\x0e\n\x04text\x18\x04 \x01(\tH\x00\x12)\n\x08messages\x18\x05 \x01(\x0b\x32\x15.fastmode.v1.MessagesH\x00\x12\x1e\n\x11max_output_tokens\x18\x06 \x01(\rH\x02\x88\x01\x01\x12\x18\n\x0btemperature\x18\x07 \x01(\x01H\x03\x88\x01\x01\x12\x12\n\x05top_p\x18\x08 \x01(\x01H\x04\x88\x01\x01\x12\x0c\n\x04stop\x18\t \x03(\t\x12\x11\n\x04seed\x18\n \x01(\x04H\x05\x88\x01\x01\x12\x12\n\nignore_eos\x18\x0b \x01(\x08\x12\x13\n\x0b\x61llow_spill\x18\x0c \x01(\x08\x12<\n\x08metadata\x18\r \x03(\x0b\x32*.fastmode.v1.GenerateRequest.MetadataEntry\x12!\n\x14previous_response_id\x18\x0e \x01(\tH\x06\x88\x01\x01\x12\r\n\x05store\x18\x0f \x01(\x08\x12\x12\n\x05top_k\x18\x10 \x01(\x05H\x07\x88\x01\x01\x12\x12\n\x05min_p\x18\x11 \x01(\x01H\x08\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x12 \x01(\x01H\t\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\x13 \x01(\x01H\n\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x14 \x01(\x01H\x0b\x88\x01\x01\x12?\n\nlogit_bias\x18\x15 \x03(\x0b\x32+.fastmode.v1.GenerateRequest.LogitBiasEntry\x12\x16\n\x0estop_token_ids\x18\x16 \x03(\r\x12\x12\n\nmin_tokens\x18\x17 \x01(\r\x12\x35\n\x14\x63hat_template_kwargs\x18\x18 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x15\n\x08logprobs\x18\x19 \x01(\rH\x0c\x88\x01\x01\x12\x0e\n\x01n\x18\x1a \x01(\rH\r\x88\x01\x01\x12\x14\n\x07\x62\x65st_of\x18\x1b \x01(\rH\x0e\x88\x01\x01\x12\x0c\n\x04\x65\x63ho\x18\x1c \x01(\x08\x12\x11\n\tbad_words\x18\x1d \x03(\t\x12\x19\n\x11\x61llowed_token_ids\x18\x1e \x03(\r\x12\x1c\n\x0fprompt_logprobs\x18\x1f \x01(\rH\x0f\x88\x01\x01\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\x07\n\x05inputB\x0f\n\r_service_tierB\x14\n\x12_max_output_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x07\n\x05_seedB\x17\n\x15_previous_response_idB\x08\n\x06_top_kB\x08\n\x06_min_pB\x15\n\x13_repetition_penaltyB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x0b\n\t_logprobsB\x04\n\x02_nB\n\n\x08_best_ofB\x12\n\x10_prompt_logprobs\"a\n\x05Usage\x12\x14\n\x0cinput_tokens\x18\x01 \x01(\r\x12\x15\n\routput_tokens\x18\x02 \x01(\r\x12\x14\n\x0ctotal_tokens\x18\x03 \x01(\r\x12\x15\n\rcached_tokens\x18\x04 \x01(\r\"\xa1\x01\n\x06Timing\x12\x13\n\x06ttft_s\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x1a\n\rengine_ttft_s\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12 \n\x13\x64\x65\x63ode_tokens_per_s\x18\x03 \x01(\x01H\x02\x88\x01\x01\x12\x0f\n\x07total_s\x18\x04 \x01(\x01\x42\t\n\x07_ttft_sB\x10\n\x0e_engine_ttft_sB\x16\n\x14_decode_tokens_per_s\"\x8e\x01\n\x0bSpeculative\x12\x14\n\x0c\x64raft_tokens\x18\x01 \x01(\r\x12\x14\n\x0cverify_steps\x18\x02 \x01(\r\x12\x0f\n\x07\x64rafted\x18\x03 \x01(\r\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x04 \x01(\r\x12\x17\n\x0f\x61\x63\x63\x65ptance_rate\x18\x05 \x01(\x01\x12\x17\n\x0ftokens_per_step\x18\x06 \x01(\x01\"\xb1\x02\n\rGenerateChunk\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\r\x12\r\n\x05\x64\x65lta\x18\x03 \x01(\t\x12\x0c\n\x04lane\x18\x04 \x01(\t\x12\r\n\x05model\x18\x05 \x01(\t\x12\x0c\n\x04last\x18\x06 \x01(\x08\x12!\n\x05usage\x18\x07 \x01(\x0b\x32\x12.fastmode.v1.Usage\x12#\n\x06timing\x18\x08 \x01(\x0b\x32\x13.fastmode.v1.Timing\x12\x15\n\rfinish_reason\x18\t \x01(\t\x12\x12\n\ncost_units\x18\n \x01(\x01\x12-\n\x0bspeculative\x18\x0b \x01(\x0b\x32\x18.fastmode.v1.Speculative\x12+\n\x08logprobs\x18\x0c \x03(\x0b\x32\x19.fastmode.v1.TokenLogprob\"8\n\nTopLogprob\x12\r\n\x05token\x18\x01 \x01(\t\x12\n\n\x02id\x18\x02 \x01(\r\x12\x0f\n\x07logprob\x18\x03 \x01(\x01\"i\n\x0cTokenLogprob\x12\r\n\x05token\x18\x01 \x01(\t\x12\n\n\x02id\x18\x02 \x01(\r\x12\x0f\n\x07logprob\x18\x03 \x01(\x01\x12-\n\x0ctop_logprobs\x18\x04 \x03(\x0b\x32\x17.fastmode.v1.TopLogprob\"\x13\n\x11ListModelsRequest\"\"\n\x05Model\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05lanes\x18\x02 \x03(\t\"8\n\x12ListModelsResponse\x12\"\n\x06models\x18\x01 \x03(\x0b\x32\x12.fastmode.v1.Model2\xa2\x01\n\tInference\x12\x46\n\x08Generate\x12\x1c.fastmode.v1.GenerateRequest\x1a\x1a.fastmode.v1.GenerateChunk0\x01\x12M\n\nListModels\x12\x1e.fastmode.v1.ListModelsRequest\x1a\x1f.fastmode.v1.ListModelsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,30 +36,34 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GENERATEREQUEST_METADATAENTRY']._serialized_options = b'8\001'
   _globals['_GENERATEREQUEST_LOGITBIASENTRY']._loaded_options = None
   _globals['_GENERATEREQUEST_LOGITBIASENTRY']._serialized_options = b'8\001'
-  _globals['_MESSAGE']._serialized_start=42
-  _globals['_MESSAGE']._serialized_end=82
-  _globals['_MESSAGES']._serialized_start=84
-  _globals['_MESSAGES']._serialized_end=134
-  _globals['_GENERATEREQUEST']._serialized_start=137
-  _globals['_GENERATEREQUEST']._serialized_end=1069
-  _globals['_GENERATEREQUEST_METADATAENTRY']._serialized_start=778
-  _globals['_GENERATEREQUEST_METADATAENTRY']._serialized_end=825
-  _globals['_GENERATEREQUEST_LOGITBIASENTRY']._serialized_start=827
-  _globals['_GENERATEREQUEST_LOGITBIASENTRY']._serialized_end=875
-  _globals['_USAGE']._serialized_start=1071
-  _globals['_USAGE']._serialized_end=1168
-  _globals['_TIMING']._serialized_start=1171
-  _globals['_TIMING']._serialized_end=1332
-  _globals['_SPECULATIVE']._serialized_start=1335
-  _globals['_SPECULATIVE']._serialized_end=1477
-  _globals['_GENERATECHUNK']._serialized_start=1480
-  _globals['_GENERATECHUNK']._serialized_end=1740
-  _globals['_LISTMODELSREQUEST']._serialized_start=1742
-  _globals['_LISTMODELSREQUEST']._serialized_end=1761
-  _globals['_MODEL']._serialized_start=1763
-  _globals['_MODEL']._serialized_end=1797
-  _globals['_LISTMODELSRESPONSE']._serialized_start=1799
-  _globals['_LISTMODELSRESPONSE']._serialized_end=1855
-  _globals['_INFERENCE']._serialized_start=1858
-  _globals['_INFERENCE']._serialized_end=2020
+  _globals['_MESSAGE']._serialized_start=72
+  _globals['_MESSAGE']._serialized_end=112
+  _globals['_MESSAGES']._serialized_start=114
+  _globals['_MESSAGES']._serialized_end=164
+  _globals['_GENERATEREQUEST']._serialized_start=167
+  _globals['_GENERATEREQUEST']._serialized_end=1356
+  _globals['_GENERATEREQUEST_METADATAENTRY']._serialized_start=1014
+  _globals['_GENERATEREQUEST_METADATAENTRY']._serialized_end=1061
+  _globals['_GENERATEREQUEST_LOGITBIASENTRY']._serialized_start=1063
+  _globals['_GENERATEREQUEST_LOGITBIASENTRY']._serialized_end=1111
+  _globals['_USAGE']._serialized_start=1358
+  _globals['_USAGE']._serialized_end=1455
+  _globals['_TIMING']._serialized_start=1458
+  _globals['_TIMING']._serialized_end=1619
+  _globals['_SPECULATIVE']._serialized_start=1622
+  _globals['_SPECULATIVE']._serialized_end=1764
+  _globals['_GENERATECHUNK']._serialized_start=1767
+  _globals['_GENERATECHUNK']._serialized_end=2072
+  _globals['_TOPLOGPROB']._serialized_start=2074
+  _globals['_TOPLOGPROB']._serialized_end=2130
+  _globals['_TOKENLOGPROB']._serialized_start=2132
+  _globals['_TOKENLOGPROB']._serialized_end=2237
+  _globals['_LISTMODELSREQUEST']._serialized_start=2239
+  _globals['_LISTMODELSREQUEST']._serialized_end=2258
+  _globals['_MODEL']._serialized_start=2260
+  _globals['_MODEL']._serialized_end=2294
+  _globals['_LISTMODELSRESPONSE']._serialized_start=2296
+  _globals['_LISTMODELSRESPONSE']._serialized_end=2352
+  _globals['_INFERENCE']._serialized_start=2355
+  _globals['_INFERENCE']._serialized_end=2517
 # @@protoc_insertion_point(module_scope)

@@ -1,3 +1,4 @@
+from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -21,7 +22,7 @@ class Messages(_message.Message):
     def __init__(self, messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("id", "model", "service_tier", "text", "messages", "max_output_tokens", "temperature", "top_p", "stop", "seed", "ignore_eos", "allow_spill", "metadata", "previous_response_id", "store", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias", "stop_token_ids", "min_tokens")
+    __slots__ = ("id", "model", "service_tier", "text", "messages", "max_output_tokens", "temperature", "top_p", "stop", "seed", "ignore_eos", "allow_spill", "metadata", "previous_response_id", "store", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias", "stop_token_ids", "min_tokens", "chat_template_kwargs", "logprobs", "n", "best_of", "echo", "bad_words", "allowed_token_ids", "prompt_logprobs")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -59,6 +60,14 @@ class GenerateRequest(_message.Message):
     LOGIT_BIAS_FIELD_NUMBER: _ClassVar[int]
     STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     MIN_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CHAT_TEMPLATE_KWARGS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    N_FIELD_NUMBER: _ClassVar[int]
+    BEST_OF_FIELD_NUMBER: _ClassVar[int]
+    ECHO_FIELD_NUMBER: _ClassVar[int]
+    BAD_WORDS_FIELD_NUMBER: _ClassVar[int]
+    ALLOWED_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     id: str
     model: str
     service_tier: str
@@ -82,7 +91,15 @@ class GenerateRequest(_message.Message):
     logit_bias: _containers.ScalarMap[int, float]
     stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
     min_tokens: int
-    def __init__(self, id: _Optional[str] = ..., model: _Optional[str] = ..., service_tier: _Optional[str] = ..., text: _Optional[str] = ..., messages: _Optional[_Union[Messages, _Mapping]] = ..., max_output_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., stop: _Optional[_Iterable[str]] = ..., seed: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., allow_spill: _Optional[bool] = ..., metadata: _Optional[_Mapping[str, str]] = ..., previous_response_id: _Optional[str] = ..., store: _Optional[bool] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., min_tokens: _Optional[int] = ...) -> None: ...
+    chat_template_kwargs: _struct_pb2.Struct
+    logprobs: int
+    n: int
+    best_of: int
+    echo: bool
+    bad_words: _containers.RepeatedScalarFieldContainer[str]
+    allowed_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    prompt_logprobs: int
+    def __init__(self, id: _Optional[str] = ..., model: _Optional[str] = ..., service_tier: _Optional[str] = ..., text: _Optional[str] = ..., messages: _Optional[_Union[Messages, _Mapping]] = ..., max_output_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., stop: _Optional[_Iterable[str]] = ..., seed: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., allow_spill: _Optional[bool] = ..., metadata: _Optional[_Mapping[str, str]] = ..., previous_response_id: _Optional[str] = ..., store: _Optional[bool] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., min_tokens: _Optional[int] = ..., chat_template_kwargs: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., logprobs: _Optional[int] = ..., n: _Optional[int] = ..., best_of: _Optional[int] = ..., echo: _Optional[bool] = ..., bad_words: _Optional[_Iterable[str]] = ..., allowed_token_ids: _Optional[_Iterable[int]] = ..., prompt_logprobs: _Optional[int] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("input_tokens", "output_tokens", "total_tokens", "cached_tokens")
@@ -125,7 +142,7 @@ class Speculative(_message.Message):
     def __init__(self, draft_tokens: _Optional[int] = ..., verify_steps: _Optional[int] = ..., drafted: _Optional[int] = ..., accepted: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., tokens_per_step: _Optional[float] = ...) -> None: ...
 
 class GenerateChunk(_message.Message):
-    __slots__ = ("id", "seq", "delta", "lane", "model", "last", "usage", "timing", "finish_reason", "cost_units", "speculative")
+    __slots__ = ("id", "seq", "delta", "lane", "model", "last", "usage", "timing", "finish_reason", "cost_units", "speculative", "logprobs")
     ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     DELTA_FIELD_NUMBER: _ClassVar[int]
@@ -137,6 +154,7 @@ class GenerateChunk(_message.Message):
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     COST_UNITS_FIELD_NUMBER: _ClassVar[int]
     SPECULATIVE_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     id: str
     seq: int
     delta: str
@@ -148,7 +166,30 @@ class GenerateChunk(_message.Message):
     finish_reason: str
     cost_units: float
     speculative: Speculative
-    def __init__(self, id: _Optional[str] = ..., seq: _Optional[int] = ..., delta: _Optional[str] = ..., lane: _Optional[str] = ..., model: _Optional[str] = ..., last: _Optional[bool] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., finish_reason: _Optional[str] = ..., cost_units: _Optional[float] = ..., speculative: _Optional[_Union[Speculative, _Mapping]] = ...) -> None: ...
+    logprobs: _containers.RepeatedCompositeFieldContainer[TokenLogprob]
+    def __init__(self, id: _Optional[str] = ..., seq: _Optional[int] = ..., delta: _Optional[str] = ..., lane: _Optional[str] = ..., model: _Optional[str] = ..., last: _Optional[bool] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., finish_reason: _Optional[str] = ..., cost_units: _Optional[float] = ..., speculative: _Optional[_Union[Speculative, _Mapping]] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ...) -> None: ...
+
+class TopLogprob(_message.Message):
+    __slots__ = ("token", "id", "logprob")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    token: str
+    id: int
+    logprob: float
+    def __init__(self, token: _Optional[str] = ..., id: _Optional[int] = ..., logprob: _Optional[float] = ...) -> None: ...
+
+class TokenLogprob(_message.Message):
+    __slots__ = ("token", "id", "logprob", "top_logprobs")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    token: str
+    id: int
+    logprob: float
+    top_logprobs: _containers.RepeatedCompositeFieldContainer[TopLogprob]
+    def __init__(self, token: _Optional[str] = ..., id: _Optional[int] = ..., logprob: _Optional[float] = ..., top_logprobs: _Optional[_Iterable[_Union[TopLogprob, _Mapping]]] = ...) -> None: ...
 
 class ListModelsRequest(_message.Message):
     __slots__ = ()

@@ -26,7 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from google.protobuf import json_format
 from google.protobuf.message import DecodeError
+from google.protobuf.unknown_fields import UnknownFieldSet
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
@@ -55,6 +57,39 @@ def lane_service(lane: str) -> str:
     return f"{SERVICE}/{lane}"
 
 
+NOT_SERVED = {"n": 1, "best_of": 1, "echo": False, "bad_words": [], "allowed_token_ids": [], "prompt_logprobs": None}
+"""The request's fields of vLLM's ``SamplingParams`` this server does not implement, each with its
+neutral value (unset is neutral too): any other value is refused by name (``unsupported``)."""
+
+
+def unsupported(req: pb.GenerateRequest) -> str | None:
+    """Why ``req`` asks for what this server does not serve (a field of ``NOT_SERVED`` at another value,
+    or a field number this proto does not have: a newer client's field would be dropped), or ``None``."""
+    for name, neutral in NOT_SERVED.items():
+        if req.DESCRIPTOR.fields_by_name[name].has_presence and not req.HasField(name):
+            continue  # unset
+        value = list(getattr(req, name)) if isinstance(neutral, list) else getattr(req, name)
+        if value != neutral:
+            return f"{name}: not supported by this server (got {value!r:.80})"
+    unknown = UnknownFieldSet(req)
+    if len(unknown):
+        numbers = sorted({f.field_number for f in unknown})
+        return (f"field number {numbers[0]}: not a field of {req.DESCRIPTOR.full_name} on this server "
+                "(a newer client's?); it is not served")
+    return None
+
+
+def _integral(value: Any) -> Any:
+    """A ``Struct``'s value as JSON would give it: a number without a fraction as an ``int``."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _integral(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_integral(v) for v in value]
+    return value
+
+
 def to_request(req: pb.GenerateRequest, metadata: dict[str, str]) -> dict[str, Any]:
     """The router's request dict (``serve.request.GenerateRequest`` fields) for a proto request."""
     body: dict[str, Any] = {"model": req.model, "stop": list(req.stop) or None, "ignore_eos": req.ignore_eos,
@@ -66,7 +101,8 @@ def to_request(req: pb.GenerateRequest, metadata: dict[str, str]) -> dict[str, A
     else:
         body["input"] = req.text
     for field in ("service_tier", "max_output_tokens", "temperature", "top_p", "top_k", "min_p",
-                  "repetition_penalty", "presence_penalty", "frequency_penalty", "seed", "previous_response_id"):
+                  "repetition_penalty", "presence_penalty", "frequency_penalty", "seed", "previous_response_id",
+                  "logprobs"):
         if req.HasField(field):
             body[field] = getattr(req, field)
     if req.logit_bias:
@@ -75,6 +111,8 @@ def to_request(req: pb.GenerateRequest, metadata: dict[str, str]) -> dict[str, A
         body["stop_token_ids"] = list(req.stop_token_ids)
     if req.min_tokens:
         body["min_tokens"] = req.min_tokens
+    if req.HasField("chat_template_kwargs"):
+        body["chat_template_kwargs"] = _integral(json_format.MessageToDict(req.chat_template_kwargs))
     meta = dict(req.metadata)
     if "traceparent" in metadata:  # the call's own trace context wins
         meta["traceparent"] = metadata["traceparent"]
@@ -130,6 +168,9 @@ class InferenceServicer(pb_grpc.InferenceServicer):
             context.set_trailing_metadata((("fastmode-error-code", "invalid_request"),))
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid_request: the request message does "
                                 f"not parse: {request}")
+        if isinstance(request, pb.GenerateRequest) and (why := unsupported(request)) is not None:
+            context.set_trailing_metadata((("fastmode-error-code", "unsupported_parameter"),))
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unsupported_parameter: {why}")
         return metadata, owner_of(key)
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
@@ -144,6 +185,8 @@ class InferenceServicer(pb_grpc.InferenceServicer):
                     rid = ev["id"]
                 elif kind == "delta":
                     chunk = pb.GenerateChunk(id=ev["id"], seq=seq, delta=ev["text"])
+                    if ev.get("logprobs"):
+                        chunk.logprobs.extend(_logprob(e) for e in ev["logprobs"])
                     if seq == 0:
                         chunk.lane, chunk.model = lane, model
                     seq += 1
@@ -232,6 +275,13 @@ def credentials(config: GrpcConfig) -> grpc.ServerCredentials:
     """The server's TLS credentials from ``grpc.tls_certfile`` and ``grpc.tls_keyfile`` (PEM)."""
     cert, key = Path(config.tls_certfile).read_bytes(), Path(config.tls_keyfile).read_bytes()
     return grpc.ssl_server_credentials([(key, cert)])
+
+
+def _logprob(e: dict[str, Any]) -> pb.TokenLogprob:
+    """A delta's logprobs entry (``Lane._logprobs``) as its proto."""
+    return pb.TokenLogprob(token=e["token"], id=e["id"], logprob=e["logprob"],
+                           top_logprobs=[pb.TopLogprob(token=t["token"], id=t["id"], logprob=t["logprob"])
+                                         for t in e["top_logprobs"]])
 
 
 def _usage(u: dict) -> pb.Usage:

@@ -196,6 +196,39 @@ def test_every_front_door_hands_the_lane_the_conversation():
     assert (e.value.code, e.value.param) == ("unsupported_parameter", "chat_template_kwargs")
 
 
+def test_chat_template_kwargs_from_every_front_door_render_on_the_lane(tmp_path):
+    """``chat_template_kwargs`` on chat completions, Responses over HTTP, the WebSocket and gRPC (a
+    ``Struct``) reach the lane, whose ids are transformers' ``apply_chat_template(..., **kwargs)``: with
+    a Qwen3-style template, ``enable_thinking: false`` appends an empty thinking block."""
+    from serve.openai_responses import ResponsesRequest
+    from serve.openai_schema import ChatCompletionRequest, parse
+    from serve.rpc import inference_pb2 as pb
+    from serve.rpc.server import to_request
+    from tests.serve.chat_models import THINKING
+
+    path = with_template(FAST, tmp_path / "thinking", THINKING)
+    engine = Recording()
+    lane = Lane("fast", "m", str(path), {}, engine=engine)
+    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+    off = {"enable_thinking": False}
+    want = AutoTokenizer.from_pretrained(path).apply_chat_template(messages, add_generation_prompt=True,
+                                                                   tokenize=True, return_dict=False, **off)
+    assert want != reference(path, messages)  # the variable changes the prompt
+    grpc = pb.GenerateRequest(model="m", messages=pb.Messages(messages=[pb.Message(**m) for m in messages]),
+                              chat_template_kwargs=off)
+    bodies = {"chat": parse(ChatCompletionRequest, {"model": "m", "messages": messages,
+                                                    "chat_template_kwargs": off}).generate_request("c"),
+              "responses": ResponsesRequest(model="m", input="u", instructions="s",
+                                            chat_template_kwargs=off).generate_request("r"),
+              "websocket": {"model": "m", "input": messages, "chat_template_kwargs": off},
+              "grpc": to_request(grpc, {})}
+    for door, body in bodies.items():
+        run(lane, {k: v for k, v in body.items() if k not in ("id", "store")})
+        assert engine.requests[-1].prompt_ids == want, door
+    run(lane, {"input": messages})
+    assert engine.requests[-1].prompt_ids == reference(path, messages)
+
+
 def test_the_configs_chat_template_is_a_template_or_a_file(tmp_path):
     from serve.config import load_config
     from serve.errors import ConfigError

@@ -160,6 +160,24 @@ def test_bad_frames_get_the_gateways_typed_errors_and_the_connection_lives_on(do
     assert after[-1]["type"] == "response.completed"
 
 
+@pytest.mark.parametrize("fields,field", [
+    ({"logprobs": 2}, "logprobs"),
+    ({"include": ["message.output_text.logprobs"], "top_logprobs": 2}, "include"),  # OpenAI Responses' form
+    ({"include": ["message.output_text.logprobs"]}, "include"),
+])
+def test_logprobs_are_refused_at_the_door_naming_the_field_the_client_sent(door, fields, field):
+    m, url = door
+
+    async def main():
+        async with ws(url) as conn:
+            await conn.send(create("lp", **fields))
+            return await until_end(conn, "lp")
+
+    (err,) = run(main())
+    assert (err["type"], err["code"]) == ("error", "unsupported_parameter") and err["message"].startswith(f"{field}:")
+    assert "gateway" in err["message"]
+
+
 async def all_ended(conn, rids: set[str]) -> dict[str, list[dict]]:
     """Every event of each of ``rids`` until all have ended."""
     events: dict[str, list[dict]] = {rid: [] for rid in rids}

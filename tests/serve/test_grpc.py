@@ -79,6 +79,111 @@ def call_in_process(router, message: bytes) -> grpc.aio.AioRpcError | None:
     return asyncio.run(main())
 
 
+class Recording:
+    """A router that keeps each request body and streams a created, one delta with logprobs and a done."""
+
+    LOGPROBS = [{"token": "Hel", "id": 5, "logprob": -0.5, "top_logprobs": [{"token": "Hel", "id": 5, "logprob": -0.5},
+                                                                           {"token": "Hi", "id": 6, "logprob": -1.5}]}]
+
+    def __init__(self) -> None:
+        self.bodies: list[dict] = []
+
+    def stream(self, body: dict, owner: str = ""):
+        self.bodies.append(body)
+        usage = {"input_tokens": 1, "output_tokens": 1, "total_tokens": 2, "input_tokens_details": {"cached_tokens": 0}}
+        events = [{"type": "created", "id": "r", "lane": "standard", "model": "m", "input_tokens": 1, "route": {}},
+                  {"type": "delta", "id": "r", "seq": 0, "text": "Hel", "tokens": 1, "logprobs": self.LOGPROBS},
+                  {"type": "done", "id": "r", "lane": "standard", "model": "m", "finish_reason": "length",
+                   "usage": usage, "timing": {"total_s": 0.1}, "cost_units": 0.0}]
+
+        class Stream:
+            def __aiter__(self):
+                async def gen():
+                    for e in events:
+                        yield e
+                return gen()
+
+            def cancel(self) -> None:
+                pass
+
+        return Stream()
+
+
+def chunks_in_process(router, message: bytes) -> list:
+    """The chunks a servicer over ``router`` streams for ``message`` (serialized), or its error."""
+    import asyncio
+
+    from serve.rpc import inference_pb2 as pb
+    from serve.rpc.server import InferenceServicer, add_servicer
+
+    async def main():
+        server = grpc.aio.server()
+        add_servicer(InferenceServicer(router, frozenset()), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                call = channel.unary_stream("/fastmode.v1.Inference/Generate", request_serializer=lambda b: b,
+                                            response_deserializer=pb.GenerateChunk.FromString)
+                try:
+                    return [c async for c in call(message, timeout=10)]
+                except grpc.aio.AioRpcError as e:
+                    return e
+        finally:
+            await server.stop(0)
+
+    return asyncio.run(main())
+
+
+def test_chat_template_kwargs_and_logprobs_cross_grpc():
+    """``chat_template_kwargs`` (a ``Struct``: JSON's values, a whole number as an int) and ``logprobs``
+    reach the router as the WebSocket's fields; each chunk carries its delta's log probabilities."""
+    from clients.grpc_client import request
+
+    router = Recording()
+    req = request("m", [{"role": "user", "content": "hi"}], logprobs=1,
+                  chat_template_kwargs={"enable_thinking": False, "depth": 2, "ratio": 0.5, "tags": ["a", 1]})
+    chunks = chunks_in_process(router, req.SerializeToString())
+    assert router.bodies[0]["chat_template_kwargs"] == {"enable_thinking": False, "depth": 2, "ratio": 0.5,
+                                                        "tags": ["a", 1]}
+    assert isinstance(router.bodies[0]["chat_template_kwargs"]["depth"], int) and router.bodies[0]["logprobs"] == 1
+    (entry,) = chunks[0].logprobs
+    assert (entry.token, entry.id, entry.logprob) == ("Hel", 5, -0.5)
+    assert [(t.token, t.id, t.logprob) for t in entry.top_logprobs] == [("Hel", 5, -0.5), ("Hi", 6, -1.5)]
+    assert chunks[-1].last and not chunks[-1].logprobs
+    router = Recording()
+    chunks_in_process(router, request("m", "x").SerializeToString())
+    assert not {"chat_template_kwargs", "logprobs"} & set(router.bodies[0])  # unset: not sent
+
+
+@pytest.mark.parametrize("fields", [{"n": 2}, {"best_of": 3}, {"echo": True}, {"bad_words": ["x"]},
+                                    {"allowed_token_ids": [1]}, {"prompt_logprobs": 0}])
+def test_vllms_unserved_fields_are_unsupported_parameter_by_name(fields):
+    from clients.grpc_client import request
+
+    router = Recording()
+    e = chunks_in_process(router, request("m", "x", **fields).SerializeToString())
+    (name,) = fields
+    assert isinstance(e, grpc.aio.AioRpcError) and e.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error_code(e) == "unsupported_parameter" and e.details().startswith(f"unsupported_parameter: {name}:")
+    assert router.bodies == []  # never reached the router
+    neutral = {"n": 1, "best_of": 1, "echo": False, "bad_words": [], "allowed_token_ids": []}
+    if name in neutral:  # the neutral value changes nothing: served
+        chunks = chunks_in_process(router, request("m", "x", **{name: neutral[name]}).SerializeToString())
+        assert chunks[-1].last and len(router.bodies) == 1
+
+
+def test_a_field_number_the_proto_does_not_have_is_unsupported_not_dropped():
+    """A newer client's field (an unknown field number) would be dropped by protobuf's parser: refused."""
+    from clients.grpc_client import request
+
+    router = Recording()
+    message = request("m", "x").SerializeToString() + bytes([0xC0, 0x02, 0x05])  # field 40, varint 5
+    e = chunks_in_process(router, message)
+    assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and error_code(e) == "unsupported_parameter"
+    assert "field number 40" in e.details() and router.bodies == []
+
+
 def test_a_message_that_does_not_parse_is_invalid_argument():
     """Found by the fuzz (tests/serve/test_fuzz.py): a string field that is not UTF-8 failed the call
     with UNKNOWN (grpcio's answer when a deserializer raises)."""

@@ -403,6 +403,13 @@ I = "invalid_request"
     ("text", {"model": "m", "prompt": "x", "suffix": "end"}, "suffix", U, "not supported"),
     ("text", {"model": "m", "prompt": "x", "response_format": {"type": "json_object"}}, "response_format", U, "json"),
     ("text", {"model": "m"}, "prompt", I, "string"),
+    # vLLM's SamplingParams fields this server does not implement, on both APIs
+    ("chat", {**CHAT, "echo": True}, "echo", U, "not supported"),
+    ("chat", {**CHAT, "best_of": 3}, "best_of", U, "not supported"),
+    ("text", {"model": "m", "prompt": "x", "n": 2}, "n", U, "not supported"),
+    *[(path, {**(CHAT if path == "chat" else {"model": "m", "prompt": "x"}), field: value}, field, U, "unknown parameter")
+      for path in ("chat", "text")
+      for field, value in (("bad_words", ["x"]), ("allowed_token_ids", [1, 2]), ("prompt_logprobs", 0))],
 ])
 def test_requests_that_cannot_be_honored_get_a_400_naming_the_field(path, body, param, code, says):
     router, c = scripted([CREATED, DONE])

@@ -13,7 +13,9 @@ from fastapi.testclient import TestClient
 
 from serve import openai_responses
 from tests.serve.conftest import text_of
-from tests.serve.test_openai import CREATED, DELTAS, DONE, ScriptedRouter, client
+from tests.serve.test_openai import CREATED, DELTAS, DONE, LOGPROBS, ScriptedRouter, client
+
+LP = "message.output_text.logprobs"
 
 STOPPED = {**DONE, "finish_reason": "stop", "usage": {**DONE["usage"], "input_tokens_details": {"cached_tokens": 2}}}
 
@@ -35,9 +37,11 @@ def test_fields_map_onto_the_routers_request():
                       {"role": "assistant", "content": [{"type": "output_text", "text": "b", "annotations": []}]},
                       {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "c"},
                                                                        {"type": "input_text", "text": "d"}]}],
-            "max_output_tokens": 9, "temperature": 0, "top_p": 0.5, "service_tier": "priority"}
+            "max_output_tokens": 9, "temperature": 0, "top_p": 0.5, "service_tier": "priority",
+            "chat_template_kwargs": {"enable_thinking": False}}
     assert c.post("/v1/responses", json=body).status_code == 200
     sent = router.bodies[0]
+    assert sent["chat_template_kwargs"] == {"enable_thinking": False} and "logprobs" not in sent
     assert sent["input"] == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "a"},
                              {"role": "assistant", "content": "b"}, {"role": "user", "content": "cd"}]
     assert (sent["previous_response_id"], sent["store"], sent["max_output_tokens"], sent["temperature"],
@@ -90,10 +94,18 @@ def test_the_stream_is_openais_event_sequence():
     ({"model": "m", "input": "x", "tools": [{"type": "web_search"}]}, "tools", "invalid_request"),
     ({"model": "m", "input": "x", "temperature": 3}, "temperature", "invalid_request"),
     ({"model": "m", "input": "x", "reasoning": {"effort": "low"}}, "reasoning", "unsupported_parameter"),
-    ({"model": "m", "input": "x", "top_logprobs": 2}, "top_logprobs", "unsupported_parameter"),
-    ({"model": "m", "input": "x", "include": ["message.output_text.logprobs"]}, "include", "unsupported_parameter"),
+    ({"model": "m", "input": "x", "top_logprobs": 2}, "top_logprobs", "invalid_request"),  # without include
+    ({"model": "m", "input": "x", "top_logprobs": 21, "include": [LP]}, "top_logprobs", "invalid_request"),
+    ({"model": "m", "input": "x", "include": ["reasoning.encrypted_content"]}, "include", "unsupported_parameter"),
+    ({"model": "m", "input": "x", "include": [LP, "message.input_image.image_url"]}, "include",
+     "unsupported_parameter"),
+    ({"model": "m", "input": "x", "chat_template_kwargs": ["enable_thinking"]}, "chat_template_kwargs",
+     "invalid_request"),
     ({"model": "m", "input": "x", "background": True}, "background", "unsupported_parameter"),
     ({"model": "m", "input": "x", "colour": "red"}, "colour", "unsupported_parameter"),
+    *[({"model": "m", "input": "x", field: value}, field, "unsupported_parameter")
+      for field, value in (("n", 2), ("best_of", 2), ("echo", True), ("bad_words", ["x"]),
+                           ("allowed_token_ids", [1]), ("prompt_logprobs", 0))],
 ])
 def test_bad_bodies_get_openais_error_naming_the_field(body, param, code):
     router, c = scripted([CREATED, *DELTAS, DONE])
@@ -109,6 +121,43 @@ def test_seed_and_neutral_fields_reach_the_router():
                                       "background": False, "text": {"format": {"type": "text"}}})
     assert r.status_code == 200, r.text
     assert router.bodies[0]["seed"] == 3 and "include" not in router.bodies[0]
+
+
+def test_logprobs_with_include_are_openais_shapes_whole_and_streamed():
+    """``include: ["message.output_text.logprobs"]`` with ``top_logprobs`` asks the router for ``logprobs``
+    (vLLM's reading); the answer has the ``openai`` package's own shapes (validated by its types):
+    ``output_text.logprobs`` with ``bytes``, each delta's ``logprobs`` without (as vLLM's stream)."""
+    from openai.types.responses import ResponseOutputText, ResponseTextDeltaEvent, ResponseTextDoneEvent
+
+    deltas = [{**DELTAS[0], "logprobs": LOGPROBS[:1]}, {**DELTAS[1], "logprobs": LOGPROBS[1:]}]
+    router, c = scripted([CREATED, *deltas, STOPPED])
+    body = {"model": "fastmode-full", "input": "hi", "include": [LP], "top_logprobs": 2}
+    r = c.post("/v1/responses", json=body).json()
+    assert router.bodies[0]["logprobs"] == 2 and "include" not in router.bodies[0]
+    assert r["top_logprobs"] == 2
+    (part,) = [ResponseOutputText.model_validate(p) for p in r["output"][0]["content"]]
+    assert [(lp.token, lp.logprob, lp.bytes) for lp in part.logprobs] == [("Hel", -0.5, [72, 101, 108]),
+                                                                         ("lo", -9999.0, [108, 111])]
+    assert [(t.token, t.logprob, t.bytes) for t in part.logprobs[0].top_logprobs] == [
+        ("Hel", -0.5, [72, 101, 108]), ("Hi", -1.5, [72, 105])]
+
+    router, c = scripted([CREATED, *deltas, STOPPED])
+    events = [json.loads(f.split("\n", 1)[1].removeprefix("data: "))
+              for f in c.post("/v1/responses", json={**body, "stream": True, "top_logprobs": None}).text.split("\n\n") if f]
+    assert router.bodies[0]["logprobs"] == 0  # include alone: the sampled tokens' own
+    got = [ResponseTextDeltaEvent.model_validate(e) for e in events if e["type"] == "response.output_text.delta"]
+    assert [[(lp.token, lp.logprob) for lp in d.logprobs] for d in got] == [[("Hel", -0.5)], [("lo", -9999.0)]]
+    assert [(t.token, t.logprob) for t in got[1].logprobs[0].top_logprobs] == [("l", -0.1), ("o", -2)]
+    done = ResponseTextDoneEvent.model_validate(next(e for e in events if e["type"] == "response.output_text.done"))
+    assert [lp.token for lp in done.logprobs] == ["Hel", "lo"]
+    final = ResponseOutputText.model_validate(events[-1]["response"]["output"][0]["content"][0])
+    assert [lp.token for lp in final.logprobs] == ["Hel", "lo"]
+    part_done = next(e for e in events if e["type"] == "response.content_part.done")["part"]
+    assert ResponseOutputText.model_validate(part_done) == final
+
+    router, c = scripted([CREATED, *DELTAS, STOPPED])  # not asked: none, and no logprobs in the part
+    r = c.post("/v1/responses", json={"model": "fastmode-full", "input": "hi", "top_logprobs": 0}).json()
+    assert "logprobs" not in router.bodies[0] and "logprobs" not in r["output"][0]["content"][0]
 
 
 def test_a_response_that_echoes_a_lone_surrogate_is_still_written():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from serve.errors import InvalidRequest
+from serve.errors import InvalidRequest, UnsupportedParameter
 from serve.request import ChatPrompt, GenerateRequest
 from sharding.sampling import SamplingParams
 
@@ -168,3 +168,39 @@ def test_unset_sampling_fields_take_the_models_generation_config_then_the_engine
     (tmp_path / "generation_config.json").write_text(json.dumps({"top_p": 0}))
     with pytest.raises(ValueError, match="top_p"):
         generation_defaults(tmp_path)
+
+
+LP = "message.output_text.logprobs"
+
+
+@pytest.mark.parametrize("fields,logprobs", [
+    ({"include": [LP]}, 0),  # the sampled tokens' own, as vLLM's Responses API (top_logprobs defaults to 0)
+    ({"include": [LP], "top_logprobs": 3}, 3),
+    ({"include": [LP], "top_logprobs": 3, "logprobs": 3}, 3),
+    ({"include": [], "top_logprobs": 0}, None),  # neutral
+    ({"logprobs": 5}, 5),
+])
+def test_responses_include_and_top_logprobs_are_logprobs(fields, logprobs):
+    assert GenerateRequest.parse({"model": "m", "input": "x", **fields}).logprobs == logprobs
+
+
+@pytest.mark.parametrize("fields,error,says", [
+    ({"top_logprobs": 2}, InvalidRequest, "top_logprobs: needs include"),
+    ({"include": [LP], "top_logprobs": 2, "logprobs": 4}, InvalidRequest, "logprobs: 4 disagrees"),
+    ({"include": [LP], "top_logprobs": 21}, InvalidRequest, "top_logprobs"),
+    ({"include": ["reasoning.encrypted_content"]}, UnsupportedParameter, "include: 'reasoning.encrypted_content'"),
+    ({"include": "message.output_text.logprobs"}, InvalidRequest, "include"),  # a list, as OpenAI's
+])
+def test_bad_include_and_top_logprobs_are_refused_naming_the_field(fields, error, says):
+    with pytest.raises(error, match=says) as e:
+        GenerateRequest.parse({"model": "m", "input": "x", **fields})
+    assert type(e.value) is error  # unsupported_parameter for what is not served, invalid_request else
+
+
+@pytest.mark.parametrize("field,value", [("n", 2), ("best_of", 2), ("echo", True), ("bad_words", ["x"]),
+                                         ("allowed_token_ids", [1]), ("prompt_logprobs", 0)])
+def test_vllms_unserved_sampling_fields_are_unsupported_by_name(field, value):
+    """The WebSocket's (and the router's) request: a field of vLLM's ``SamplingParams`` it does not serve
+    is ``unsupported_parameter`` naming it, never dropped."""
+    with pytest.raises(UnsupportedParameter, match=f"^{field}: unknown parameter"):
+        GenerateRequest.parse({"model": "m", "input": "x", field: value})

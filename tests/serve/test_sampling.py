@@ -371,6 +371,40 @@ def test_completion_logprobs_and_the_websockets(app):
     assert max(abs(e["logprob"] - ref[t, e["id"]].item()) for t, e in enumerate(entries)) < 1e-3
 
 
+def test_responses_include_logprobs_over_http_and_the_websocket(app):
+    """OpenAI Responses' ``include: ["message.output_text.logprobs"]`` with ``top_logprobs``, over the
+    ``openai`` client (whole and streamed) and the WebSocket, on the real exact lane: each token's and
+    its top 2's log probabilities within 1e-3 of transformers' log-softmax."""
+    client, http, full = app["client"], app["http"], app["full"]
+    ids, tok = prompt_ids(full), AutoTokenizer.from_pretrained(full)
+    params = {"model": "s-full", "service_tier": "exact", "input": QUESTION, "max_output_tokens": 8, "temperature": 0,
+              "include": ["message.output_text.logprobs"], "top_logprobs": 2,
+              "extra_body": {"repetition_penalty": 1.0, "ignore_eos": True}}
+    r = client.responses.create(**params)
+    out = hf_generate(full, ids, repetition_penalty=1.0)[:8]
+    ref = hf_logprobs(full, ids, out)
+    logprobs = r.output[0].content[0].logprobs
+    assert [lp.token for lp in logprobs] == [tok.decode([t]) for t in out]
+    for t, (lp, token) in enumerate(zip(logprobs, out, strict=True)):
+        assert abs(lp.logprob - ref[t, token].item()) < 1e-3 and lp.bytes == list(lp.token.encode())
+        values, order = ref[t].topk(2)
+        assert [x.token for x in lp.top_logprobs] == [tok.decode([i]) for i in order.tolist()]
+        assert max(abs(x.logprob - v) for x, v in zip(lp.top_logprobs, values.tolist(), strict=True)) < 1e-3
+    events = list(client.responses.create(**params, stream=True))
+    streamed = [lp for e in events if e.type == "response.output_text.delta" for lp in e.logprobs]
+    assert [(lp.token, round(lp.logprob, 4)) for lp in streamed] == [(lp.token, round(lp.logprob, 4)) for lp in logprobs]
+    with http.websocket_connect("/v1/responses") as ws:
+        ws.send_text(json.dumps({"type": "response.create", "id": "w", "model": "s-full", "service_tier": "exact",
+                                 "input": QUESTION, "max_output_tokens": 8, "temperature": 0, "repetition_penalty": 1.0,
+                                 "ignore_eos": True, "include": ["message.output_text.logprobs"], "top_logprobs": 2}))
+        entries = []
+        while (got := json.loads(ws.receive_text()))["type"] != "response.completed":
+            assert got["type"] != "error", got
+            entries += got.get("logprobs") or []
+    assert [e["id"] for e in entries] == out and all(len(e["top_logprobs"]) == 2 for e in entries)
+    assert max(abs(e["logprob"] - ref[t, e["id"]].item()) for t, e in enumerate(entries)) < 1e-3
+
+
 # -- against vLLM itself -----------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def vllm_engine():
