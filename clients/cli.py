@@ -15,6 +15,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "grpc-chat": ("clients.grpc_chat:main", "stream a completion over the gRPC API"),
     "demo": ("clients.demo:main", "generate with both shipped models, without serving"),
     "eval": ("models.eval.run:main", "quality eval: bits per byte, next-line exact match, agreement"),
+    "distill": ("models.distill.run:main", "make the fast model from the full one (the shipped models/fast)"),
     "plan": ("sharding.planner:main", "choose tp x pp for a model on a kind of chip; predict tokens/s"),
     "chat": ("clients.chat:main", "stream a completion to the terminal; ends with time to first token and tokens/s"),
     "trace": ("clients.trace_report:main",

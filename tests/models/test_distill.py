@@ -1,0 +1,146 @@
+"""``fastmode distill``: shape, the full model's answers, the student's loss, the folder and its assembly.
+
+References: transformers' own greedy ``generate`` and forward logits of the full model (the test
+pair's full model, small enough for seconds), and transformers loading the assembled checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from models import TEST_FAST, TEST_FULL
+from models.builtin import ModelPathError, resolve
+from models.distill import shape, student, teacher, train
+from models.distill.assemble import DistilledError, assemble
+from models.distill.config import PRESETS, DistillConfig
+from models.distill.run import main
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def full():
+    return AutoModelForCausalLM.from_pretrained(TEST_FULL, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return AutoTokenizer.from_pretrained(TEST_FULL)
+
+
+@pytest.fixture(scope="module")
+def distilled(tmp_path_factory):
+    """The quick preset run twice, in two work folders: (out, manifest, out2)."""
+    root = tmp_path_factory.mktemp("distill")
+    args = ["--full", str(TEST_FULL), "--preset", "quick", "--threads", "1"]
+    assert main([*args, "--out", str(root / "a" / "fast")]) == 0
+    assert main([*args, "--out", str(root / "b" / "fast")]) == 0
+    out = root / "a" / "fast"
+    return out, json.loads((out / "distilled.json").read_text()), root / "b" / "fast"
+
+
+def test_spaced_keeps_first_and_last():
+    assert shape.spaced(30, 8) == (0, 4, 8, 12, 17, 21, 25, 29)
+    assert shape.spaced(8, 2) == (0, 7)
+    assert shape.spaced(5, 1) == (0,)
+    with pytest.raises(shape.ShapeError):
+        shape.spaced(4, 5)
+
+
+def test_choose_keeps_the_most_layers_that_reach_the_speedup():
+    config = json.loads((TEST_FULL / "config.json").read_text())
+    chosen = shape.choose(config, speedup=2.0, chips=2, device="cpu")
+    assert chosen.predicted_speedup >= 2.0
+    if chosen.num_layers + 1 < config["num_hidden_layers"]:
+        more = shape.choose(config, speedup=2.0, chips=2, device="cpu", num_layers=chosen.num_layers + 1)
+        assert more.predicted_speedup < 2.0
+    with pytest.raises(shape.ShapeError, match="lower --speedup"):
+        shape.choose(config, speedup=1000.0, chips=2, device="cpu")
+
+
+def test_answers_are_transformers_greedy_with_its_top_k(full, tokenizer):
+    prompts = ["def add(a, b):\n", "import os\n\nclass Path"]
+    rows = teacher.answer(full, tokenizer, prompts, max_new_tokens=10, top_k=5)  # batched, left-padded
+    for prompt, row in zip(prompts, rows):
+        ids = torch.tensor([teacher.prompt_ids(tokenizer, prompt)])
+        alone = full.generate(input_ids=ids, max_new_tokens=10, do_sample=False)[0].tolist()
+        assert row["ids"] == alone[: len(row["ids"])]
+        with torch.no_grad():
+            logits = full(input_ids=torch.tensor([row["ids"]])).logits[0].float()
+        logp = torch.log_softmax(logits[row["prompt_len"] - 1 : len(row["ids"]) - 1], -1)
+        want = logp.topk(5, -1)
+        assert torch.equal(row["topk_ids"].long(), want.indices)
+        torch.testing.assert_close(row["topk_logp"], want.values, atol=1e-4, rtol=0)
+
+
+def test_student_starts_from_the_kept_layers_and_scores_answer_positions(full, tokenizer):
+    keep = (0, 3, 7)
+    pupil = student.build(full, keep)
+    names = student.shared_names(pupil)
+    assert names == ["model.embed_tokens.weight", "lm_head.weight"]  # the test pair's head is untied
+    for new, old in enumerate(keep):
+        torch.testing.assert_close(pupil.model.layers[new].mlp.down_proj.weight, full.model.layers[old].mlp.down_proj.weight)
+    assert not any(p.requires_grad for n, p in pupil.named_parameters() if n in names)
+    # the loss scores exactly the answer tokens: its positions' logits are the student's own forward
+    row = teacher.answer(full, tokenizer, ["def f(x):\n"], max_new_tokens=6, top_k=4)[0]
+    batch = train.collate([row], pad=2)
+    logq = student.answer_logits(pupil, batch["ids"], batch["positions"])
+    with torch.no_grad():
+        ref = torch.log_softmax(pupil(input_ids=torch.tensor([row["ids"][:-1]])).logits[0].float(), -1)
+    torch.testing.assert_close(logq, ref[row["prompt_len"] - 1 :], atol=1e-4, rtol=0)
+    assert torch.equal(batch["greedy"], torch.tensor(row["ids"][row["prompt_len"]:]))
+
+
+def test_the_student_folder_assembles_into_a_checkpoint_transformers_loads(distilled, full):
+    out, manifest, _ = distilled
+    assert {p.name for p in out.iterdir()} >= {"config.json", "student.safetensors", "distilled.json", "README.md"}
+    own = load_file(str(out / "student.safetensors"))
+    assert not any("embed_tokens" in n or n.startswith("lm_head") for n in own)  # shipped without them
+    path = assemble(out, TEST_FULL)
+    assert resolve(out, full=TEST_FULL) == path
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    assert model.config.num_hidden_layers == len(manifest["keep"])
+    torch.testing.assert_close(model.model.embed_tokens.weight, full.model.embed_tokens.weight)
+    for name, tensor in own.items():
+        torch.testing.assert_close(model.state_dict()[name], tensor.float())
+    assert AutoTokenizer.from_pretrained(path).get_vocab() == AutoTokenizer.from_pretrained(TEST_FULL).get_vocab()
+    text = (out / "README.md").read_text()
+    assert f"{manifest['train']['steps']} steps" in text and manifest["run"]["machine"] in text
+
+
+def test_same_settings_and_seed_make_the_same_student(distilled):
+    out, _, again = distilled
+    assert (out / "student.safetensors").read_bytes() == (again / "student.safetensors").read_bytes()
+
+
+def test_a_rerun_resumes_from_its_work_folder(tmp_path):
+    out = tmp_path / "fast"
+    args = ["--full", str(TEST_FULL), "--preset", "quick", "--threads", "1", "--out", str(out)]
+    assert main(args) == 0
+    work = next(tmp_path.glob(".fast.work-*"))
+    shards = {p: p.stat().st_mtime_ns for p in (work / "answers").iterdir()}
+    saved = torch.load(work / "student.pt", weights_only=False)["state"]
+    assert saved["step"] == PRESETS["quick"].steps
+    assert main(args) == 0  # nothing left to do: the answers and the student are reused
+    assert {p: p.stat().st_mtime_ns for p in (work / "answers").iterdir()} == shards
+    assert json.loads((out / "distilled.json").read_text())["train"]["steps"] == PRESETS["quick"].steps
+
+
+def test_a_student_needs_its_own_full_model(distilled):
+    out, _, _ = distilled
+    with pytest.raises(DistilledError, match="other tensors|other weights"):
+        assemble(out, TEST_FAST)
+    with pytest.raises(ModelPathError, match="served with the full model"):
+        resolve(out)
+
+
+def test_bad_settings_are_refused(capsys):
+    with pytest.raises(ValueError, match="speedup"):
+        DistillConfig(speedup=1.0)
+    assert main(["--full", "builtin:nope", "--out", "/tmp/x"]) == 2
+    assert "no built-in model 'nope'" in capsys.readouterr().err
