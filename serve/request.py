@@ -61,8 +61,9 @@ class GenerateRequest(BaseModel):
                                                         "model's chat template (vLLM's, e.g. {\"enable_thinking\": "
                                                         "false}); with chat messages (or previous_response_id) only, "
                                                         "on a model that has a template.")
-    max_output_tokens: int | None = Field(default=None, ge=1, description="Default: the rest of the "
-                                          "context window.")
+    max_output_tokens: int | None = Field(default=None, ge=1, description="Default: the model's generation_config.json "
+                                          "max_new_tokens (vLLM's default max_tokens), capped by the rest of the "
+                                          "context window; without one, the rest of the context window.")
     # Unset (None), a field of MODEL_DEFAULTS takes the model's generation_config.json value, else the
     # engines' (sharding.sampling.SamplingParams), as vLLM's server with --generation-config auto.
     temperature: float | None = Field(default=None, ge=0, le=2, allow_inf_nan=False, description=
@@ -252,8 +253,8 @@ class LaneRequest:
 
     Validated once, at the front door; no field has a default here, so no second default can
     disagree with ``GenerateRequest``'s. The lane makes ``prompt`` its model's prompt ids
-    (``PromptIds.encode_prompt``) and resolves ``max_output_tokens`` against its context (``None``:
-    the rest of it).
+    (``PromptIds.encode_prompt``) and resolves ``max_output_tokens`` against its context (``None``: the
+    model's ``max_new_tokens`` or the rest of it, ``serve.lanes.sampling.output_budget``).
     """
 
     request_id: str

@@ -44,7 +44,6 @@ from tokenizers import Tokenizer
 from websockets.http11 import Request
 from websockets.protocol import State
 
-from sharding.errors import PromptTooLong
 from sharding.ring import step_infos
 from sharding.scheduler import validate_request
 from sharding.transport import LinkClosed
@@ -60,7 +59,7 @@ from ..websocket import (CLOSE_GOING_AWAY, CLOSE_NORMAL, CLOSE_POLICY, REASONS, 
 from .step_spans import HopTotals
 from .detokenizer import TextStream
 from .prompt_ids import PromptIds
-from .sampling import engine_request, generation_defaults
+from .sampling import default_max_tokens, engine_request, generation_defaults, output_budget
 from .ws_frames import (FrameReader, decode_json, encode_json, offered_subprotocols, server_protocol,
                         text_frame)
 
@@ -118,6 +117,8 @@ class Door:
         """The fast model's end-of-turn ids (``Lane.stop_ids``)."""
         self.sampling_defaults = generation_defaults(spec.model_path)
         """Its sampling defaults (``Lane.sampling_defaults``)."""
+        self.max_tokens = default_max_tokens(spec.model_path)
+        """Its default ``max_output_tokens`` cap (``Lane.max_tokens``)."""
         self.server = socket.create_server((spec.host, spec.port), family=socket.AF_INET6 if ":" in spec.host
                                            else socket.AF_INET, backlog=128)
         self.server.setblocking(False)
@@ -383,10 +384,7 @@ class DoorConnection:
             raise UnsupportedParameter(f"{field}: log probabilities are not served by the fast lane's door; the "
                                        "gateway's WebSocket serves them")
         ids = door.prompt_ids.encode_prompt(req.prompt)[0]
-        max_tokens = req.max_output_tokens or door.max_len - len(ids)
-        if len(ids) + max_tokens > door.max_len or max_tokens < 1:
-            raise PromptTooLong(f"the prompt has {len(ids)} tokens; with max_output_tokens {max_tokens} it "
-                                f"exceeds the {door.max_len}-token context of {door.spec.model_id}")
+        max_tokens = output_budget(req.max_output_tokens, len(ids), door.max_len, door.max_tokens, door.spec.model_id)
         params = engine_request(req.to_lane(self.prefix + rid), ids, max_tokens, defaults=door.sampling_defaults,
                                 stop_ids=door.stop_ids, vocab_size=door.model_config.vocab_size).sampling()
         validate_request(door.model_config, door.max_len, self.prefix + rid, ids, params)

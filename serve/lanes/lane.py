@@ -20,7 +20,6 @@ from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 from tokenizers import Tokenizer
 
-from sharding.errors import PromptTooLong
 
 from .. import metrics, telemetry
 from ..config import LANE_CONFIGS, FastLaneConfig, TelemetryConfig, VLLMLaneConfig
@@ -32,7 +31,7 @@ from .engine import EngineOutput, EngineRequest, LaneEngine
 from .lane_links import LinkServer
 from .prompt_ids import PromptIds
 from .sampling import engine_request as engine_request_for
-from .sampling import generation_defaults, vocab_size
+from .sampling import default_max_tokens, generation_defaults, output_budget, vocab_size
 
 FAST = "fast"
 PRIORITY = "priority"
@@ -88,6 +87,9 @@ class Lane:
         request stops on them unless it sets ``ignore_eos``."""
         self.sampling_defaults = generation_defaults(model_path)
         """The model's sampling defaults (``serve.lanes.sampling``), for the fields a request leaves unset."""
+        self.max_tokens = default_max_tokens(model_path)
+        """``generation_config.json``'s ``max_new_tokens``: the most tokens a request without
+        ``max_output_tokens`` gets (``None``: the rest of the context)."""
         self.vocab_size = vocab_size(model_path)
         self.config: FastLaneConfig | VLLMLaneConfig = LANE_CONFIGS[lane].model_validate(config)
         self.door = None if door is None or lane != FAST else _door_spec(door, model_id, model_path, self.config)
@@ -202,10 +204,8 @@ class Lane:
                              retry_after=self.config.retry_after_s)
         ids, continues = self.prompt_ids.encode_prompt(request.prompt)
         n_prompt = len(ids)
-        max_tokens = request.max_output_tokens or self.engine.max_len - n_prompt
-        if n_prompt + max_tokens > self.engine.max_len or max_tokens < 1:
-            raise PromptTooLong(f"the prompt has {n_prompt} tokens; with max_output_tokens {max_tokens} it "
-                                f"exceeds the {self.engine.max_len}-token context of {self.model_id}")
+        max_tokens = output_budget(request.max_output_tokens, n_prompt, self.engine.max_len, self.max_tokens,
+                                   self.model_id)
         engine_request = engine_request_for(
             request, ids, max_tokens, defaults=self.sampling_defaults, stop_ids=self.stop_ids,
             vocab_size=self.vocab_size, continues=continues,

@@ -4,8 +4,9 @@ lane's door (``engine_request``).
 A field of ``serve.request.MODEL_DEFAULTS`` the request left unset takes the value of the model's
 ``generation_config.json`` (``temperature``, ``top_p``, ``top_k``, ``min_p`` and the three
 penalties, where the file sets them), else the engines' own default (``sharding.sampling``): what
-vLLM's OpenAI server does with ``--generation-config auto``, its default. ``max_new_tokens`` there
-is not read (a request without ``max_output_tokens`` gets the rest of the context). The request's
+vLLM's OpenAI server does with ``--generation-config auto``, its default. Its ``max_new_tokens`` is
+the default ``max_output_tokens`` (``output_budget``), as vLLM's ``max_tokens`` default: a request
+without one gets the rest of the context, or that many tokens if fewer. The request's
 ``stop_token_ids`` join the model's end-of-turn ids (``serve.chat.end_of_turn_ids``) unless
 ``ignore_eos``, which drops only the latter.
 """
@@ -16,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from sharding.errors import InvalidSamplingParams
+from sharding.errors import InvalidSamplingParams, PromptTooLong
 from sharding.sampling import SamplingParams
 
 from ..errors import InvalidRequest
@@ -35,6 +36,32 @@ def generation_defaults(path: str | Path) -> dict[str, Any]:
     except InvalidSamplingParams as e:
         raise ValueError(f"{file}: {e}") from None
     return defaults
+
+
+def default_max_tokens(path: str | Path) -> int | None:
+    """``generation_config.json``'s ``max_new_tokens`` at ``path`` (``None`` without one), which vLLM's
+    server takes as the default ``max_tokens`` (``ModelConfig.get_diff_sampling_param``); ``ValueError``
+    unless it is a whole number of at least 1 (checked at the lane's start)."""
+    file = Path(path) / "generation_config.json"
+    value = json.loads(file.read_text()).get("max_new_tokens") if file.exists() else None
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{file}: max_new_tokens must be an integer >= 1, got {value!r}")
+    return value
+
+
+def output_budget(max_output_tokens: int | None, prompt_tokens: int, max_len: int, default: int | None,
+                  model_id: str) -> int:
+    """The tokens a response may have: the request's ``max_output_tokens``, else the rest of the
+    ``max_len``-token context, capped by the model's ``default`` (``default_max_tokens``), as vLLM's
+    ``get_max_tokens``; ``PromptTooLong`` when the prompt and the request's own budget do not fit."""
+    rest = max_len - prompt_tokens
+    budget = max_output_tokens or (rest if default is None else min(rest, default))
+    if budget > rest or budget < 1:
+        raise PromptTooLong(f"the prompt has {prompt_tokens} tokens; with max_output_tokens {budget} it exceeds "
+                            f"the {max_len}-token context of {model_id}")
+    return budget
 
 
 def vocab_size(path: str | Path) -> int:

@@ -204,3 +204,28 @@ def test_vllms_unserved_sampling_fields_are_unsupported_by_name(field, value):
     is ``unsupported_parameter`` naming it, never dropped."""
     with pytest.raises(UnsupportedParameter, match=f"^{field}: unknown parameter"):
         GenerateRequest.parse({"model": "m", "input": "x", field: value})
+
+
+def test_the_output_budget_is_the_requests_else_the_models_max_new_tokens_capped_by_the_context(tmp_path):
+    """vLLM's ``get_max_tokens`` for a request without ``max_tokens``: min(the rest of the context, the
+    generation config's ``max_new_tokens``); a request's own budget past the context is ``prompt_too_long``."""
+    import json
+
+    from serve.lanes.sampling import default_max_tokens, output_budget
+    from sharding.errors import PromptTooLong
+
+    assert default_max_tokens(tmp_path) is None  # no generation_config.json
+    (tmp_path / "generation_config.json").write_text(json.dumps({"max_new_tokens": 64, "eos_token_id": 1}))
+    assert default_max_tokens(tmp_path) == 64
+    assert output_budget(None, 10, 512, 64, "m") == 64
+    assert output_budget(None, 500, 512, 64, "m") == 12  # the rest of the context is less
+    assert output_budget(None, 10, 512, None, "m") == 502
+    assert output_budget(200, 10, 512, 64, "m") == 200  # the request's own wins
+    with pytest.raises(PromptTooLong, match="with max_output_tokens 600"):
+        output_budget(600, 10, 512, 64, "m")
+    with pytest.raises(PromptTooLong):
+        output_budget(None, 512, 512, 64, "m")
+    for bad in (0, 2.5, "64", True):
+        (tmp_path / "generation_config.json").write_text(json.dumps({"max_new_tokens": bad}))
+        with pytest.raises(ValueError, match="max_new_tokens must be an integer >= 1"):
+            default_max_tokens(tmp_path)

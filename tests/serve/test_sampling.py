@@ -99,6 +99,35 @@ def test_the_door_hands_the_head_the_same_sampling(checkpoints, tmp_path):
         b.close()
 
 
+def test_generation_configs_max_new_tokens_is_the_default_max_tokens_on_every_lane_and_the_door(tmp_path):
+    """As vLLM's ``--generation-config auto`` (``get_diff_sampling_param`` makes ``max_new_tokens`` the
+    default ``max_tokens``; ``get_max_tokens`` caps it by the rest of the context): a request without
+    ``max_output_tokens`` gets ``max_new_tokens``, one with it its own."""
+    from serve.lanes.door import Door, DoorConnection, DoorSpec
+    from sharding.config import ModelConfig
+
+    path = with_defaults(shipped(FULL), tmp_path / "full", {"max_new_tokens": 5})
+    for name in LANES:
+        engine = Recording()
+        lane = Lane(name, "m", str(path), {}, engine=engine)
+        run(lane, {"input": "x"})
+        run(lane, {"input": "x", "max_output_tokens": 20})
+        assert [r.max_tokens for r in engine.requests] == [5, 20], name
+    door = Door(DoorSpec(model_id="m", model_path=str(path), price=1.0, host="127.0.0.1"),
+                ModelConfig.from_pretrained(path), 512)
+    a, b = socket.socketpair()
+    try:
+        conn = DoorConnection(door, a, 0)
+        assert conn._create("r", {"model": "m", "input": "x"}, b"{}")[3].max_tokens == 5
+        assert conn._create("s", {"model": "m", "input": "x", "max_output_tokens": 9}, b"{}")[3].max_tokens == 9
+    finally:
+        door.close()
+        b.close()
+    engine = Recording()
+    run(Lane("standard", "m", str(shipped(FULL)), {}, engine=engine), {"input": "x"})  # no max_new_tokens
+    assert engine.requests[-1].max_tokens == engine.max_len - len(engine.requests[-1].prompt_ids)
+
+
 def test_the_vllm_lanes_hand_vllm_the_same_sampling():
     """vLLM's own ``SamplingParams`` built from the engine request (``VLLMLaneEngine`` passes it to
     ``AsyncLLM.generate``; ``test_chat_prompts.py`` checks that path with a stand-in)."""
