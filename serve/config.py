@@ -28,9 +28,11 @@ class ModelSpec(_Strict):
 
     id: str = Field(min_length=1, description="Model id in requests and /v1/models.")
     path: str = Field(min_length=1, description="Hugging Face-format checkpoint directory (config.json, "
-                      "safetensors, tokenizer.json), readable at this path on every node, or a GGUF file "
-                      "(converted once into a cached checkpoint, models/gguf.py). A relative "
-                      "path is relative to the config file.")
+                      "safetensors, tokenizer.json), readable at this path on every node; or a GGUF file "
+                      "(converted once into a cached checkpoint, models/gguf.py); or builtin:NAME, a model "
+                      "shipped in a Python package (builtin:smollm2-135m-instruct); or, for the fast model, a "
+                      "student folder written by fastmode distill (assembled with the full model it was "
+                      "distilled from). A relative path is relative to the config file.")
     chat_template: str | None = Field(default=None, description="A Jinja chat template to render this model's "
                                       "chat messages with instead of the checkpoint's own (vLLM's --chat-template): "
                                       "the template, or the path of a file holding it (relative to the config "
@@ -492,19 +494,14 @@ def load_config(source: str | Path | dict | AppConfig | None = None) -> AppConfi
     models = {}
     for key in ("full", "fast"):
         spec = getattr(config.models, key)
-        path = Path(spec.path) if Path(spec.path).is_absolute() else (base / spec.path)
-        if path.is_file():  # a GGUF file: converted once into a cached Hugging Face checkpoint (models/gguf.py)
-            from models import gguf
+        # A checkpoint folder, a GGUF file (converted once), builtin:NAME, or a distilled student
+        # (assembled with the full model): models/builtin.py.
+        from models.builtin import ModelPathError, resolve
 
-            if not gguf.is_gguf(path):
-                raise ConfigError(f"{origin}: models.{key}.path: {path} is a file but not GGUF; give a checkpoint "
-                                  "directory (config.json, safetensors, tokenizer.json) or a .gguf file")
-            try:
-                path = gguf.convert(path)
-            except gguf.GGUFError as e:
-                raise ConfigError(f"{origin}: models.{key}.path: {e}") from None
-        if not (path / "config.json").is_file():
-            raise ConfigError(f"{origin}: models.{key}.path: no checkpoint (config.json) at {path}")
+        try:
+            path = resolve(spec.path, base=base, full=Path(models["full"].path) if key == "fast" else None)
+        except ModelPathError as e:
+            raise ConfigError(f"{origin}: models.{key}.path: {e}") from None
         update_spec: dict[str, Any] = {"path": str(path.resolve())}
         if spec.chat_template is not None and "{" not in spec.chat_template:  # a file's path, not a template
             file = base / Path(spec.chat_template).expanduser()
