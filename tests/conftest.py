@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from models import FAST, FULL
+from models import FAST, FULL, TEST_FAST, TEST_FULL
 
 # Two cores: one intra-op thread per test process avoids oversubscription when tests spawn workers.
 torch.set_num_threads(1)
@@ -53,7 +53,19 @@ def eager_lanes(fast: str = "") -> str:
     return f"lanes:\n  fast: {{{fast + ', ' if fast else ''}compile: false}}\n  exact: {{compile: false}}\n"
 
 
-SHARED_APP_CONFIG = "lanes:\n  exact: {compile: false}\n"
+TEST_PAIR_MODELS = (f"models:\n  full: {{id: fastmode-full, path: {TEST_FULL}}}\n"
+                    f"  fast: {{id: fastmode-fast, path: {TEST_FAST}}}\n")
+"""A ``models:`` section serving the test pair (``models/test``): every app a test starts serves it
+unless its config names other models (the embedded default serves the real pair, which only the
+tests that say so start)."""
+
+
+def with_test_pair(yaml_text: str) -> str:
+    """``yaml_text`` with ``TEST_PAIR_MODELS`` in front unless it has a ``models:`` section."""
+    return yaml_text if any(line.startswith("models:") for line in yaml_text.splitlines()) else TEST_PAIR_MODELS + yaml_text
+
+
+SHARED_APP_CONFIG = TEST_PAIR_MODELS + "lanes:\n  exact: {compile: false}\n"
 """The shared app's config: the embedded default, but the exact lane eager; its fast lane stays
 compiled. With the fast lane eager too (commit f0586f3) the clean-clone CI run of cae54e4
 (2026-11-26 12:01 UTC) took 47.3 min of tests (no faster than the 41.2 of 55af56e with it compiled:

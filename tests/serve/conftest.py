@@ -206,8 +206,10 @@ def app_with_config(yaml_text: str, tmp_dir: Path, *args: str, env: dict[str, st
                     ca_file: Path | None = None):
     """A ``fastmode up`` of its own, on the deployment YAML ``yaml_text`` (written to ``tmp_dir``),
     stopped on leaving."""
+    from tests.conftest import with_test_pair
+
     config = tmp_dir / "app.yaml"
-    config.write_text(yaml_text)
+    config.write_text(with_test_pair(yaml_text))
     app = App("--config", str(config), *args, env=env, ca_file=ca_file)
     try:
         yield app
