@@ -16,6 +16,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "all": ("bench.suite", "every benchmark in one run, then docs/benchmarks.md (what make bench runs)"),
     "sharding": ("bench.sharding", "the fast lane's executor: tp x pp layouts, hop costs, the planner"),
     "vllm": ("bench.vllm_serve", "vLLM's own OpenAI server and Ray Serve LLM on the same checkpoints, same load"),
+    "llama-cpp": ("bench.llama_cpp_serve", "llama.cpp's llama-server on the same checkpoints as GGUF, same load "
+                  "(builds llama.cpp once unless --quick or --no-build)"),
     "lanes": ("bench.lanes", "lanes under load: concurrency sweep on standard, priority, fast and exact"),
     "paired": ("bench.paired", "the standard lane and vLLM's own server, measured in alternation "
                "(starts vLLM's server beside the application)"),

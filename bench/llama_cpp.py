@@ -36,6 +36,12 @@ class LlamaCppUnavailable(RuntimeError):
     code = "llama_cpp_unavailable"
 
 
+class GGUFUnsupported(LlamaCppUnavailable):
+    """llama.cpp's converter cannot write this checkpoint as GGUF (the message says what it lacks)."""
+
+    code = "gguf_unsupported"
+
+
 def cache_dir() -> Path:
     """``$FASTMODE_CACHE/llama.cpp``, else ``~/.cache/fastmode/llama.cpp``."""
     root = os.environ.get("FASTMODE_CACHE")
@@ -115,7 +121,11 @@ def to_gguf(checkpoint: str | Path, out: str | Path, outtype: str = "auto") -> P
     converter (``outtype auto``: the checkpoint's precision, so bf16 stays bf16). Needs ``build()``'s
     source; reuses ``out`` if it is newer than the checkpoint's weights."""
     checkpoint, out = Path(checkpoint), Path(out)
-    weights = max(p.stat().st_mtime for p in checkpoint.glob("*.safetensors"))
+    stamps = [p.stat().st_mtime for p in checkpoint.glob("*.safetensors")]
+    if not stamps:
+        raise GGUFUnsupported(f"{checkpoint}: no *.safetensors weights to convert (a Hugging Face checkpoint "
+                              "directory is needed)")
+    weights = max(stamps)
     if out.is_file() and out.stat().st_mtime > weights:
         return out
     script = source_dir() / "convert_hf_to_gguf.py"
@@ -123,8 +133,32 @@ def to_gguf(checkpoint: str | Path, out: str | Path, outtype: str = "auto") -> P
         build()
     out.parent.mkdir(parents=True, exist_ok=True)
     # llama.cpp's converter imports its own gguf-py; the installed gguf package is the same code.
-    _run([sys.executable, str(script), str(checkpoint), "--outfile", str(out), "--outtype", outtype])
+    # It writes to a temporary name: a failed conversion leaves no file that a later call would reuse.
+    part = out.with_name(out.name + ".part")
+    try:
+        _run([sys.executable, str(script), str(checkpoint), "--outfile", str(part), "--outtype", outtype])
+    except LlamaCppUnavailable as e:
+        part.unlink(missing_ok=True)
+        if "BPE pre-tokenizer was not recognized" in str(e):
+            raise GGUFUnsupported(
+                f"llama.cpp's converter does not know the BPE pre-tokenizer of {checkpoint / 'tokenizer.json'} "
+                f"({_pre_tokenizer(checkpoint)}): llama.cpp tokenizes only with the pre-tokenizers it lists "
+                "(convert_hf_to_gguf.py's get_vocab_base_pre, by the hash of a test text's tokens)") from None
+        raise
+    part.replace(out)
     return out
+
+
+def _pre_tokenizer(checkpoint: Path) -> str:
+    """The tokenizer's pre-tokenizer in short (``Sequence(Split, ByteLevel)``), for a message."""
+    import json
+
+    try:
+        pre = json.loads((checkpoint / "tokenizer.json").read_text()).get("pre_tokenizer") or {}
+    except (OSError, ValueError):
+        return "unreadable"
+    inner = pre.get("pretokenizers")
+    return f"{pre.get('type')}({', '.join(str(p.get('type')) for p in inner)})" if inner else str(pre.get("type"))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -506,7 +506,7 @@ def sharding_section(doc: dict | None) -> list[str]:
 
 
 def baseline_section(vllm: dict | None, ours: dict | None) -> list[str]:
-    out = ["## 5. What users would pick instead: vLLM's own OpenAI server, Ray Serve LLM", ""]
+    out = ["## 5. What users would pick instead: vLLM's own OpenAI server, Ray Serve LLM, llama.cpp", ""]
     if vllm is None or ours is None:
         return out + ["Not run (needs both `fastmode bench vllm` and `fastmode bench lanes --api openai`).", ""]
     out += ["The same load generator through the same OpenAI API (`/v1/completions` over SSE, one pooled "
@@ -585,6 +585,70 @@ def paired_section(paired: dict | None) -> list[str]:
     return out
 
 
+def llama_cpp_section(doc: dict | None, suite: dict | None, ws: dict | None, openai: dict | None) -> list[str]:
+    """llama.cpp's ``llama-server`` on the same checkpoints (``bench.llama_cpp_serve``), and fastmode's
+    lanes against it (``bench.targets.LLAMA_CPP_GOALS``)."""
+    from bench.targets import FIGURES, LLAMA_CPP_GOALS
+
+    out = ["### llama.cpp's server on the same models", ""]
+    if doc is None:
+        if suite is not None and "llama-cpp" not in suite.get("stages", {}):
+            return out + ["Not in this run: its stages (above) did not include `llama-cpp` "
+                          "(`fastmode bench llama-cpp`).", ""]
+        return out + ["Not run (`fastmode bench llama-cpp`).", ""]
+    if doc.get("unavailable"):
+        u = doc["unavailable"]
+        return out + [f"Skipped: llama.cpp is unavailable here ({u['error']}, `{u['code']}`): "
+                      f"{u['message'].strip().splitlines()[0]}", ""]
+    s = doc["settings"]
+    models = doc.get("models") or {}
+    precision = "; ".join(f"{m}: " + ", ".join(f"{n} {t}" for t, n in sorted(r["tensor_types"].items()))
+                          + " tensors" for m, r in sorted(models.items()))
+    version = (doc.get("llama_cpp") or {}).get("version")
+    out += [f"`{doc['command']}` ({doc['date']}): {doc['source']}"
+            + (f" (llama-server {version})" if version else "") + ". The full and fast checkpoints fastmode "
+            f"serves, converted with their precision ({precision}); each server alone on the machine, a fresh one "
+            "per level with as many `--parallel` slots as streams; "
+            f"{s['placement']}. The same load generator and OpenAI API as above ({s['max_output_tokens']}-token "
+            "greedy requests, `ignore_eos`). The speculative server drafts with the fast model, "
+            f"{s['draft_tokens']} tokens per step ({s['draft_tokens_rule']}):", ""]
+    out += [f"- `{cmd}`" for cmd in (s.get("server_commands") or {}).values()] + [""]
+    for name, why in (doc.get("skipped") or {}).items():
+        out += [f"Skipped: {name} ({why.strip().splitlines()[0]}).", ""]
+    rows = []
+    for name, levels in doc["lanes"].items():
+        for r in levels:
+            d = r.get("draft") or {}
+            rows.append([name, str(r["concurrency"]), str(r["completed"]), _f(r["per_user_e2e_tokens_per_s"]["p50"]),
+                         _f(r["aggregate_tokens_per_s"], "{:.0f}"), _ms(r["ttft_s"]["p50"]),
+                         _f(r.get("server_decode_tokens_per_s_p50")), _f(d.get("acceptance_rate"), "{:.0%}")])
+    if rows:
+        out += _table(["server", "streams", "done", "per-user tok/s p50 (end to end)", "aggregate tok/s",
+                       "TTFT p50 ms", "its own decode tok/s p50", "drafts accepted"], rows) + [""]
+    failed = [f"{name} at {r['concurrency']} streams: {r['errors']}" for name, levels in doc["lanes"].items()
+              for r in levels if r["errors"]]
+    if failed:
+        out += ["Failed attempts, sent again (not in the figures): " + "; ".join(failed) + ".", ""]
+    fronts = {"websocket": (ws, "WebSocket"), "openai": (openai, "OpenAI API")}
+    goal_rows = []
+    for g in LLAMA_CPP_GOALS:
+        ours_doc, front = fronts[g.api]
+        figure = FIGURES[g.figure][1]
+        ours = next((r for r in ((ours_doc or {}).get("lanes") or {}).get(g.lane, []) if r["concurrency"] == g.streams),
+                    None)
+        theirs = next((r for r in doc["lanes"].get(g.theirs, []) if r["concurrency"] == g.streams), None)
+        a, b = ours and figure(ours), theirs and figure(theirs)
+        ratio = a / b if a and b else None
+        met = "-" if ratio is None else ("yes" if ratio >= g.at_least else "**no**")
+        goal_rows.append([g.name, f"{g.lane} over the {front}", g.theirs, _f(a), _f(b), _f(ratio, "{:.2f}x"),
+                          f">= {g.at_least:g}x", met])
+    out += ["fastmode against llama-server on the same model (per-user: end to end, p50; aggregate: the level's "
+            "output tokens over its wall time), fastmode's figures from this run's lanes stages:", ""]
+    out += _table(["ratio", "fastmode", "llama.cpp", "fastmode tok/s", "llama-server tok/s", "ratio", "target",
+                   "met"], goal_rows) + [""]
+    return out
+
+
 def write_report(results: Path, docs: Path) -> str:
     results, docs = Path(results), Path(docs)
     suite = _load(results, "suite.json")
@@ -599,6 +663,8 @@ def write_report(results: Path, docs: Path) -> str:
     lines += sharding_section(_load(results, "sharding.json"))
     lines += baseline_section(_load(results, "vllm_serve.json"), _load(results, "lanes_load_openai.json"))
     lines += paired_section(_load(results, "paired.json"))
+    lines += llama_cpp_section(_load(results, "llama_cpp.json"), suite, _load(results, "lanes_load.json"),
+                               _load(results, "lanes_load_openai.json"))
     lines += turns_section(_load(results, "turns.json"))
     lines += soak_section(_load(results, "soak.json"))
     lines += fuzz_section(_load(results, "fuzz.json"))

@@ -5,6 +5,9 @@ and nothing else runs beside a stage; only ``--quick`` starts the app while stag
 
 1. ``sharding``: the fast lane's executor alone, tp x pp layouts against the planner (no app).
 2. ``vllm``: vLLM's own OpenAI server on the full, then the fast checkpoint, alone (no app).
+   ``llama-cpp``: llama.cpp's ``llama-server`` on the same two checkpoints as GGUF, alone (no app;
+   built once from its PyPI sdist, cached; ``--quick`` never builds: without a build its rows are
+   skipped with the reason).
 3. ``fastmode up`` (skipped with ``--url``: an application already running).
 4. ``lanes``: the lanes under load over the WebSocket; ``lanes-openai``: the same sweep through
    fastmode's OpenAI HTTP API, like for like with ``vllm``.
@@ -44,7 +47,7 @@ from pathlib import Path
 
 from bench.app import REPO, running_app
 
-NO_APP = ("sharding", "vllm")
+NO_APP = ("sharding", "vllm", "llama-cpp")
 NICE = int(os.environ.get("RAY_worker_niceness", "15"))
 """Ray runs its workers (Serve's proxy, every replica and the vLLM engines they start) at this
 niceness (Ray's ``worker_niceness``, 15 by default). The stages that measure a server run at the
@@ -63,6 +66,7 @@ def stage_command(name: str, url: str | None, out: Path, quick: bool) -> list[st
     commands = {
         "sharding": ["bench.sharding", "--json", str(out / "sharding.json"), *q],
         "vllm": ["bench.vllm_serve", "--out", str(out), *q],
+        "llama-cpp": ["bench.llama_cpp_serve", "--out", str(out), *q],
         "lanes": ["bench.lanes", "--url", str(ws), "--out", str(out), *q],
         "lanes-openai": ["bench.lanes", "--api", "openai", "--url", str(url), "--out", str(out), *q],
         "paired": ["bench.paired", "--url", str(url), "--json", str(out / "paired.json"), *q],
@@ -139,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def run(name: str, url: str | None) -> None:
         cmd = stage_command(name, url, out, args.quick)
-        sub = {"bench.vllm_serve": ["vllm"]}.get(cmd[2], [cmd[2].removeprefix("bench.")])
+        sub = {"bench.vllm_serve": ["vllm"], "bench.llama_cpp_serve": ["llama-cpp"]}.get(
+            cmd[2], [cmd[2].removeprefix("bench.")])
         shown = shlex.join(["fastmode", "bench", *sub, *cmd[3:]]).replace(str(REPO) + "/", "")
         print(f"\n== [{len(record['stages']) + 1}/{len(stages)}] {name}: {shown}", flush=True)
         t = time.perf_counter()

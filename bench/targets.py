@@ -6,16 +6,19 @@
   ``httpx`` (one pooled ``AsyncClient``, keep-alive, as an OpenAI client library connects): fastmode's
   own HTTP API and vLLM's OpenAI server (``python -m vllm.entrypoints.openai.api_server``) alike.
 
-Both return the same record, raise the SDK's ``Overloaded`` on a rejection (WebSocket ``overloaded``
+Both return the same record (``openai_request``'s also ``server_timings`` where the server sends its
+own, as llama.cpp's ``llama-server`` does), raise the SDK's ``Overloaded`` on a rejection (WebSocket ``overloaded``
 event, HTTP 429 with ``Retry-After``) and another ``FastmodeError`` on any other failure, so
 ``bench.lanes.run_level`` treats every target alike.
+
+``LLAMA_CPP_GOALS``: the ratios a run is read against llama.cpp's server (``bench.report``).
 """
 
 from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 PROMPT = "class Parser:\n"
 
@@ -89,7 +92,7 @@ async def _openai_request(http, model: str, tier: str | None, tokens: int) -> di
     if tier:
         body["service_tier"] = tier
     sent = time.perf_counter()
-    first, usage, finish, chunks, spec = None, None, None, 0, None
+    first, usage, finish, chunks, spec, timings = None, None, None, 0, None, None
     async with http.stream("POST", "/v1/completions", json=body) as r:
         if r.status_code != 200:
             raise _http_error(r.status_code, await r.aread(), r.headers)
@@ -106,7 +109,43 @@ async def _openai_request(http, model: str, tier: str | None, tokens: int) -> di
                 finish = choice.get("finish_reason") or finish
             usage = chunk.get("usage") or usage
             spec = (chunk.get("fastmode") or {}).get("speculative") or spec  # the exact lane's drafts
+            timings = chunk.get("timings") or timings  # llama-server's own timings (and drafts)
     end = time.perf_counter()
     if not usage:
         raise FastmodeError("no_usage", "the stream ended without a usage chunk")
-    return _record(sent, first, end, int(usage["completion_tokens"]), chunks, finish_reason=finish, speculative=spec)
+    record = _record(sent, first, end, int(usage["completion_tokens"]), chunks, finish_reason=finish, speculative=spec)
+    if timings:
+        record["server_timings"] = timings
+    return record
+
+
+class Goal(NamedTuple):
+    """A ratio a run is read against: fastmode's ``lane`` (over ``api``) over another server's ``theirs``
+    at ``streams`` streams, on ``figure``, at least ``at_least``."""
+
+    name: str
+    lane: str
+    api: str
+    theirs: str
+    streams: int
+    figure: str
+    at_least: float
+
+
+FIGURES = {"per_user": ("per-user tok/s", lambda r: r["per_user_e2e_tokens_per_s"]["p50"]),
+           "aggregate": ("aggregate tok/s", lambda r: r["aggregate_tokens_per_s"])}
+"""A ``Goal``'s figure of a level's record (``bench.lanes.run_level``): per-user speed end to end
+(p50; servers chunk their streams differently, so per-chunk decode timing would favour the one that
+sends tokens in bursts) or the level's aggregate."""
+
+LLAMA_CPP_GOALS = (
+    Goal("fast lane per user, 1 stream", "fast", "websocket", "llama-server-fast", 1, "per_user", 1.5),
+    Goal("fast lane aggregate, 32 streams", "fast", "websocket", "llama-server-fast", 32, "aggregate", 2.0),
+    Goal("exact tier per user, 1 stream", "exact", "openai", "llama-server-full-spec", 1, "per_user", 1.2),
+    Goal("standard lane aggregate, 32 streams", "standard", "openai", "llama-server-full", 32, "aggregate", 1.0),
+)
+"""fastmode against llama.cpp's ``llama-server`` on the same checkpoints (``bench.llama_cpp_serve``):
+the fast lane over the WebSocket against llama-server on the fast model (the front door fastmode's
+fast-lane users get); the exact tier against llama-server's speculative decoding with the fast model
+drafting, and the standard lane against llama-server on the full model, both through fastmode's
+OpenAI API, the API llama-server is driven through."""
