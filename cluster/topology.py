@@ -61,6 +61,7 @@ from serve.auth import is_loopback
 from serve.config import LANE_CONFIGS, AppConfig
 from serve.errors import ConfigError, describe_validation, validate_mapping
 from sharding.planner import AUTO
+from models.builtin import PREFIX as BUILTIN_PREFIX
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LANES = tuple(LANE_CONFIGS)
@@ -293,6 +294,9 @@ def _resolve_app(topology: Topology, base: Path) -> AppConfig:
     models = {}
     for key in ("full", "fast"):
         spec = getattr(app.models, key)
+        if spec.path.startswith(BUILTIN_PREFIX):  # made ready on every node by its make install
+            models[key] = spec
+            continue
         local = Path(spec.path) if Path(spec.path).is_absolute() else (app_base / spec.path)
         local = local.resolve()
         if local.is_relative_to(REPO_ROOT):

@@ -83,3 +83,29 @@ def resolve(path: str | Path, *, full: Path | None = None, base: Path | None = N
     if not (p / "config.json").is_file():
         raise ModelPathError(f"no checkpoint (config.json) at {p}")
     return p
+
+
+def default_pair() -> tuple[Path, Path]:
+    """(full, fast) checkpoint folders of the embedded default: the built-in full model and the
+    student distilled from it (``models/fast``), converted and assembled on first use."""
+    from . import DEFAULT_FAST, FULL_BUILTIN
+
+    full = resolve(FULL_BUILTIN)
+    return full, resolve(DEFAULT_FAST, full=full)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m models.builtin``: make the default pair ready (what ``make install`` runs)."""
+    import sys
+
+    try:
+        full, fast = default_pair()
+    except ModelPathError as e:
+        print(f"models.builtin: {e}", file=sys.stderr)
+        return 2
+    print(f"full: {full}\nfast: {fast}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

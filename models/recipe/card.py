@@ -1,12 +1,12 @@
-"""``models/README.md``: the model cards, written by the recipe from what it measured."""
+"""``models/test/README.md``: the test pair's cards, written by the recipe from what it measured."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-HEADER = """# Shipped models
+HEADER = """# The test pair
 
-Two standard Hugging Face Llama checkpoints that transformers, vLLM and fastmode's own executor
+Two small standard Hugging Face Llama checkpoints (the test suite's pair) that transformers, vLLM and fastmode's own executor
 all load from the same files. Written by `{command}` ({minutes:.0f} min wall on {device});
 every figure below was measured by that run and is also in each model's `training.json`.
 
@@ -54,7 +54,7 @@ windows of {seq} tokens from the start of the training and held-out streams.
 ```
 make models            # = .venv/bin/python -m models.recipe --recipe shipped
 ```
-Resumable: state lives in `models/.work/shipped/`; rerun the same command after an interruption.
+Resumable: state lives in `models/test/.work/shipped/`; rerun the same command after an interruption.
 On a CUDA machine the same command trains on the GPU. bf16 autocast is used where the hardware
 supports it (`FASTMODE_RECIPE_FP32=1` turns it off); results differ in the last digits from run
 to run on other hardware.

@@ -1,7 +1,7 @@
-"""The whole recipe in one command: ``python -m models.recipe [--recipe shipped] [--out models]``.
+"""The whole recipe in one command: ``python -m models.recipe [--recipe shipped] [--out models/test]``.
 
 corpus -> tokenizer -> pre-train full -> write full -> distill fast from the written full ->
-write fast -> measure final losses -> write ``training.json`` per model and ``models/README.md``.
+write fast -> measure final losses -> write ``training.json`` per model and ``models/test/README.md``.
 Every stage is resumable: rerun the same command after an interruption and it continues from
 ``--work-dir``.
 """
@@ -26,7 +26,7 @@ from .export import count_parameters, load_fp32, new_model, write_checkpoint
 from .tokenizer import BOS, EOS, PAD, save_hf_tokenizer, train_tokenizer
 from .train import distill_loss, held_out_loss, next_token_loss, train, use_bf16_autocast
 
-MODELS_DIR = Path(__file__).resolve().parents[1]
+MODELS_DIR = Path(__file__).resolve().parents[1] / "test"
 
 
 def _tokenizer(recipe: Recipe, train_files: list[corpus.SourceFile], work_dir: Path) -> Tokenizer:
