@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from models import FAST, FULL, TEST_FAST, TEST_FULL
+from models import TEST_FAST, TEST_FULL
 
 # Two cores: one intra-op thread per test process avoids oversubscription when tests spawn workers.
 torch.set_num_threads(1)
@@ -34,7 +34,7 @@ def tiny_models(tmp_path_factory) -> Path:
 @pytest.fixture(params=["full", "fast"])
 def shipped_model(request) -> Path:
     """Each shipped checkpoint in turn."""
-    return shipped({"full": FULL, "fast": FAST}[request.param])
+    return shipped({"full": TEST_FULL, "fast": TEST_FAST}[request.param])
 
 
 def eager_lanes(fast: str = "") -> str:
@@ -80,10 +80,10 @@ def vllm_references(tiny_models) -> dict:
     """vLLM's greedy output on ``tests.models.test_vllm_loads.PROMPTS`` for the tiny, full and fast
     checkpoints, keyed ``"tiny"``, ``"full"``, ``"fast"`` (and ``"paths"``): one subprocess for the
     session, shared by ``tests/models/test_vllm_loads.py`` and ``tests/serve/test_lanes.py``."""
-    from models import FAST, FULL
+    from models import TEST_FAST, TEST_FULL
     from tests.models.test_vllm_loads import vllm_greedy
 
-    paths = {"tiny": tiny_models / "full", "full": shipped(FULL), "fast": shipped(FAST)}
+    paths = {"tiny": tiny_models / "full", "full": shipped(TEST_FULL), "fast": shipped(TEST_FAST)}
     got = vllm_greedy(*paths.values())
     return {which: got[str(path)] for which, path in paths.items()} | {"paths": {k: str(v) for k, v in paths.items()}}
 

@@ -10,15 +10,15 @@ import pytest
 from tokenizers import Tokenizer
 
 from bench.turns import LINE_TOKENS, conversation_inputs
-from models import FAST, FULL
+from models import TEST_FAST, TEST_FULL
 from models.recipe import corpus
 
 TURNS = 20
 
 
 def test_turns_are_whole_held_out_lines_of_one_size():
-    tokenizer = Tokenizer.from_file(str(Path(FULL) / "tokenizer.json"))
-    assert Path(FAST, "tokenizer.json").read_bytes() == Path(FULL, "tokenizer.json").read_bytes()
+    tokenizer = Tokenizer.from_file(str(Path(TEST_FULL) / "tokenizer.json"))
+    assert Path(TEST_FAST, "tokenizer.json").read_bytes() == Path(TEST_FULL, "tokenizer.json").read_bytes()
     _, held = corpus.split(corpus.list_files())
     lo, hi = LINE_TOKENS
     convs = conversation_inputs(None, TURNS)

@@ -7,14 +7,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from models import FAST, FULL
+from models import TEST_FAST, TEST_FULL
 from tests.conftest import shipped
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def test_demo_runs_both_models_and_reports_hops():
-    shipped(FULL), shipped(FAST)
+    shipped(TEST_FULL), shipped(TEST_FAST)
     proc = subprocess.run([sys.executable, "-m", "clients.cli", "demo", "--max-tokens", "8"],
                           capture_output=True, text=True, timeout=300, cwd=REPO,
                           env={**os.environ, "PYTHONPATH": str(REPO)})

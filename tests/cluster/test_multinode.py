@@ -24,7 +24,7 @@ import pytest
 import ray
 import torch
 
-from models import FAST
+from models import TEST_FAST
 from sharding.pipeline import ShardedModel
 from sharding.sampling import SamplingParams
 from tests.conftest import shipped
@@ -94,7 +94,7 @@ def _start_cluster(restore_address, attempts: int = 2):
 
 @pytest.fixture(scope="module")
 def path() -> Path:
-    return shipped(FAST)
+    return shipped(TEST_FAST)
 
 
 @pytest.fixture(scope="module")

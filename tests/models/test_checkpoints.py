@@ -7,7 +7,7 @@ import json
 import torch
 from transformers import AutoTokenizer, LlamaForCausalLM
 
-from models import FAST, FULL, MODELS_DIR
+from models import TEST_FAST, TEST_FULL, MODELS_DIR
 from models.recipe.export import CHECKPOINT_FILES, count_parameters
 from tests.conftest import shipped
 
@@ -20,13 +20,13 @@ def test_checkpoint_files_and_total_size(shipped_model):
 
 
 def test_total_shipped_size_at_most_40_mb():
-    total = sum(p.stat().st_size for d in (shipped(FULL), shipped(FAST)) for p in d.iterdir() if p.is_file())
+    total = sum(p.stat().st_size for d in (shipped(TEST_FULL), shipped(TEST_FAST)) for p in d.iterdir() if p.is_file())
     assert total <= 40 * 2**20, total
 
 
 def test_parameter_budgets():
-    full = LlamaForCausalLM.from_pretrained(shipped(FULL))
-    fast = LlamaForCausalLM.from_pretrained(shipped(FAST))
+    full = LlamaForCausalLM.from_pretrained(shipped(TEST_FULL))
+    fast = LlamaForCausalLM.from_pretrained(shipped(TEST_FAST))
     n_full, n_fast = count_parameters(full), count_parameters(fast)
     assert 5e6 <= n_full <= 25e6
     assert n_fast * 4 <= n_full
@@ -47,7 +47,7 @@ def test_generates_python(shipped_model):
 
 
 def test_model_cards_record_the_run():
-    shipped(FULL)
-    readme = (MODELS_DIR / "README.md").read_text()
+    shipped(TEST_FULL)
+    readme = (MODELS_DIR / "test" / "README.md").read_text()
     for needle in ("parameters", "held-out", "sha256", "seed", "steps"):
         assert needle in readme

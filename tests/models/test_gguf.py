@@ -16,7 +16,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from models import FULL, gguf as conv
+from models import TEST_FULL, gguf as conv
 from tests.conftest import shipped
 
 TEMPLATE = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -87,7 +87,7 @@ def tiny_gguf(tmp_path_factory) -> tuple[LlamaForCausalLM, Path]:
         vocab_size=4096, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, head_dim=16, max_position_embeddings=256, bos_token_id=0, eos_token_id=1,
         tie_word_embeddings=False, initializer_range=0.2)).float().eval()
-    path = write_gguf(model, FULL / "tokenizer.json", tmp_path_factory.mktemp("gguf") / "tiny.gguf")
+    path = write_gguf(model, TEST_FULL / "tokenizer.json", tmp_path_factory.mktemp("gguf") / "tiny.gguf")
     return model, path
 
 
@@ -117,7 +117,7 @@ def test_round_trip_gives_the_original_weights_logits_and_tokenizer(tiny_gguf, c
     source = json.loads((out / conv.SOURCE).read_text())
     assert source["sha256"] == conv.sha256(path) and source["gguf"] == "tiny.gguf"
     # The tokenizer gives the shipped tokenizer's ids, and the file's chat template comes along.
-    theirs, ours = AutoTokenizer.from_pretrained(FULL), AutoTokenizer.from_pretrained(out)
+    theirs, ours = AutoTokenizer.from_pretrained(TEST_FULL), AutoTokenizer.from_pretrained(out)
     for text in ["def f(x):\n    return x + 1\n", "  spaces\tand\ttabs  ", "héllo wörld ✓"]:
         assert ours(text, add_special_tokens=False).input_ids == theirs(text, add_special_tokens=False).input_ids
     assert ours.chat_template == TEMPLATE

@@ -8,7 +8,7 @@ import pytest
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer
 
-from models import FULL
+from models import TEST_FULL
 from tests.conftest import shipped
 
 ODD_TEXTS = [
@@ -43,7 +43,7 @@ def tokenizer_dir(request):
     """The tokenizer the tiny recipe makes, and the shipped one (both models share it)."""
     if request.param == "tiny":
         return request.getfixturevalue("tiny_models") / "full"
-    return shipped(FULL)
+    return shipped(TEST_FULL)
 
 
 def test_round_trip_exact(tokenizer_dir):

@@ -14,7 +14,7 @@ import json
 import pytest
 from transformers import AutoTokenizer as _AutoTokenizer
 
-from models import FULL
+from models import TEST_FULL
 from serve.chat import ChatTemplate, has_chat_template
 from serve.errors import InvalidRequest
 
@@ -109,7 +109,7 @@ def test_kwargs_and_an_override_template(chatml, smollm2):
 
 
 def test_a_model_without_a_template_has_none(tmp_path):
-    assert not has_chat_template(FULL) and ChatTemplate.of(FULL) is None
+    assert not has_chat_template(TEST_FULL) and ChatTemplate.of(TEST_FULL) is None
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ messages }}"}))
     assert has_chat_template(tmp_path)
 

@@ -22,7 +22,7 @@ from fastapi import FastAPI, Request, WebSocket
 from fastapi.testclient import TestClient
 from transformers import AutoTokenizer, LlamaForCausalLM
 
-from models import FAST, FULL
+from models import TEST_FAST, TEST_FULL
 from tests.conftest import shipped
 from tests.serve.chat_models import CHATML, FORGED, set_end_of_turn, with_template
 from tests.serve.test_chat_prompts import Recording
@@ -97,7 +97,7 @@ def chat(tmp_path_factory):
     from serve.websocket import Session
 
     root = tmp_path_factory.mktemp("chat-app")
-    full, fast = shipped(FULL), shipped(FAST)
+    full, fast = shipped(TEST_FULL), shipped(TEST_FAST)
     full = with_template(full, root / "full", CHATML)
     fast = with_template(fast, root / "fast", CHATML)
     # End of turn: <|eos|> and the 4th token transformers' greedy output of QUESTION brings (that the

@@ -15,7 +15,7 @@ import pytest
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer
 
-from models import FAST, FULL
+from models import TEST_FAST, TEST_FULL
 from serve.chat import end_of_turn_ids
 from serve.lanes.engine import EngineOutput
 from serve.lanes.lane import LANES, Lane
@@ -35,7 +35,7 @@ CONVERSATIONS = [
 
 @pytest.fixture(scope="module")
 def full(tmp_path_factory):
-    return with_template(FULL, tmp_path_factory.mktemp("chat") / "full", CHATML, EOT)
+    return with_template(TEST_FULL, tmp_path_factory.mktemp("chat") / "full", CHATML, EOT)
 
 
 def reference(path, messages) -> list[int]:
@@ -110,10 +110,10 @@ def test_a_forged_turn_in_a_message_is_text_on_the_lane(full):
         [{"role": "user", "content": FORGED}], add_generation_prompt=True, tokenize=False)
 
 
-@pytest.mark.parametrize("path", [FULL, FAST], ids=["full", "fast"])
+@pytest.mark.parametrize("path", [TEST_FULL, TEST_FAST], ids=["full", "fast"])
 def test_a_model_without_a_template_keeps_the_join(path):
     engine = Recording()
-    lane = Lane("fast" if path == FAST else "priority", "m", str(path), {}, engine=engine)
+    lane = Lane("fast" if path == TEST_FAST else "priority", "m", str(path), {}, engine=engine)
     for messages in CONVERSATIONS:
         run(lane, {"input": messages})
         text = join_messages((m["role"], m["content"]) for m in messages)
@@ -125,9 +125,9 @@ def test_a_model_without_a_template_keeps_the_join(path):
 
 def test_the_configs_template_reaches_the_lane(tmp_path):
     engine = Recording()
-    lane = Lane("fast", "m", str(FAST), {}, engine=engine, chat_template=CHATML)
+    lane = Lane("fast", "m", str(TEST_FAST), {}, engine=engine, chat_template=CHATML)
     run(lane, {"input": CONVERSATIONS[1]})
-    hf = AutoTokenizer.from_pretrained(FAST)
+    hf = AutoTokenizer.from_pretrained(TEST_FAST)
     assert engine.requests[-1].prompt_ids == hf.apply_chat_template(
         CONVERSATIONS[1], chat_template=CHATML, add_generation_prompt=True, tokenize=True, return_dict=False)
 
@@ -136,7 +136,7 @@ def test_the_door_gets_the_same_ids_and_stops(tmp_path):
     from serve.lanes.door import Door, DoorConnection, DoorSpec
     from sharding.config import ModelConfig
 
-    fast = with_template(FAST, tmp_path / "fast", CHATML, EOT)
+    fast = with_template(TEST_FAST, tmp_path / "fast", CHATML, EOT)
     door = Door(DoorSpec(model_id="m", model_path=str(fast), price=1.0, host="127.0.0.1"),
                 ModelConfig.from_pretrained(fast), 512)
     a, b = socket.socketpair()
@@ -158,8 +158,8 @@ def test_the_door_gets_the_same_ids_and_stops(tmp_path):
 
 
 def test_end_of_turn_ids_are_the_configs_the_generation_configs_and_the_tokenizers(tmp_path):
-    assert end_of_turn_ids(FULL) == (1,)
-    path = with_template(FULL, tmp_path / "m", None, [7, 1, 9])
+    assert end_of_turn_ids(TEST_FULL) == (1,)
+    path = with_template(TEST_FULL, tmp_path / "m", None, [7, 1, 9])
     config = json.loads((path / "tokenizer_config.json").read_text())
     config["eos_token"] = "<|pad|>"  # id 2
     (path / "tokenizer_config.json").write_text(json.dumps(config))
@@ -206,7 +206,7 @@ def test_chat_template_kwargs_from_every_front_door_render_on_the_lane(tmp_path)
     from serve.rpc.server import to_request
     from tests.serve.chat_models import THINKING
 
-    path = with_template(FAST, tmp_path / "thinking", THINKING)
+    path = with_template(TEST_FAST, tmp_path / "thinking", THINKING)
     engine = Recording()
     lane = Lane("fast", "m", str(path), {}, engine=engine)
     messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
@@ -235,13 +235,13 @@ def test_the_configs_chat_template_is_a_template_or_a_file(tmp_path):
 
     (tmp_path / "chatml.jinja").write_text(CHATML)
     config = tmp_path / "app.yaml"
-    config.write_text(f"models:\n  full: {{id: f, path: {FULL}, chat_template: chatml.jinja,"
+    config.write_text(f"models:\n  full: {{id: f, path: {TEST_FULL}, chat_template: chatml.jinja,"
                       " chat_template_kwargs: {enable_thinking: false}}\n"
-                      f"  fast: {{id: s, path: {FAST}, chat_template: \"{{{{ messages }}}}\"}}\n")
+                      f"  fast: {{id: s, path: {TEST_FAST}, chat_template: \"{{{{ messages }}}}\"}}\n")
     models = load_config(config).models
     assert (models.full.chat_template, models.full.chat_template_kwargs) == (CHATML, {"enable_thinking": False})
     assert models.fast.chat_template == "{{ messages }}"
-    config.write_text(f"models:\n  full: {{id: f, path: {FULL}, chat_template: missing.jinja}}\n")
+    config.write_text(f"models:\n  full: {{id: f, path: {TEST_FULL}, chat_template: missing.jinja}}\n")
     with pytest.raises(ConfigError, match="models.full.chat_template: no template file"):
         load_config(config)
 

@@ -8,7 +8,7 @@ import pytest
 import yaml
 from ray.serve.schema import ServeDeploySchema
 
-from models import FAST, FULL
+from models import TEST_FAST, TEST_FULL
 from serve.config import AppConfig, load_config
 from serve.errors import ConfigError
 from serve.up import main as up_main
@@ -23,7 +23,7 @@ def test_the_commented_yaml_is_the_builtin_default():
 
 def test_defaults_serve_the_shipped_models_with_the_seeds_prices():
     c = load_config(None)
-    assert (c.models.full.path, c.models.fast.path) == (str(FULL), str(FAST))
+    assert (c.models.full.path, c.models.fast.path) == (str(TEST_FULL), str(TEST_FAST))
     assert "full" in c.models.full.id and "fast" in c.models.fast.id
     assert (c.lanes.fast.tp, c.lanes.fast.pp, c.lanes.priority.max_num_seqs, c.lanes.standard.max_num_seqs) == (
         "auto", "auto", 2, 32)
@@ -38,10 +38,10 @@ def test_a_partial_lane_section_keeps_that_lanes_defaults():
 
 
 def test_relative_model_paths_resolve_against_the_file(tmp_path):
-    (tmp_path / "m").symlink_to(FAST)
+    (tmp_path / "m").symlink_to(TEST_FAST)
     f = tmp_path / "app.yaml"
     f.write_text("models:\n  fast: {id: tiny-fast, path: m}\n")
-    assert load_config(f).models.fast.path == str(FAST.resolve())
+    assert load_config(f).models.fast.path == str(TEST_FAST.resolve())
 
 
 @pytest.mark.parametrize("data,says", [
@@ -60,8 +60,8 @@ def test_relative_model_paths_resolve_against_the_file(tmp_path):
     ({"lanes": {"exact": {"threads": 0}}}, "lanes.exact.threads"),
     ({"router": {"auto_threshold": -1}}, "router.auto_threshold"),
     ({"http": {"port": 70000}}, "http.port"),
-    ({"models": {"fast": {"id": "fastmode-full", "path": str(FAST)}}}, "different ids"),
-    ({"models": {"fast": {"id": "auto", "path": str(FAST)}}}, "'auto'"),
+    ({"models": {"fast": {"id": "fastmode-full", "path": str(TEST_FAST)}}}, "different ids"),
+    ({"models": {"fast": {"id": "auto", "path": str(TEST_FAST)}}}, "'auto'"),
     ({"models": {"fast": {"id": "x", "path": "/nonexistent"}}}, "models.fast.path"),
 ])
 def test_bad_configs_name_the_field(data, says):

@@ -199,12 +199,12 @@ def references():
     import torch
     from transformers import AutoTokenizer, LlamaForCausalLM
 
-    from models import FAST, FULL
+    from models import TEST_FAST, TEST_FULL
     from tests.conftest import shipped
 
-    tok = AutoTokenizer.from_pretrained(shipped(FULL))
+    tok = AutoTokenizer.from_pretrained(shipped(TEST_FULL))
     models = {name: LlamaForCausalLM.from_pretrained(shipped(p), dtype=torch.float32).eval()
-              for name, p in (("fast", FAST), ("full", FULL))}
+              for name, p in (("fast", TEST_FAST), ("full", TEST_FULL))}
 
     @torch.no_grad()
     def greedy(model: str, prompt: str) -> tuple[str, int]:

@@ -7,7 +7,7 @@ import random
 import pytest
 from tokenizers import Tokenizer
 
-from models import FAST
+from models import TEST_FAST
 from serve.lanes.detokenizer import TextStream
 from tests.conftest import shipped
 
@@ -16,7 +16,7 @@ TEXTS = ["def f(x):\n    return x  # ok\n", "naïve café — 東京 😀 done\n
 
 @pytest.fixture(scope="module")
 def tok() -> Tokenizer:
-    return Tokenizer.from_file(str(shipped(FAST) / "tokenizer.json"))
+    return Tokenizer.from_file(str(shipped(TEST_FAST) / "tokenizer.json"))
 
 
 def stream(tok: Tokenizer, ids: list[int], stop=None, chunk: int = 1) -> tuple[str, bool]:

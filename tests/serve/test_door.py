@@ -22,7 +22,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.frames import Frame, Opcode
 
-from models import FAST
+from models import TEST_FAST
 from serve.lanes.door import DoorSpec
 from sharding.pipeline import ShardedModel
 from tests.pause import chip_processes, paused
@@ -40,10 +40,10 @@ PROMPT = "def fibonacci(n):\n"
 def door():
     """``(model, url)``: a one-chip ring of the fast model whose head serves a door."""
     ray.init(address="local", resources={"chip": 3}, num_cpus=2, include_dashboard=False, log_to_driver=False)
-    spec = DoorSpec(model_id=MODEL, model_path=str(FAST), price=2.0, host="127.0.0.1",
+    spec = DoorSpec(model_id=MODEL, model_path=str(TEST_FAST), price=2.0, host="127.0.0.1",
                     keys=frozenset({KEY}), limits=LIMITS)
     try:
-        with ShardedModel.from_pretrained(FAST, num_slots=4, max_len=256, prefix_cache=True, door=spec) as m:
+        with ShardedModel.from_pretrained(TEST_FAST, num_slots=4, max_len=256, prefix_cache=True, door=spec) as m:
             host, port = m.door_address
             yield m, f"ws://{host}:{port}/v1/responses"
     finally:
@@ -85,9 +85,9 @@ def running(m) -> int:
 
 def test_the_door_streams_transformers_greedy_text(door):
     m, url = door
-    tok = Tokenizer.from_file(str(FAST / "tokenizer.json"))
+    tok = Tokenizer.from_file(str(TEST_FAST / "tokenizer.json"))
     ids = tok.encode(PROMPT).ids
-    want = tok.decode(hf_greedy(FAST, ids, 16))
+    want = tok.decode(hf_greedy(TEST_FAST, ids, 16))
 
     async def main():
         async with ws(url) as conn:
@@ -112,8 +112,8 @@ def test_the_door_streams_transformers_greedy_text(door):
 
 def test_a_stop_string_ends_the_text_before_it(door):
     m, url = door
-    tok = Tokenizer.from_file(str(FAST / "tokenizer.json"))
-    full = tok.decode(hf_greedy(FAST, tok.encode(PROMPT).ids, 16))
+    tok = Tokenizer.from_file(str(TEST_FAST / "tokenizer.json"))
+    full = tok.decode(hf_greedy(TEST_FAST, tok.encode(PROMPT).ids, 16))
     stop = full.strip()[3:6]  # some text from inside the greedy output
 
     async def main():
@@ -201,8 +201,8 @@ def test_frames_together_split_fragmented_and_long_are_read_as_websockets_sends_
     object: two requests and a ping in one write, a frame in pieces, a fragmented message (sent by
     websockets' own client), a frame with a 16-bit length, and a ping the client awaits."""
     m, url = door
-    tok = Tokenizer.from_file(str(FAST / "tokenizer.json"))
-    want = tok.decode(hf_greedy(FAST, tok.encode(PROMPT).ids, 16))
+    tok = Tokenizer.from_file(str(TEST_FAST / "tokenizer.json"))
+    want = tok.decode(hf_greedy(TEST_FAST, tok.encode(PROMPT).ids, 16))
     long_prompt = "# " + "a long comment line " * 8 + "\n" + PROMPT  # over 125 bytes: a 16-bit length
 
     async def main():
@@ -453,9 +453,9 @@ def test_a_connection_past_its_maximum_age_drains_then_closes_with_1001(door):
     with a response in flight refuses new ones (``connection_draining``), finishes it, then closes
     with 1001. A second ring's door with a short age (the module's door keeps the default)."""
     age = 0.4
-    spec = DoorSpec(model_id=MODEL, model_path=str(FAST), price=2.0, host="127.0.0.1", keys=frozenset({KEY}),
+    spec = DoorSpec(model_id=MODEL, model_path=str(TEST_FAST), price=2.0, host="127.0.0.1", keys=frozenset({KEY}),
                     limits=LIMITS | {"max_connection_age_s": age})
-    with ShardedModel.from_pretrained(FAST, num_slots=2, max_len=512, door=spec) as aged:
+    with ShardedModel.from_pretrained(TEST_FAST, num_slots=2, max_len=512, door=spec) as aged:
         host, port = aged.door_address
         url = f"ws://{host}:{port}/v1/responses"
 
@@ -522,10 +522,10 @@ def test_a_pipelined_rings_door_reports_each_hop_and_a_dead_chip_ends_its_respon
     """pp=2 (a hop each way every step): the completed event carries the response's hops per chip
     pair, and the text is the one-chip ring's; a chip that dies ends the door's responses with
     ``lane_unavailable`` (retryable) and closes the connection with 1011."""
-    tok = Tokenizer.from_file(str(FAST / "tokenizer.json"))
-    want = tok.decode(hf_greedy(FAST, tok.encode(PROMPT).ids, 16))
-    spec = DoorSpec(model_id=MODEL, model_path=str(FAST), price=1.0, host="127.0.0.1")
-    ring = ShardedModel.from_pretrained(FAST, pp=2, num_slots=2, max_len=256, door=spec)
+    tok = Tokenizer.from_file(str(TEST_FAST / "tokenizer.json"))
+    want = tok.decode(hf_greedy(TEST_FAST, tok.encode(PROMPT).ids, 16))
+    spec = DoorSpec(model_id=MODEL, model_path=str(TEST_FAST), price=1.0, host="127.0.0.1")
+    ring = ShardedModel.from_pretrained(TEST_FAST, pp=2, num_slots=2, max_len=256, door=spec)
     try:
         url = f"ws://{ring.door_address[0]}:{ring.door_address[1]}/v1/responses"
 

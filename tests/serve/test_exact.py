@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer, LlamaForCausalLM
 
-from models import FULL
+from models import TEST_FULL
 from models.eval.samples import line_samples
 from models.recipe import corpus
 from tests.conftest import shipped
@@ -20,7 +20,7 @@ TOKENS = 32
 @pytest.fixture(scope="module")
 def held_out() -> list[tuple[str, str]]:
     """(prompt, transformers' greedy text of the full model) for held-out next-line prompts."""
-    path = shipped(FULL)
+    path = shipped(TEST_FULL)
     tok = AutoTokenizer.from_pretrained(path)
     hf = LlamaForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     _, held = corpus.split(corpus.list_files())

@@ -13,7 +13,7 @@ import torch
 from transformers import AutoTokenizer, LlamaForCausalLM
 
 from bench.soak import cancelled
-from models import FAST, FULL
+from models import TEST_FAST, TEST_FULL
 from sharding.engine import Engine
 from sharding.sampling import SamplingParams
 from tests.conftest import shipped
@@ -36,7 +36,7 @@ def request(lane: str, prompt: str, **kw) -> dict:
 def references(vllm_references) -> dict:
     """Greedy tokens per (model, prompt): from each engine called directly, and from transformers."""
     refs = {}
-    for name, path in (("full", shipped(FULL)), ("fast", shipped(FAST))):
+    for name, path in (("full", shipped(TEST_FULL)), ("fast", shipped(TEST_FAST))):
         tok = AutoTokenizer.from_pretrained(path)
         hf = LlamaForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
         prompts = [tok(p, return_tensors="pt").input_ids for p in PROMPTS]

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 
-from models import FAST, FULL
+from models import TEST_FAST, TEST_FULL
 from serve import up
 from serve.config import load_config
 from serve.preflight import PROBES, PreflightError, estimate, preflight
@@ -58,27 +58,27 @@ def test_a_pair_of_another_family_passes(tmp_path):
     for name, layers in (("full", 2), ("fast", 1)):
         p = save_family("qwen2", tmp_path / name, num_hidden_layers=layers, vocab_size=4096)
         for f in ("tokenizer.json", "tokenizer_config.json"):
-            shutil.copy(FAST / f, p / f)
+            shutil.copy(TEST_FAST / f, p / f)
         paths.append(p)
     preflight(load_config({"models": {"full": {"id": "f", "path": str(paths[0])},
                                       "fast": {"id": "s", "path": str(paths[1])}}}), chips=2)
 
 
 def test_unsupported_model_type(tmp_path, capsys, no_start):
-    fast = _edit_config(_copy(FAST, tmp_path / "gpt2"), model_type="gpt2")
+    fast = _edit_config(_copy(TEST_FAST, tmp_path / "gpt2"), model_type="gpt2")
     err = _fails(capsys, no_start, ["--fast", str(fast)], "models.fast.path: model_type 'gpt2' is not supported")
     assert "needed by the fast lane" in err
 
 
 def test_unknown_tensor(tmp_path, capsys, no_start):
-    fast = _copy(FAST, tmp_path / "extra")
+    fast = _copy(TEST_FAST, tmp_path / "extra")
     tensors = load_file(fast / "model.safetensors")
     save_file({**tensors, "model.layers.0.mlp.up_proj.bias": torch.zeros(352)}, fast / "model.safetensors")
     _fails(capsys, no_start, ["--fast", str(fast)], "does not use: 'model.layers.0.mlp.up_proj.bias'")
 
 
 def test_missing_tensor(tmp_path, capsys, no_start):
-    full = _copy(FULL, tmp_path / "missing")
+    full = _copy(TEST_FULL, tmp_path / "missing")
     tensors = load_file(full / "model.safetensors")
     del tensors["model.layers.3.self_attn.v_proj.weight"]
     save_file(tensors, full / "model.safetensors")
@@ -87,17 +87,17 @@ def test_missing_tensor(tmp_path, capsys, no_start):
 
 
 def test_quantized_config(tmp_path, capsys, no_start):
-    fast = _edit_config(_copy(FAST, tmp_path / "fp8"), quantization_config={"quant_method": "fp8"})
+    fast = _edit_config(_copy(TEST_FAST, tmp_path / "fp8"), quantization_config={"quant_method": "fp8"})
     _fails(capsys, no_start, ["--fast", str(fast)], "quantization_config: 'fp8' checkpoints are not supported")
 
 
 def test_tokenizers_that_differ(tmp_path, capsys, no_start):
     """Same size, two entries swapped: the exact tier would verify drafts of other tokens."""
-    fast = _copy(FAST, tmp_path / "swapped")
+    fast = _copy(TEST_FAST, tmp_path / "swapped")
     tok = json.loads((fast / "tokenizer.json").read_text())
     vocab = tok["model"]["vocab"]
     by_id = {i: t for t, i in vocab.items()}
-    first = Tokenizer.from_file(str(FAST / "tokenizer.json")).encode(PROBES[1]).ids[1]  # a token the probe uses
+    first = Tokenizer.from_file(str(TEST_FAST / "tokenizer.json")).encode(PROBES[1]).ids[1]  # a token the probe uses
     a, b = by_id[first], by_id[first + 1]
     vocab[a], vocab[b] = vocab[b], vocab[a]
     (fast / "tokenizer.json").write_text(json.dumps(tok))
@@ -106,7 +106,7 @@ def test_tokenizers_that_differ(tmp_path, capsys, no_start):
 
 def test_tp_that_cannot_split(tmp_path, capsys, no_start):
     config = tmp_path / "tp3.yaml"
-    config.write_text(f"models:\n  fast: {{id: fast, path: {FAST}}}\n  full: {{id: full, path: {FULL}}}\n"
+    config.write_text(f"models:\n  fast: {{id: fast, path: {TEST_FAST}}}\n  full: {{id: full, path: {TEST_FULL}}}\n"
                       "lanes:\n  fast: {tp: 3, pp: 1}\n")
     _fails(capsys, no_start, ["--config", str(config)], "lanes.fast.tp/pp: tensor parallel size 3 does not divide")
 

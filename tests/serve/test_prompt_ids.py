@@ -9,7 +9,7 @@ import random
 import pytest
 from tokenizers import Tokenizer
 
-from models import FAST, FULL
+from models import TEST_FAST, TEST_FULL
 from serve.lanes.prompt_ids import PromptIds, splits_at_newlines
 
 LINES = ["def parse(line):", "    return line.split(',')", "", "  ", "class Parser:", "\t# tab\r", "x = '\u00e9t\u00e9'",
@@ -20,12 +20,12 @@ def _tokenizer(path) -> Tokenizer:
     return Tokenizer.from_file(str(path / "tokenizer.json"))
 
 
-@pytest.mark.parametrize("path", [FAST, FULL], ids=["fast", "full"])
+@pytest.mark.parametrize("path", [TEST_FAST, TEST_FULL], ids=["fast", "full"])
 def test_shipped_tokenizers_split_at_newlines(path):
     assert PromptIds(_tokenizer(path)).incremental
 
 
-@pytest.mark.parametrize("path", [FAST, FULL], ids=["fast", "full"])
+@pytest.mark.parametrize("path", [TEST_FAST, TEST_FULL], ids=["fast", "full"])
 def test_conversation_turns_equal_whole_encode(path):
     """20-turn conversations joined as the router joins them (lines of history, output, new input):
     every turn's ids equal the tokenizer's own encode of the whole text, and the history is reused."""
@@ -46,7 +46,7 @@ def test_conversation_turns_equal_whole_encode(path):
 def test_random_texts_and_cuts_equal_whole_encode():
     """Random texts continuing kept ones at any line break (empty lines, a trailing line break, CRLF,
     non-ASCII) and texts continuing nothing: always the whole encode's ids."""
-    tok = _tokenizer(FAST)
+    tok = _tokenizer(TEST_FAST)
     ids = PromptIds(tok)
     rng = random.Random(1)
     alphabet = ["a", "b", " ", "\n", "\r\n", "\t", "\u00e9", "\U0001F600", "1", "(", "def", "  ", "\n\n"]
@@ -62,7 +62,7 @@ def test_random_texts_and_cuts_equal_whole_encode():
 
 
 def test_a_change_inside_the_history_is_not_reused():
-    tok = _tokenizer(FAST)
+    tok = _tokenizer(TEST_FAST)
     ids = PromptIds(tok)
     ids.encode("def f(x):\n    return x")
     text = "def f(y):\n    return x\nprint(f(1))"
@@ -73,7 +73,7 @@ def test_a_change_inside_the_history_is_not_reused():
 
 
 def test_kept_ids_are_bounded_and_least_recently_used_go_first():
-    tok = _tokenizer(FAST)
+    tok = _tokenizer(TEST_FAST)
     first, second = "alpha beta gamma", "delta epsilon zeta"
     n = len(tok.encode(first).ids)
     ids = PromptIds(tok, kept_tokens=n + len(tok.encode(second).ids))
@@ -88,7 +88,7 @@ def test_kept_ids_are_bounded_and_least_recently_used_go_first():
 
 
 def test_returned_ids_are_the_callers_own():
-    tok = _tokenizer(FAST)
+    tok = _tokenizer(TEST_FAST)
     ids = PromptIds(tok)
     got = ids.encode("a\nb")
     got.append(-1)
@@ -97,7 +97,7 @@ def test_returned_ids_are_the_callers_own():
 
 
 def test_a_tokenizer_without_the_newline_split_tokenizes_whole():
-    spec = json.loads(_tokenizer(FAST).to_str())
+    spec = json.loads(_tokenizer(TEST_FAST).to_str())
     spec["pre_tokenizer"] = spec["pre_tokenizer"]["pretokenizers"][1]  # ByteLevel alone: merges may cross "\n"
     tok = Tokenizer.from_str(json.dumps(spec))
     assert not splits_at_newlines(tok)
@@ -109,7 +109,7 @@ def test_a_tokenizer_without_the_newline_split_tokenizes_whole():
 
 
 def test_encode_turn_says_whether_the_text_continues_a_kept_prompt():
-    tok = _tokenizer(FAST)
+    tok = _tokenizer(TEST_FAST)
     ids = PromptIds(tok)
     first = "def f(x):\n    return x"
     assert ids.encode_turn(first) == (tok.encode(first).ids, False)  # a conversation's first turn
@@ -134,14 +134,14 @@ CONVERSATIONS = [
 def chatml(tmp_path_factory):
     from tests.serve.chat_models import with_template
 
-    return with_template(FAST, tmp_path_factory.mktemp("chatml") / "fast")
+    return with_template(TEST_FAST, tmp_path_factory.mktemp("chatml") / "fast")
 
 
 @pytest.fixture(scope="module")
 def thinking(tmp_path_factory):
     from tests.serve.chat_models import THINKING, with_template
 
-    return with_template(FAST, tmp_path_factory.mktemp("thinking") / "fast", THINKING)
+    return with_template(TEST_FAST, tmp_path_factory.mktemp("thinking") / "fast", THINKING)
 
 
 @pytest.fixture(scope="module", params=["chatml", "smollm2"])
@@ -232,7 +232,7 @@ def test_a_text_prompt_is_not_templated(templated):
     assert PromptIds.for_model(templated).encode_prompt("def f(x):\n")[0] == tok.encode("def f(x):\n").ids
 
 
-@pytest.mark.parametrize("path", [FAST, FULL], ids=["fast", "full"])
+@pytest.mark.parametrize("path", [TEST_FAST, TEST_FULL], ids=["fast", "full"])
 def test_a_model_without_a_template_joins_the_messages(path):
     from serve.errors import InvalidRequest
     from serve.request import ChatPrompt, join_messages
@@ -250,7 +250,7 @@ def test_the_configs_template_overrides_the_checkpoints(chatml):
     from serve.request import ChatPrompt
     from tests.serve.chat_models import THINKING
 
-    ids = PromptIds.for_model(FAST, chat_template=THINKING)  # the shipped model has none of its own
+    ids = PromptIds.for_model(TEST_FAST, chat_template=THINKING)  # the shipped model has none of its own
     messages = [("user", " hi "), ("assistant", "a"), ("user", "b")]
     hf = _hf(str(chatml))
     want = hf.apply_chat_template([{"role": r, "content": c} for r, c in messages], chat_template=THINKING,

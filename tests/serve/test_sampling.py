@@ -30,7 +30,7 @@ from fastapi import FastAPI, Request, WebSocket
 from fastapi.testclient import TestClient
 from transformers import AutoTokenizer, LlamaForCausalLM, LogitsProcessor, LogitsProcessorList
 
-from models import FAST, FULL
+from models import TEST_FAST, TEST_FULL
 from serve.lanes.lane import LANES, Lane
 from serve.request import GenerateRequest
 from tests.conftest import shipped
@@ -56,7 +56,7 @@ def with_defaults(src, out, defaults=DEFAULTS):
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("sampling")
-    return with_defaults(shipped(FULL), root / "full"), with_template(shipped(FAST), root / "fast", CHATML)
+    return with_defaults(shipped(TEST_FULL), root / "full"), with_template(shipped(TEST_FAST), root / "fast", CHATML)
 
 
 # -- every lane, the door and every front door ------------------------------------------------------
@@ -82,7 +82,7 @@ def test_the_door_hands_the_head_the_same_sampling(checkpoints, tmp_path):
     from serve.lanes.door import Door, DoorConnection, DoorSpec
     from sharding.config import ModelConfig
 
-    fast = with_defaults(shipped(FAST), tmp_path / "fast")
+    fast = with_defaults(shipped(TEST_FAST), tmp_path / "fast")
     door = Door(DoorSpec(model_id="m", model_path=str(fast), price=1.0, host="127.0.0.1"),
                 ModelConfig.from_pretrained(fast), 512)
     a, b = socket.socketpair()
@@ -106,7 +106,7 @@ def test_generation_configs_max_new_tokens_is_the_default_max_tokens_on_every_la
     from serve.lanes.door import Door, DoorConnection, DoorSpec
     from sharding.config import ModelConfig
 
-    path = with_defaults(shipped(FULL), tmp_path / "full", {"max_new_tokens": 5})
+    path = with_defaults(shipped(TEST_FULL), tmp_path / "full", {"max_new_tokens": 5})
     for name in LANES:
         engine = Recording()
         lane = Lane(name, "m", str(path), {}, engine=engine)
@@ -124,7 +124,7 @@ def test_generation_configs_max_new_tokens_is_the_default_max_tokens_on_every_la
         door.close()
         b.close()
     engine = Recording()
-    run(Lane("standard", "m", str(shipped(FULL)), {}, engine=engine), {"input": "x"})  # no max_new_tokens
+    run(Lane("standard", "m", str(shipped(TEST_FULL)), {}, engine=engine), {"input": "x"})  # no max_new_tokens
     assert engine.requests[-1].max_tokens == engine.max_len - len(engine.requests[-1].prompt_ids)
 
 
@@ -442,7 +442,7 @@ def vllm_engine():
     from serve.lanes.vllm_engine import VLLMLaneEngine
 
     with asyncio.Runner() as runner:
-        e = VLLMLaneEngine(shipped(FULL), PriorityLaneConfig())
+        e = VLLMLaneEngine(shipped(TEST_FULL), PriorityLaneConfig())
         e.run = runner.run
         yield e
         e.shutdown()
@@ -457,11 +457,11 @@ def test_vllm_and_fastmodes_engines_process_the_same_tokens(vllm_engine):
     from sharding.engine import Engine
     from sharding.speculative import SpeculativeEngine
 
-    full = shipped(FULL)
+    full = shipped(TEST_FULL)
     ids = AutoTokenizer.from_pretrained(full)("def parse(line):\n").input_ids
     n = 24
     executor = Engine.from_pretrained(full, num_slots=2)
-    spec = SpeculativeEngine.from_pretrained(full, shipped(FAST), num_slots=2, k=3, adaptive=False)
+    spec = SpeculativeEngine.from_pretrained(full, shipped(TEST_FAST), num_slots=2, k=3, adaptive=False)
     free = executor.generate([ids], EngineRequest("f", ids, n, temperature=0, ignore_eos=True).sampling())[0]
     cases = [dict(repetition_penalty=1.5), dict(repetition_penalty=0.7), dict(presence_penalty=1.5),
              dict(frequency_penalty=2.0), dict(presence_penalty=-0.5, frequency_penalty=1.0),
@@ -489,10 +489,10 @@ def test_vllms_logprobs_are_fastmodes_within_1e_3(vllm_engine):
     from sharding.speculative import SpeculativeEngine
     from tests.sharding.test_engine import logprobs_run
 
-    full = shipped(FULL)
+    full = shipped(TEST_FULL)
     ids = AutoTokenizer.from_pretrained(full)("def parse(line):\n").input_ids
     engines = {"executor": Engine.from_pretrained(full, num_slots=2),
-               "speculative": SpeculativeEngine.from_pretrained(full, shipped(FAST), num_slots=2, k=3, adaptive=False)}
+               "speculative": SpeculativeEngine.from_pretrained(full, shipped(TEST_FAST), num_slots=2, k=3, adaptive=False)}
 
     async def vllm(request: EngineRequest) -> tuple[list[int], list]:
         tokens, lps = [], []

@@ -10,7 +10,7 @@ import pytest
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer
 
-from models import FAST, FULL
+from models import TEST_FAST, TEST_FULL
 from serve.config import ExactLaneConfig
 from serve.errors import LaneUnavailable
 from serve.lanes.engine import EngineRequest
@@ -25,7 +25,7 @@ PROMPT = "def read_config(path):\n"
 def engine():
     from serve.lanes.speculative_engine import SpeculativeLaneEngine
 
-    full, fast = shipped(FULL), shipped(FAST)
+    full, fast = shipped(TEST_FULL), shipped(TEST_FAST)
     config = ExactLaneConfig(compile=False)  # compiled: tests/sharding/test_speculative.py
     e = SpeculativeLaneEngine(full, fast, config, Tokenizer.from_file(str(full / "tokenizer.json")))
     yield e
@@ -33,7 +33,7 @@ def engine():
 
 
 def ids(text: str) -> list[int]:
-    return AutoTokenizer.from_pretrained(shipped(FULL))(text).input_ids
+    return AutoTokenizer.from_pretrained(shipped(TEST_FULL))(text).input_ids
 
 
 async def collect(engine, request: EngineRequest) -> list:
@@ -44,8 +44,8 @@ def test_streams_the_full_models_greedy_output_with_its_drafts(engine):
     prompt = ids(PROMPT)
     outs = asyncio.run(collect(engine, EngineRequest("a", prompt, max_tokens=40, temperature=0, ignore_eos=True)))
     tokens = [t for o in outs for t in o.token_ids]
-    assert tokens == hf_greedy(shipped(FULL), prompt, 40)
-    assert "".join(o.text for o in outs) == AutoTokenizer.from_pretrained(shipped(FULL)).decode(
+    assert tokens == hf_greedy(shipped(TEST_FULL), prompt, 40)
+    assert "".join(o.text for o in outs) == AutoTokenizer.from_pretrained(shipped(TEST_FULL)).decode(
         tokens, skip_special_tokens=True)
     assert outs[-1].finish_reason == "length" and all(o.finish_reason is None for o in outs[:-1])
     assert outs[0].queue_s >= 0 and outs[0].batch_size == 1
@@ -61,7 +61,7 @@ def test_a_conversations_next_turn_reuses_its_history(engine):
     history = first + [t for o in outs for t in o.token_ids] + ids("\n# next")[1:]
     again = asyncio.run(collect(engine, EngineRequest("t2", history, max_tokens=12, temperature=0, ignore_eos=True)))
     assert again[0].cached_tokens >= len(first) + 20 - 3  # all but the last few tokens (sharding.speculative)
-    assert [t for o in again for t in o.token_ids] == hf_greedy(shipped(FULL), history, 12)
+    assert [t for o in again for t in o.token_ids] == hf_greedy(shipped(TEST_FULL), history, 12)
 
 
 def test_a_stop_string_ends_the_text_and_frees_the_slot(engine):
@@ -97,8 +97,8 @@ def test_bad_input_gets_typed_errors_before_it_is_queued(engine):
 def test_an_engine_that_dies_mid_stream_fails_its_requests_unavailable(engine, monkeypatch):
     from serve.lanes.speculative_engine import SpeculativeLaneEngine
 
-    e = SpeculativeLaneEngine(shipped(FULL), shipped(FAST), ExactLaneConfig(compile=False),
-                              Tokenizer.from_file(str(shipped(FULL) / "tokenizer.json")))
+    e = SpeculativeLaneEngine(shipped(TEST_FULL), shipped(TEST_FAST), ExactLaneConfig(compile=False),
+                              Tokenizer.from_file(str(shipped(TEST_FULL) / "tokenizer.json")))
     try:
         real, steps = e._engine.step, []
 
@@ -157,8 +157,8 @@ def _exact_with_gated_compile(monkeypatch, fail: bool = False):
         return real(self, path, draft_path, False)
 
     monkeypatch.setattr(SpeculativeLaneEngine, "_build", build)
-    e = SpeculativeLaneEngine(shipped(FULL), shipped(FAST), ExactLaneConfig(compile=True, compile_in_background=True),
-                              Tokenizer.from_file(str(shipped(FULL) / "tokenizer.json")))
+    e = SpeculativeLaneEngine(shipped(TEST_FULL), shipped(TEST_FAST), ExactLaneConfig(compile=True, compile_in_background=True),
+                              Tokenizer.from_file(str(shipped(TEST_FULL) / "tokenizer.json")))
     return e, gate
 
 
@@ -198,7 +198,7 @@ def test_a_background_compile_takes_over_new_requests_while_running_ones_end_on_
             return outs
 
         r1 = [t for o in asyncio.run(asyncio.wait_for(run(), 60)) for t in o.token_ids]
-        assert r1 == hf_greedy(shipped(FULL), prompt, 60)
+        assert r1 == hf_greedy(shipped(TEST_FULL), prompt, 60)
         status = e.compile_status()
         assert status["state"] == "compiled" and status["seconds"] >= 0 and e._engine is not eager
         assert eager.stats.tokens == len(r1) - 1  # every round of r1 on the eager engine (its first token: the prefill)
@@ -219,7 +219,7 @@ def test_a_failed_background_compile_leaves_the_lane_serving_eager(monkeypatch):
         assert status["state"] == "failed" and "no C++ compiler" in status["error"]
         asyncio.run(e.check_health())  # healthy: the eager engine serves on
         outs = asyncio.run(collect(e, EngineRequest("f", ids(PROMPT), max_tokens=12, temperature=0, ignore_eos=True)))
-        assert [t for o in outs for t in o.token_ids] == hf_greedy(shipped(FULL), ids(PROMPT), 12)
+        assert [t for o in outs for t in o.token_ids] == hf_greedy(shipped(TEST_FULL), ids(PROMPT), 12)
     finally:
         e.shutdown()
 
@@ -233,8 +233,8 @@ def test_after_the_background_compile_requests_run_compiled_and_compile_nothing(
 
     from serve.lanes.speculative_engine import SpeculativeLaneEngine
 
-    e = SpeculativeLaneEngine(shipped(FULL), shipped(FAST), ExactLaneConfig(),
-                              Tokenizer.from_file(str(shipped(FULL) / "tokenizer.json")))
+    e = SpeculativeLaneEngine(shipped(TEST_FULL), shipped(TEST_FAST), ExactLaneConfig(),
+                              Tokenizer.from_file(str(shipped(TEST_FULL) / "tokenizer.json")))
     try:
         deadline = time.monotonic() + 1500
         while e.compile_status()["state"] == "compiling" and time.monotonic() < deadline:
@@ -250,8 +250,8 @@ def test_after_the_background_compile_requests_run_compiled_and_compile_nothing(
             return a, b, c
 
         a, b, c = asyncio.run(two())
-        assert [t for o in a for t in o.token_ids] == hf_greedy(shipped(FULL), prompt, 40)
-        assert [t for o in b for t in o.token_ids] == hf_greedy(shipped(FULL), prompt[:-2], 30)
+        assert [t for o in a for t in o.token_ids] == hf_greedy(shipped(TEST_FULL), prompt, 40)
+        assert [t for o in b for t in o.token_ids] == hf_greedy(shipped(TEST_FULL), prompt[:-2], 30)
         assert counters["stats"]["unique_graphs"] == graphs  # nothing compiled on a request
     finally:
         e.shutdown()

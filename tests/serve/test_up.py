@@ -60,12 +60,12 @@ def test_right_after_ready_every_lanes_first_request_is_served_at_full_speed(app
 def test_the_default_fast_lane_deploys_the_planners_layout(app):
     import os
 
-    from models import FAST
+    from models import TEST_FAST
     from sharding.planner import auto_layout
 
     a = app()
     layout = a.lane_stats("fast")["layout"]
-    best, _ = auto_layout(FAST, chips=os.cpu_count(), device="cpu")  # fastmode up: one chip per core
+    best, _ = auto_layout(TEST_FAST, chips=os.cpu_count(), device="cpu")  # fastmode up: one chip per core
     assert (layout["tp"], layout["pp"]) == (best.tp, best.pp) and layout["why"].startswith("auto:")
     out = "".join(a.output)
     assert f"(lane: fast, tp={best.tp} x pp={best.pp}: auto: the planner's pick on {os.cpu_count()} chip(s)" in out
@@ -78,15 +78,15 @@ def test_the_default_lanes_on_our_executor_decode_from_packed_weights(app):
     # transformers in tests/sharding/test_packed.py and on the served lanes in test_lanes.py.
     import torch
 
-    from models import FAST, FULL
+    from models import TEST_FAST, TEST_FULL
     from sharding import packed
     from sharding.weights import load_model
 
     a = app()
-    count = {p: sum(type(m) is torch.nn.Linear for m in load_model(p).modules()) for p in (FULL, FAST)}
+    count = {p: sum(type(m) is torch.nn.Linear for m in load_model(p).modules()) for p in (TEST_FULL, TEST_FAST)}
     on = packed.unavailable_reason() is None
-    assert sum(a.lane_stats("fast")["packed_linears"]) == (count[FAST] if on else 0)
-    assert a.lane_stats("exact")["packed_linears"] == ({"target": count[FULL], "draft": count[FAST]} if on
+    assert sum(a.lane_stats("fast")["packed_linears"]) == (count[TEST_FAST] if on else 0)
+    assert a.lane_stats("exact")["packed_linears"] == ({"target": count[TEST_FULL], "draft": count[TEST_FAST]} if on
                                                        else {"target": 0, "draft": 0})
 
 

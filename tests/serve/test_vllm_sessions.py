@@ -22,15 +22,15 @@ def engine():
     """The priority lane's engine (2 slots) and the event loop every test runs it on."""
     from tokenizers import Tokenizer
 
-    from models import FULL
+    from models import TEST_FULL
     from serve.config import PriorityLaneConfig
     from serve.lanes.vllm_engine import VLLMLaneEngine
     from tests.conftest import shipped
 
-    shipped(FULL)
+    shipped(TEST_FULL)
     with asyncio.Runner() as runner:
-        e = VLLMLaneEngine(FULL, PriorityLaneConfig())
-        e.tokenizer = Tokenizer.from_file(str(FULL / "tokenizer.json"))
+        e = VLLMLaneEngine(TEST_FULL, PriorityLaneConfig())
+        e.tokenizer = Tokenizer.from_file(str(TEST_FULL / "tokenizer.json"))
         e.run = runner.run
         yield e
         e.shutdown()

@@ -12,12 +12,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
-from models import FAST, FULL
+from models import TEST_FAST, TEST_FULL
 from serve.lanes.word_ids import MAX_WORDS, WordIds, byte_level_bpe
 
 REPO = Path(__file__).resolve().parents[2]
-TOKENIZERS = {"fast": Tokenizer.from_file(str(FAST / "tokenizer.json")),
-              "full": Tokenizer.from_file(str(FULL / "tokenizer.json"))}
+TOKENIZERS = {"fast": Tokenizer.from_file(str(TEST_FAST / "tokenizer.json")),
+              "full": Tokenizer.from_file(str(TEST_FULL / "tokenizer.json"))}
 # Every ASCII character, the spaces and the contractions' pieces oftener: where the regex has edges.
 PIECES = st.one_of(st.characters(max_codepoint=127), st.sampled_from([" ", "  ", "\n", "\t", "\r", "\x0b", "\x0c",
                    "\x1c", "\x1f", "\x85", "'s", "'t", "'re", "'ve", "'m", "'ll", "'d", "'S", "<|bos|>", "<|eos|>", "\u00e9",

@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from models import FAST, FULL
+from models import TEST_FAST, TEST_FULL
 from sharding.sampling import SamplingParams
 from tests.conftest import shipped
 
@@ -47,7 +47,7 @@ def tiny_dir(tiny_models) -> Path:
 def resolve(name: str, tiny: Path) -> Path:
     """The directory of checkpoint ``name`` (skips the test for a shipped one not yet written)."""
     if name in SHIPPED:
-        return shipped({"full": FULL, "fast": FAST}[name])
+        return shipped({"full": TEST_FULL, "fast": TEST_FAST}[name])
     return tiny / name.removeprefix("tiny-")
 
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer, LlamaForCausalLM
 
-from models import FAST, FULL
+from models import TEST_FAST, TEST_FULL
 from sharding.engine import Engine
 from sharding.sampling import SamplingParams
 from sharding.speculative import SpeculativeEngine
@@ -52,7 +52,7 @@ def hf_greedy(path: Path, ids: list[int], n: int, dtype: torch.dtype = torch.flo
 
 @pytest.fixture(scope="module", params=["full", "fast"])
 def model(request) -> tuple[Path, list[list[int]]]:
-    path = shipped({"full": FULL, "fast": FAST}[request.param])
+    path = shipped({"full": TEST_FULL, "fast": TEST_FAST}[request.param])
     tok = AutoTokenizer.from_pretrained(path)
     return path, [tok(p).input_ids for p in PROMPTS]
 
@@ -82,7 +82,7 @@ def test_the_prefix_cache_reuses_a_finished_sequence_on_the_gpu(model):
 
 
 def test_speculative_greedy_is_the_targets_on_the_gpu():
-    full, fast = shipped(FULL), shipped(FAST)
+    full, fast = shipped(TEST_FULL), shipped(TEST_FAST)
     tok = AutoTokenizer.from_pretrained(full)
     prompts = [tok(p).input_ids for p in PROMPTS]
     engine = SpeculativeEngine.from_pretrained(full, fast, device="cuda", num_slots=4, k=3, adaptive=True)

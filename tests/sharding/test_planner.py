@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from models import FAST, FULL
+from models import TEST_FAST, TEST_FULL
 from sharding.chips import PRESETS, ChipSpec, ChipSpecError, load_chip
 from sharding.planner import Footprint, PlanError, auto_layout, main, plan, predict, valid_layouts
 from tests.conftest import shipped
@@ -57,7 +57,7 @@ def test_parameter_count_matches_the_shipped_checkpoint():
 
     from models.recipe.export import count_parameters
 
-    path = shipped(FULL)
+    path = shipped(TEST_FULL)
     cfg = json.loads((path / "config.json").read_text())
     fp = Footprint.from_config(cfg)
     counted = fp.layers * fp.layer_params(1) + 2 * fp.vocab * fp.hidden + fp.hidden  # untied
@@ -116,7 +116,7 @@ def test_chip_spec_files(tmp_path):
 
 
 def test_cli(capsys, tmp_path):
-    path = shipped(FAST)
+    path = shipped(TEST_FAST)
     assert main(["--model", str(path), "--chip", "cpu-core", "--chips", "4"]) == 0
     out = capsys.readouterr().out
     assert "plan: tp=" in out and "<- plan" in out
@@ -127,7 +127,7 @@ def test_cli(capsys, tmp_path):
 
 
 def test_auto_layout_is_the_plan_on_the_chips_with_fixed_sizes_kept():
-    path = shipped(FAST)
+    path = shipped(TEST_FAST)
     cfg = json.loads((path / "config.json").read_text())
     for chips in (1, 2, 4):
         best, why = auto_layout(path, chips=chips)
@@ -144,7 +144,7 @@ def test_resolve_layout_follows_the_lane_config():
     from serve.config import FastLaneConfig
     from serve.lanes.sharded_engine import resolve_layout
 
-    path = shipped(FAST)
+    path = shipped(TEST_FAST)
     assert resolve_layout(path, FastLaneConfig(tp=1, pp=2), chips=1) == (1, 2, "set in the config")
     best, _ = auto_layout(path, chips=2)
     tp, pp, why = resolve_layout(path, FastLaneConfig(replicas=2), chips=4)  # 2 chips per replica

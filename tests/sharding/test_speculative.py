@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from models import FAST, FULL
+from models import TEST_FAST, TEST_FULL
 from sharding.errors import DuplicateRequest, InvalidLayout, PromptTooLong
 from sharding.model import Llama
 from sharding.sampling import SamplingParams
@@ -27,7 +27,7 @@ PROMPTS = ["def read_config(path):\n", "import os\nimport sys\n\n\nclass ", "   
 
 @pytest.fixture(scope="module")
 def pair():
-    full, fast = shipped(FULL), shipped(FAST)
+    full, fast = shipped(TEST_FULL), shipped(TEST_FAST)
     tok = AutoTokenizer.from_pretrained(full)
     return full, fast, [tok(p).input_ids for p in PROMPTS]
 

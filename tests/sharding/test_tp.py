@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from models import FAST, FULL
+from models import TEST_FAST, TEST_FULL
 from sharding.config import ModelConfig
 from sharding.errors import InvalidLayout
 from sharding.model import Llama
@@ -23,7 +23,7 @@ NEW_TOKENS = 64
 def tp2(tiny_dir, tmp_path_factory) -> dict[str, tuple]:
     """``(rank0 results, rank1 results, prompt, path)`` per checkpoint, from one spawn of two
     processes for all checkpoints (each spawn costs seconds of imports)."""
-    shipped = {"full": FULL, "fast": FAST}
+    shipped = {"full": TEST_FULL, "fast": TEST_FAST}
     present = [n for n in GQA if n not in SHIPPED or (shipped[n] / "model.safetensors").exists()]
     paths = {n: resolve(n, tiny_dir) for n in present}
     jobs = [dict(path=str(paths[n]), prompt=prompt_ids(paths[n], 24), new_tokens=NEW_TOKENS) for n in present]
