@@ -19,7 +19,7 @@ from sharding.engine import Engine
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    from models import FAST, FULL
+    from models import TEST_FAST, TEST_FULL
     from models.eval.run import first_line
     from models.eval.samples import line_samples
     from models.recipe.corpus import list_files, split
@@ -30,9 +30,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=128, help="prompt tokens scored")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    scorer = DifficultyScorer(FAST, args.max_tokens)
+    scorer = DifficultyScorer(TEST_FAST, args.max_tokens)
     samples = line_samples(split(list_files())[1], args.samples, seed=1)
-    engines = {name: Engine.from_pretrained(p, num_slots=1) for name, p in (("fast", FAST), ("full", FULL))}
+    engines = {name: Engine.from_pretrained(p, num_slots=1) for name, p in (("fast", TEST_FAST), ("full", TEST_FULL))}
     rows = []
     for s in samples:
         ids = scorer.tokenizer.encode(s.prefix).ids[-400:]

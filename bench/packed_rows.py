@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from models import FAST, FULL
+from models import TEST_FAST, TEST_FULL
 from sharding.packed import pack, packable
 
 SOURCE = Path(__file__).resolve().parent.parent / "sharding" / "csrc" / "linear_bf16w.cpp"
@@ -54,7 +54,7 @@ def model_weights() -> list[torch.Tensor]:
     from sharding.weights import load_model
 
     out = []
-    for path in (FULL, FAST):
+    for path in (TEST_FULL, TEST_FAST):
         model = load_model(path)
         out += [m.weight.detach() for m in model.modules()
                 if isinstance(m, torch.nn.Linear) and packable(m.weight.detach())]

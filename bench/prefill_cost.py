@@ -35,7 +35,7 @@ import sys
 import time
 from pathlib import Path
 
-from models import FAST, FULL
+from models import TEST_FAST, TEST_FULL
 from serve.config import LANE_CONFIGS
 from serve.request import join_messages
 
@@ -63,11 +63,11 @@ def _engine(lane: str):
 
         from serve.lanes.speculative_engine import SpeculativeLaneEngine
 
-        return SpeculativeLaneEngine(FULL, FAST, LANE_CONFIGS[lane].model_validate({}),
-                                     Tokenizer.from_file(str(Path(FULL) / "tokenizer.json")))
+        return SpeculativeLaneEngine(TEST_FULL, TEST_FAST, LANE_CONFIGS[lane].model_validate({}),
+                                     Tokenizer.from_file(str(Path(TEST_FULL) / "tokenizer.json")))
     from serve.lanes.vllm_engine import VLLMLaneEngine
 
-    return VLLMLaneEngine(FULL, LANE_CONFIGS[lane].model_validate({}))
+    return VLLMLaneEngine(TEST_FULL, LANE_CONFIGS[lane].model_validate({}))
 
 
 async def _run(lane: str, lengths: list[int], rounds: int, replay: int, history: list[int]) -> dict:
@@ -116,7 +116,7 @@ async def _replay(engine, conversations: int, turns: int = 20, tokens: int = 8) 
 
     from bench.turns import conversation_inputs
 
-    tokenizer = Tokenizer.from_file(str(Path(FULL) / "tokenizer.json"))
+    tokenizer = Tokenizer.from_file(str(Path(TEST_FULL) / "tokenizer.json"))
     ms: list[list[float]] = [[] for _ in range(turns)]
     prefilled: list[list[int]] = [[] for _ in range(turns)]
     for c, lines in enumerate(conversation_inputs(conversations, turns)):

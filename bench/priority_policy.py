@@ -29,7 +29,7 @@ import uuid
 from pathlib import Path
 
 from bench.ray_serve_llm import engine_kwargs
-from models import FULL
+from models import TEST_FULL
 from serve.config import StandardLaneConfig
 
 PROMPT = "import os\n\n\ndef read_lines(path):\n"
@@ -57,8 +57,8 @@ async def _run(background: int, tokens: int, probes: int) -> dict:
     from vllm.v1.engine.async_llm import AsyncLLM
 
     lane = StandardLaneConfig()
-    ids = AutoTokenizer.from_pretrained(FULL)(PROMPT).input_ids
-    engine = AsyncLLM.from_engine_args(AsyncEngineArgs(model=str(FULL), scheduling_policy="priority",
+    ids = AutoTokenizer.from_pretrained(TEST_FULL)(PROMPT).input_ids
+    engine = AsyncLLM.from_engine_args(AsyncEngineArgs(model=str(TEST_FULL), scheduling_policy="priority",
                                                        **engine_kwargs(lane)))
     params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
     try:

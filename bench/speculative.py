@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from models import FAST, FULL
+from models import TEST_FAST, TEST_FULL
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPTS = ["import os\n\n\ndef read_lines(path):\n", "class Stack:\n    def __init__(self):\n",
@@ -42,7 +42,7 @@ PROMPTS = ["import os\n\n\ndef read_lines(path):\n", "class Stack:\n    def __in
 def _prompt_ids(n: int) -> list[list[int]]:
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(FULL)
+    tok = AutoTokenizer.from_pretrained(TEST_FULL)
     return [tok(p).input_ids for p in PROMPTS[:n]]
 
 
@@ -65,8 +65,8 @@ def run_vllm(k: int, tokens: int, prompts: list[list[int]], repeats: int) -> dic
 
     kw = {**engine_kwargs(PriorityLaneConfig()), "disable_log_stats": False}
     if k:
-        kw["speculative_config"] = {"method": "draft_model", "model": str(FAST), "num_speculative_tokens": k}
-    llm = LLM(model=str(FULL), **{k_: v for k_, v in kw.items() if v is not None})
+        kw["speculative_config"] = {"method": "draft_model", "model": str(TEST_FAST), "num_speculative_tokens": k}
+    llm = LLM(model=str(TEST_FULL), **{k_: v for k_, v in kw.items() if v is not None})
     params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
 
     def generate(ids):
@@ -92,10 +92,10 @@ def run_ours(k: int, adaptive: bool, tokens: int, prompts: list[list[int]], repe
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "1")))
     params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
     if k:
-        engine = SpeculativeEngine.from_pretrained(FULL, FAST, num_slots=1, k=k, adaptive=adaptive, compile=compile,
+        engine = SpeculativeEngine.from_pretrained(TEST_FULL, TEST_FAST, num_slots=1, k=k, adaptive=adaptive, compile=compile,
                                                    packed_weights=packed)
     else:
-        engine = Engine.from_pretrained(FULL, num_slots=1, compile=compile, packed_weights=packed)
+        engine = Engine.from_pretrained(TEST_FULL, num_slots=1, compile=compile, packed_weights=packed)
     outs, rates = _measure(lambda ids: engine.generate([ids], params)[0], prompts, repeats)
     stats = getattr(engine, "stats", None)
     return {"engine": "fastmode executor" + (", packed bf16" if packed else ""), "k": k, "adaptive": adaptive, "outputs": outs, "tokens_per_s": rates,

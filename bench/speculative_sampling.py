@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from models import FAST, FULL
+from models import TEST_FAST, TEST_FULL
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPT = "import os\n\ndef read_lines(path):\n"
@@ -38,11 +38,11 @@ def _sample(kind: str, samples: int, tokens: int) -> list[list[int]]:
         return _sample_fastmode(lane, samples, tokens)
     from vllm import LLM, SamplingParams
 
-    kw = dict(model=str(FULL), dtype=lane.dtype, kv_cache_memory_bytes=lane.kv_cache_memory_bytes,
+    kw = dict(model=str(TEST_FULL), dtype=lane.dtype, kv_cache_memory_bytes=lane.kv_cache_memory_bytes,
               gpu_memory_utilization=lane.gpu_memory_utilization, enforce_eager=True, seed=0,
               max_num_seqs=lane.max_num_seqs, block_size=lane.block_size)
     if kind == "speculative":
-        kw["speculative_config"] = {"method": "draft_model", "model": str(FAST),
+        kw["speculative_config"] = {"method": "draft_model", "model": str(TEST_FAST),
                                     "num_speculative_tokens": lane.num_speculative_tokens}
     llm = LLM(**kw)
     params = [SamplingParams(temperature=1.0, max_tokens=tokens, ignore_eos=True, seed=i) for i in range(samples)]
@@ -55,9 +55,9 @@ def _sample_fastmode(lane, samples: int, tokens: int) -> list[list[int]]:
     from sharding.sampling import SamplingParams
     from sharding.speculative import SpeculativeEngine
 
-    engine = SpeculativeEngine.from_pretrained(FULL, FAST, num_slots=lane.max_num_seqs, k=lane.num_speculative_tokens,
+    engine = SpeculativeEngine.from_pretrained(TEST_FULL, TEST_FAST, num_slots=lane.max_num_seqs, k=lane.num_speculative_tokens,
                                                adaptive=False)
-    prompt = AutoTokenizer.from_pretrained(FULL)(PROMPT).input_ids  # as _score and vLLM tokenize it
+    prompt = AutoTokenizer.from_pretrained(TEST_FULL)(PROMPT).input_ids  # as _score and vLLM tokenize it
     params = [SamplingParams(temperature=1.0, max_tokens=tokens, ignore_eos=True, seed=i) for i in range(samples)]
     return engine.generate([prompt] * samples, params)
 
@@ -66,8 +66,8 @@ def _score(outputs: list[list[int]]) -> dict:
     import torch
     from transformers import AutoTokenizer, LlamaForCausalLM
 
-    prompt = AutoTokenizer.from_pretrained(FULL)(PROMPT).input_ids
-    model = LlamaForCausalLM.from_pretrained(FULL, dtype=torch.float32).eval()
+    prompt = AutoTokenizer.from_pretrained(TEST_FULL)(PROMPT).input_ids
+    model = LlamaForCausalLM.from_pretrained(TEST_FULL, dtype=torch.float32).eval()
     per_sample = []
     with torch.no_grad():
         for out in outputs:

@@ -27,7 +27,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from tokenizers import Tokenizer
 
-from models import FAST
+from models import TEST_FAST
 from serve.config import FastLaneConfig, TelemetryConfig
 from serve.lanes.engine import EngineRequest
 from serve.lanes.sharded_engine import ShardedLaneEngine
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = FastLaneConfig(tp=args.tp, pp=args.pp, **({"compile": False} if args.no_compile else {}))
     ray.init(address="local", resources={"chip": cfg.tp * cfg.pp}, include_dashboard=False, log_to_driver=False)
     try:
-        engine = ShardedLaneEngine(FAST, cfg, Tokenizer.from_file(str(FAST / "tokenizer.json")), TelemetryConfig())
+        engine = ShardedLaneEngine(TEST_FAST, cfg, Tokenizer.from_file(str(TEST_FAST / "tokenizer.json")), TelemetryConfig())
         try:
             rates = asyncio.run(measure(engine, args.tokens, args.pairs))
         finally:

@@ -31,7 +31,7 @@ from bench.rounds import round_order
 
 
 async def _layers(m, prompt: list[int], tokens: int, rounds: int, per_block: int) -> dict[str, list[float]]:
-    from models import FAST
+    from models import TEST_FAST
     from serve.lanes.engine import EngineRequest
     from serve.lanes.head_client import HeadClient
     from serve.lanes.lane import FAST as FAST_LANE
@@ -41,7 +41,7 @@ async def _layers(m, prompt: list[int], tokens: int, rounds: int, per_block: int
 
     client = HeadClient(m.config, m.max_len, m.client_address, m.secret, m.tokenizer, {})
     await client.connect()
-    lane = Lane(FAST_LANE, "fastmode-fast", str(FAST), {}, engine=client)
+    lane = Lane(FAST_LANE, "fastmode-fast", str(TEST_FAST), {}, engine=client)
     n = 0
 
     def rid() -> str:

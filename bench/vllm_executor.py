@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoTokenizer
 
     from bench.targets import PROMPT
-    from models import FAST, FULL
+    from models import TEST_FAST, TEST_FULL
     from serve.config import LANE_CONFIGS
     from serve.lanes.vllm_engine import VLLMLaneEngine
 
@@ -78,9 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.lane != "exact" and args.streams > LANE_CONFIGS[args.lane].model_fields["max_num_seqs"].default:
         settings["max_num_seqs"] = args.streams  # every stream in the batch at once
     config = LANE_CONFIGS[args.lane](**settings)
-    engine = VLLMLaneEngine(FULL, config, draft_path=FAST if args.lane == "exact" else None)
+    engine = VLLMLaneEngine(TEST_FULL, config, draft_path=TEST_FAST if args.lane == "exact" else None)
     try:
-        prompt = AutoTokenizer.from_pretrained(FULL)(PROMPT).input_ids
+        prompt = AutoTokenizer.from_pretrained(TEST_FULL)(PROMPT).input_ids
         result = asyncio.run(measure(engine, prompt, args.streams, args.tokens, args.rounds))
     finally:
         engine.shutdown()
