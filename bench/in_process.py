@@ -66,8 +66,10 @@ def direct(tokens: int, runs: int, concurrency: int = 0,
     milliseconds idle costs about twice one sent back to back (docs/decisions/)."""
     import asyncio
 
-    from models import FULL
+    from bench import pair
     from serve.config import AppConfig, StandardLaneConfig
+
+    FULL = pair.full()
 
     out = {}
 
@@ -159,11 +161,12 @@ def fast_ring(compile: bool = True, **config: Any) -> Iterator[FastRing]:
     import ray
     from tokenizers import Tokenizer
 
-    from models import FAST
+    from bench import pair
     from serve.config import FastLaneConfig
     from serve.lanes.sharded_engine import resolve_layout, ring_options
     from sharding.pipeline import ShardedModel
 
+    FAST = pair.fast()
     cfg = FastLaneConfig(**config)
     tp, pp, _ = resolve_layout(FAST, cfg, os.cpu_count() or 1)
     options = ring_options(cfg) | {"compile": cfg.compile and compile}

@@ -34,7 +34,6 @@ import ray
 import torch
 from tqdm import tqdm
 
-from models import FAST
 from sharding.chips import load_chip
 from sharding.pipeline import ShardedModel
 from sharding.planner import Footprint, plan, predict
@@ -173,7 +172,7 @@ def layout_run(path: Path, tp: int, pp: int, steps: int, compile_: bool, trials:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.sharding", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", type=Path, default=FAST)
+    p.add_argument("--model", type=Path, default=None, help="checkpoint (default: the fast model, bench.pair)")
     p.add_argument("--steps", type=int, default=256)
     p.add_argument("--layouts", default="1x1,2x1,1x2,2x2")
     p.add_argument("--eager", action="store_true", help="run the chips without torch.compile")
@@ -185,6 +184,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.quick:
         args.layouts, args.steps, args.no_bare, args.eager, args.trials = "1x1,1x2", 32, True, True, 1
+    if args.model is None:
+        from bench import pair
+
+        args.model = pair.fast()
     layouts = [tuple(int(v) for v in s.split("x")) for s in args.layouts.split(",")]
     chips = max(tp * pp for tp, pp in layouts)
     ray.init(address="local", resources={"chip": chips}, num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)

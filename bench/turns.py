@@ -96,10 +96,10 @@ def conversation_inputs(conversations: int | None, turns: int) -> list[list[str]
     in file order (``conversations=None``: one per file with ``turns`` such lines)."""
     from tokenizers import Tokenizer
 
-    from models import FULL
+    from bench import pair
     from models.recipe import corpus
 
-    tokenizer = Tokenizer.from_file(str(Path(FULL) / "tokenizer.json"))
+    tokenizer = Tokenizer.from_file(str(pair.full() / "tokenizer.json"))
     lo, hi = LINE_TOKENS
     _, held = corpus.split(corpus.list_files())
     out = []

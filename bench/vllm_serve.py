@@ -47,12 +47,12 @@ import httpx
 from bench.app import free_port
 from bench.lanes import LEVELS, MIN_REQUESTS_PER_LEVEL, QUICK, headline, int_list, summary, sweep_targets
 from bench.targets import PROMPT, openai_request
-from models import FAST, FULL
+from bench import pair
 from serve.config import StandardLaneConfig
 
-CHECKPOINTS = {"full": ("fastmode-full", FULL), "fast": ("fastmode-fast", FAST),
-               "ray-full": ("fastmode-full", FULL), "full-spec": ("fastmode-full", FULL)}
-"""Server name -> (served model id, checkpoint). ``ray-full`` is Ray Serve LLM, the others vLLM's server;
+CHECKPOINTS = {"full": ("fastmode-full", pair.full), "fast": ("fastmode-fast", pair.fast),
+               "ray-full": ("fastmode-full", pair.full), "full-spec": ("fastmode-full", pair.full)}
+"""Server name -> (served model id, its checkpoint's getter: ``bench.pair``). ``ray-full`` is Ray Serve LLM, the others vLLM's server;
 ``full-spec`` is vLLM's server with the exact lane's speculative decoding (the fast model drafting)."""
 RESULT_NAMES = {"full": "vllm-full", "fast": "vllm-fast", "ray-full": "ray-serve-llm-full",
                 "full-spec": "vllm-full-spec"}
@@ -67,7 +67,8 @@ class ServerFailed(RuntimeError):
 
 
 def server_command(name: str, port: int | str) -> list[str]:
-    model_id, path = CHECKPOINTS[name]
+    model_id, checkpoint = CHECKPOINTS[name]
+    path = checkpoint()
     if name == "ray-full":
         return [sys.executable, "-m", "bench.ray_serve_llm", "--model", str(path), "--served-model-name",
                 model_id, "--host", "127.0.0.1", "--port", str(port)]
@@ -84,7 +85,7 @@ def exact_speculative_config() -> dict:
     """vLLM's speculative_config as the exact lane runs it (``serve.lanes.vllm_engine``)."""
     from serve.config import ExactLaneConfig
 
-    return {"method": "draft_model", "model": str(FAST),
+    return {"method": "draft_model", "model": str(pair.fast()),
             "num_speculative_tokens": ExactLaneConfig().num_speculative_tokens}
 
 
@@ -172,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     started, t0 = datetime.now(timezone.utc), time.perf_counter()
     results, starts, greedy = {}, {}, {}
     for name in names:
-        model_id, path = CHECKPOINTS[name]
+        model_id, checkpoint = CHECKPOINTS[name]
+        path = checkpoint()
         t = time.perf_counter()
         print(f"starting {RESULT_NAMES[name]} on {path} ...", file=sys.stderr, flush=True)
         with vllm_server(name, out / f"vllm_serve_{name}.log") as url:

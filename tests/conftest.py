@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 import torch
 
 from models import TEST_FAST, TEST_FULL
+
+# Benchmarks run by tests measure the test pair, as the apps the tests start serve it (bench/pair.py);
+# the subprocesses a test starts inherit it.
+os.environ.setdefault("FASTMODE_BENCH_PAIR", "test")
 
 # Two cores: one intra-op thread per test process avoids oversubscription when tests spawn workers.
 torch.set_num_threads(1)

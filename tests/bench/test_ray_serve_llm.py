@@ -29,7 +29,7 @@ def test_ray_serve_llm_greedy_matches_transformers(quick_run):
     out, _ = quick_run
     got = json.loads((out / "vllm_serve.json").read_text())["greedy"]["ray-serve-llm-full"]
     assert (got["prompt"], got["max_tokens"]) == (GREEDY_PROMPT, GREEDY_TOKENS)
-    path = shipped(CHECKPOINTS["ray-full"][1])
+    path = shipped(CHECKPOINTS["ray-full"][1]())
     tok = AutoTokenizer.from_pretrained(path)
     hf = LlamaForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     ids = tok(GREEDY_PROMPT, return_tensors="pt").input_ids
