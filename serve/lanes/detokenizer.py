@@ -6,10 +6,16 @@ text ends right before the first stop string, and up to ``len(longest stop) - 1`
 held back while they could still be the start of one; with ``min_tokens`` a stop string counts only
 if it ends after the text of the first ``min_tokens`` tokens. A stop token (an eos, a
 ``stop_token_ids`` id) that ended the sequence adds no text (``push(..., stop_token=True)``), as
-vLLM's detokenizer without ``include_stop_str_in_output``.
+vLLM's detokenizer without ``include_stop_str_in_output``. Tokens pushed together after the one
+whose text completes a stop string (a step that produced several: the exact tier's accepted drafts,
+the fast lane's bundled tokens) are not part of the output: ``kept`` says how many of the last push
+are, and the engines drop the rest with their log probabilities, as vLLM's output processor
+(``_trim_surplus_tokens``).
 """
 
 from __future__ import annotations
+
+from bisect import bisect_left
 
 from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
@@ -31,28 +37,37 @@ class TextStream:
         self._min_tokens, self._tokens = min_tokens, 0
         self._min_end = 0 if min_tokens == 0 else None
         """Characters of the first ``min_tokens`` tokens' text, once decoded: a stop string must end past them."""
+        self.kept = 0
+        """How many of the last ``push``'s tokens the output has: all of them, unless a stop string ended
+        it, then those up to the one whose text completes it (vLLM's ``num_kept``)."""
 
     def push(self, token_ids: list[int], stop_token: bool = False) -> str:
         """Decode ``token_ids``; return the text that is now safe to send (may be empty).
         ``stop_token``: the last of them ended the sequence (its text is not decoded)."""
         if self.stopped:
+            self.kept = 0
             return ""
+        self.kept = len(token_ids)
         start = len(self._text)
+        offsets = [start]  # the text's length before the first token and after each one
         for t in token_ids[:-1] if stop_token else token_ids:
             piece = self._decoder.step(self.tokenizer, t)
             if piece:
                 self._text += piece
+            offsets.append(len(self._text))
             self._tokens += 1
             if self._min_end is None and self._tokens >= self._min_tokens:
                 self._min_end = len(self._text)
         if self.stop and self._min_end is not None:
             # A stop string may straddle the previous text; search from where it could begin.
             lo = max(0, start - self._hold)
-            hits = [i for i in (self._text.find(s, max(lo, self._min_end - len(s) + 1)) for s in self.stop)
-                    if i >= 0]
+            hits = [(i, i + len(s)) for i, s in ((self._text.find(s, max(lo, self._min_end - len(s) + 1)), s)
+                                                 for s in self.stop) if i >= 0]
             if hits:
-                self._text = self._text[:min(hits)]
+                at, end = min(hits)
+                self._text = self._text[:at]
                 self.stopped = True
+                self.kept = min(bisect_left(offsets, end, lo=1), len(offsets) - 1)
                 return self.flush()
         end = len(self._text) - self._hold if self.stop else len(self._text)
         if end <= self._sent:

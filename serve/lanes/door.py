@@ -443,9 +443,10 @@ class DoorConnection:
                 self._created(r)
             r.last = now
             tokens = [o[1] for o in outs]
-            r.n_out += len(tokens)
             done, reason = outs[-1][2], outs[-1][3]
             text = r.text.push(tokens, stop_token=done and reason == "stop")
+            tokens = tokens[:r.text.kept]  # past a stop string: not output (as the gateway's lane)
+            r.n_out += len(tokens)
             if r.text.stopped or done:
                 if not r.text.stopped:
                     text += r.text.flush()

@@ -189,6 +189,8 @@ class HeadClient:
                     finished = done
                     if not text.stopped:
                         delta += text.flush()
+                    else:  # tokens after the one that completed the stop string are not output (vLLM's)
+                        tokens, logprobs = tokens[:text.kept], logprobs and logprobs[:text.kept]
                     yield EngineOutput(tokens, delta, "stop" if text.stopped else reason, hops=hops.per_pair(),
                                        logprobs=logprobs, **first)
                     return

@@ -251,10 +251,13 @@ class SpeculativeLaneEngine:
                 delta = text.push(out.token_ids, stop_token=out.finished and out.finish_reason == "stop")
                 if text.stopped or out.finished:
                     finished = out.finished
+                    tokens, logprobs = out.token_ids, out.logprobs
                     if not text.stopped:
                         delta += text.flush()
-                    yield EngineOutput(out.token_ids, delta, "stop" if text.stopped else out.finish_reason,
-                                       speculative=spec, logprobs=out.logprobs, **extra)
+                    else:  # drafts accepted past the one that completed the stop string are not output (vLLM's)
+                        tokens, logprobs = tokens[:text.kept], logprobs and logprobs[:text.kept]
+                    yield EngineOutput(tokens, delta, "stop" if text.stopped else out.finish_reason,
+                                       speculative=spec, logprobs=logprobs, **extra)
                     return
                 yield EngineOutput(out.token_ids, delta, logprobs=out.logprobs, **extra)
         finally:

@@ -81,3 +81,46 @@ def test_with_min_tokens_a_stop_string_counts_once_it_ends_past_their_text(tok, 
     ts = TextStream(tok, ["\n"], min_tokens=min_tokens)
     got = "".join(ts.push([i]) for i in ids) + ts.flush()
     assert got == (full if cut is None else full[:cut]) and ts.stopped == (cut is not None)
+
+
+def vllm_detokenizer(tok: Tokenizer, stop: list[str], min_tokens: int = 0):
+    """vLLM's own incremental detokenizer (``FastIncrementalDetokenizer``, what its output processor
+    runs for every request) over ``tok``, with ``stop`` strings."""
+    from types import SimpleNamespace
+
+    from vllm import SamplingParams
+    from vllm.v1.engine.detokenizer import FastIncrementalDetokenizer
+
+    params = SamplingParams(stop=stop, min_tokens=min_tokens)
+    return FastIncrementalDetokenizer(SimpleNamespace(_tokenizer=tok),
+                                      SimpleNamespace(request_id="r", prompt_token_ids=None, sampling_params=params))
+
+
+@pytest.mark.parametrize("text", TEXTS)
+@pytest.mark.parametrize("chunk", [2, 5])
+@pytest.mark.parametrize("min_tokens", [0, 3])
+def test_tokens_after_the_one_completing_a_stop_string_are_not_kept_as_vllms(tok, text, chunk, min_tokens):
+    """Several tokens pushed at once (a step's accepted drafts): ``kept`` is how many the output keeps,
+    up to the token whose text completes the stop string, as vLLM's detokenizer keeps (its
+    ``num_output_tokens``: the output processor drops the rest and their log probabilities)."""
+    ids = tok.encode(text, add_special_tokens=False).ids
+    full = tok.decode(ids)
+    dropped = 0
+    for stop in (full[len(full) // 3:len(full) // 3 + 2], full[len(full) // 2], full[-2:]):
+        ts, ref = TextStream(tok, [stop], min_tokens=min_tokens), vllm_detokenizer(tok, [stop], min_tokens)
+        kept, ref_kept = [], []
+        for i in range(0, len(ids), chunk):
+            step = ids[i:i + chunk]
+            ts.push(step)
+            kept.append(ts.kept)
+            before = ref.num_output_tokens()
+            stopped = ref.update(step, False)
+            ref_kept.append(ref.num_output_tokens() - before)
+            if stopped:
+                dropped += len(step) - ts.kept
+                break
+        assert ts.stopped and kept == ref_kept, (stop, kept, ref_kept)
+        assert ts.flush() == "" and ref.output_text == ts._text
+        ts.push(ids[:1])
+        assert ts.kept == 0  # nothing after the stop
+    assert dropped > 0  # some step had tokens past its stop string

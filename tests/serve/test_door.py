@@ -124,6 +124,9 @@ def test_a_stop_string_ends_the_text_before_it(door):
     events = run(main())
     assert text(events) == full[:full.index(stop)]
     assert events[-1]["finish_reason"] == "stop"
+    out = hf_greedy(TEST_FAST, tok.encode(PROMPT).ids, 16)
+    through = next(k for k in range(1, 17) if stop in tok.decode(out[:k]))
+    assert events[-1]["usage"]["output_tokens"] == through  # tokens past the stop string's are not output
     deadline = time.monotonic() + 10
     while running(m) and time.monotonic() < deadline:  # the sequence was aborted at the head
         time.sleep(0.05)

@@ -434,6 +434,35 @@ def test_responses_include_logprobs_over_http_and_the_websocket(app):
     assert max(abs(e["logprob"] - ref[t, e["id"]].item()) for t, e in enumerate(entries)) < 1e-3
 
 
+def test_tokens_after_a_stop_string_are_dropped_with_their_logprobs(app):
+    """As vLLM's output processor (``_trim_surplus_tokens``): when a stop string is completed by a token
+    of a step that produced several (the exact tier accepts drafts together), the tokens after it are
+    not output: ``usage`` counts the tokens through the one completing it, and ``logprobs`` has one
+    entry each, transformers' greedy tokens, whole and streamed."""
+    client, full = app["client"], app["full"]
+    ids, tok = prompt_ids(full), AutoTokenizer.from_pretrained(full)
+    out = hf_generate(full, ids)  # the checkpoint's repetition_penalty, as the lane applies it
+    text = tok.decode(out, skip_special_tokens=True)
+    # a stop string that the k-th token completes, first found there (so tokens k+1.. come after it):
+    # the last 3 characters of the first k tokens' text
+    k, stop = next((k, piece) for k in range(4, len(out) - 2)
+                   if len(piece := tok.decode(out[:k], skip_special_tokens=True)[-3:]) == 3
+                   and stop_completed_at(tok, out, piece) == k)
+    params = {"logprobs": True, "stop": [stop]}
+    r = chat(app, **params)
+    assert r.choices[0].finish_reason == "stop" and r.choices[0].message.content == text[:text.index(stop)]
+    assert r.usage.completion_tokens == k
+    assert [c.token for c in r.choices[0].logprobs.content] == [tok.decode([t]) for t in out[:k]]
+    streamed = [e.token for ch in chat(app, **params, stream=True) if ch.choices and ch.choices[0].logprobs
+                for e in ch.choices[0].logprobs.content]
+    assert streamed == [tok.decode([t]) for t in out[:k]]
+
+
+def stop_completed_at(tok, out: list[int], stop: str) -> int | None:
+    """The number of tokens of ``out`` whose text first contains ``stop``."""
+    return next((k for k in range(1, len(out) + 1) if stop in tok.decode(out[:k], skip_special_tokens=True)), None)
+
+
 # -- against vLLM itself -----------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def vllm_engine():
