@@ -57,11 +57,11 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
+from models.builtin import PREFIX as BUILTIN_PREFIX
 from serve.auth import is_loopback
 from serve.config import LANE_CONFIGS, AppConfig
 from serve.errors import ConfigError, describe_validation, validate_mapping
 from sharding.planner import AUTO
-from models.builtin import PREFIX as BUILTIN_PREFIX
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LANES = tuple(LANE_CONFIGS)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import yaml
 
+from models.builtin import PREFIX as BUILTIN_PREFIX
 from sharding import cpus
 
 from .auth import insecure_warning, load_keys
@@ -67,9 +68,10 @@ def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="fastmode up", description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", metavar="FILE", help="deployment YAML (default: the built-in defaults, "
                     "which serve the shipped models; see serve/fastmode.yaml)")
-    ap.add_argument("--full", metavar="PATH", help="the full model: a checkpoint directory or a GGUF file "
-                    "(overrides models.full.path; its id stays models.full.id)")
-    ap.add_argument("--fast", metavar="PATH", help="the fast model, likewise (overrides models.fast.path)")
+    ap.add_argument("--full", metavar="PATH", help="the full model: a checkpoint directory, a GGUF file or "
+                    "builtin:NAME (overrides models.full.path; its id stays models.full.id)")
+    ap.add_argument("--fast", metavar="PATH", help="the fast model, likewise, or a student folder of fastmode "
+                    "distill made from the full model (overrides models.fast.path)")
     ap.add_argument("--address", help="join this Ray cluster instead of starting one (or set RAY_ADDRESS)")
     ap.add_argument("--host", help="HTTP bind address (overrides http.host)")
     ap.add_argument("--port", type=int, help="HTTP port (overrides http.port)")
@@ -93,8 +95,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.full or args.fast:
             models = config.models.model_dump(mode="json")
             for key in ("full", "fast"):
-                if getattr(args, key):
-                    models[key]["path"] = str(Path(getattr(args, key)).expanduser().resolve())
+                value = getattr(args, key)
+                if value:
+                    models[key]["path"] = value if value.startswith(BUILTIN_PREFIX) else str(Path(value).expanduser().resolve())
             config = load_config(config.model_dump(mode="json") | {"models": models})
         preflight(config, chips=args.chips)  # every model against every lane that runs it, before Ray starts
         http = {k: v for k, v in (("host", args.host), ("port", args.port), ("metrics_port", args.metrics_port))
