@@ -210,6 +210,8 @@ class Lane:
             request, ids, max_tokens, defaults=self.sampling_defaults, stop_ids=self.stop_ids,
             vocab_size=self.vocab_size, continues=continues,
             trace=trace.set_span_in_context(span) if span.is_recording() else None)
+        if (check := getattr(self.engine, "check_request", None)) is not None:
+            check(engine_request)  # what the engine refuses, refused before the request is accepted
         # A front door's own lane starts the engine's request before ``accepted``: the caller's
         # handling of it (``response.created`` written to the client) overlaps the prefill. An
         # engine this lane owns is iterated by the lane's own task, which writes ``accepted`` and

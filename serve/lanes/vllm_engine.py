@@ -10,16 +10,17 @@ tokenized by the lane, so every lane sees exactly the same prompt.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 from sharding import cpus
-from sharding.sampling import Logprobs
+from sharding.sampling import GREEDY_BELOW, Logprobs
 
 from ..config import ExactLaneConfig, VLLMLaneConfig
-from ..errors import LaneUnavailable
+from ..errors import LaneUnavailable, UnsupportedParameter
 from .engine import EngineOutput, EngineRequest
 from .vllm_sessions import eligible
 from .vllm_sizing import vllm_sizes
@@ -67,6 +68,9 @@ def executor_backend(config: VLLMLaneConfig) -> str | None:
 class VLLMLaneEngine:
     """The full model on vLLM (``AsyncLLM``), one engine per Serve replica."""
 
+    speculative = False
+    """The exact lane on vLLM: its speculative decoding (``check_request``)."""
+
     def __init__(self, path: str | Path, config: VLLMLaneConfig, draft_path: str | Path | None = None) -> None:
         from vllm import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
@@ -99,6 +103,7 @@ class VLLMLaneEngine:
         if self.engine.vllm_config.parallel_config.world_size == 1:
             cpus.place_pollers(os.getpid())  # its gloo threads, with no collective to run, off the compute cores
         self.max_len = self.engine.model_config.max_model_len
+        self.speculative = bool(speculative_args(config, draft_path))
         self.sessions = None
         """Conversations kept in vLLM between turns (``vllm_sessions``); ``None`` when off, and always
         on the exact lane's vLLM engine (speculative decoding with streaming input is not tested together)."""
@@ -112,6 +117,19 @@ class VLLMLaneEngine:
                                      config.max_num_seqs, config.session_idle_s,
                                      kv_tokens=(cache.num_gpu_blocks or 0) * cache.block_size or None)
 
+    def check_request(self, request: EngineRequest) -> None:
+        """Refuse by name, before the lane accepts it, what vLLM's speculative decoding refuses
+        (``SamplingParams._validate_spec_decode``: ``logit_bias``, and ``min_p`` above 0, which changes
+        only sampled output; the router sends sampled exact-tier requests to priority, ``route.sampled_on``)."""
+        if not self.speculative:
+            return
+        why = ("not served by the exact lane on vLLM (lanes.exact.engine: vllm), whose speculative decoding "
+               "does not take it; the priority lane (the same model) or the exact lane's fastmode engine serve it")
+        if request.logit_bias:
+            raise UnsupportedParameter(f"logit_bias: {why}")
+        if request.min_p > GREEDY_BELOW and request.temperature >= GREEDY_BELOW:
+            raise UnsupportedParameter(f"min_p: {why}")
+
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
         """See ``LaneEngine.generate``; vLLM aborts the request when this generator is closed."""
         from vllm import TokensPrompt
@@ -119,6 +137,9 @@ class VLLMLaneEngine:
 
         if self.engine.errored:
             raise LaneUnavailable(f"the vLLM engine has died: {self.engine.dead_error!r}")
+        self.check_request(request)
+        if self.speculative and request.temperature < GREEDY_BELOW and request.min_p:
+            request = dataclasses.replace(request, min_p=0.0)  # greedy: min_p changes nothing (vLLM's sampler too)
         params = request.vllm_sampling(output_kind=RequestOutputKind.DELTA)
         if self.sessions is not None:
             if eligible(request):

@@ -128,6 +128,26 @@ def test_generation_configs_max_new_tokens_is_the_default_max_tokens_on_every_la
     assert engine.requests[-1].max_tokens == engine.max_len - len(engine.requests[-1].prompt_ids)
 
 
+def test_the_exact_lane_on_vllm_refuses_what_its_speculative_decoding_refuses_before_accepting(checkpoints):
+    """The lane asks its engine's ``check_request`` before ``accepted``: on vLLM's exact lane a
+    ``logit_bias`` is a plain ``unsupported_parameter`` naming it, never a failure mid-stream."""
+    from serve.errors import UnsupportedParameter
+    from serve.lanes.vllm_engine import VLLMLaneEngine
+
+    class Speculative(Recording):
+        speculative = True
+        check_request = VLLMLaneEngine.check_request
+
+    full, _ = checkpoints
+    engine = Speculative()
+    lane = Lane("exact", "m", str(full), {"engine": "vllm"}, engine=engine)
+    with pytest.raises(UnsupportedParameter, match="^logit_bias: not served by the exact lane on vLLM"):
+        run(lane, {"input": "x", "temperature": 0, "logit_bias": {"7": 2}})
+    assert engine.requests == [] and lane.in_flight == 0
+    run(lane, {"input": "x", "temperature": 0, "max_output_tokens": 4})  # the checkpoint's min_p: greedy, served
+    assert len(engine.requests) == 1
+
+
 def test_the_vllm_lanes_hand_vllm_the_same_sampling():
     """vLLM's own ``SamplingParams`` built from the engine request (``VLLMLaneEngine`` passes it to
     ``AsyncLLM.generate``; ``test_chat_prompts.py`` checks that path with a stand-in)."""
@@ -539,3 +559,56 @@ def test_vllms_logprobs_are_fastmodes_within_1e_3(vllm_engine):
             for (a, a_ids, a_lps), (b, b_ids, b_lps) in zip(ours, theirs, strict=True):
                 assert abs(a - b) < 1e-3 and a_ids == b_ids, name
                 assert max(abs(x - y) for x, y in zip(a_lps, b_lps, strict=True)) < 1e-3, name
+
+
+@pytest.mark.slow
+def test_the_exact_lane_on_vllm_processes_and_takes_logprobs_as_fastmodes_engine():
+    """``lanes.exact.engine: vllm`` (vLLM's ``draft_model`` speculative decoding, the fast model drafting):
+    greedy under the penalties and ``min_tokens`` gives fastmode's speculative engine's tokens (vLLM's
+    rejection sampler processes the drafts' positions as its sampler does), its log probabilities are
+    within 1e-3 of fastmode's, a greedy request's ``min_p`` (a model default, say) changes nothing; what
+    vLLM's speculative decoding refuses (``logit_bias``, a sampled ``min_p``) is ``unsupported_parameter``
+    naming it, before anything runs (sampled requests for the exact tier run on priority anyway:
+    ``route.sampled_on``)."""
+    from serve.config import ExactLaneConfig
+    from serve.errors import UnsupportedParameter
+    from serve.lanes.engine import EngineRequest
+    from serve.lanes.vllm_engine import VLLMLaneEngine
+    from sharding.speculative import SpeculativeEngine
+    from tests.sharding.test_engine import logprobs_run
+
+    full, fast = shipped(TEST_FULL), shipped(TEST_FAST)
+    ids = AutoTokenizer.from_pretrained(full)("def parse(line):\n").input_ids
+    spec = SpeculativeEngine.from_pretrained(full, fast, num_slots=2, k=3, adaptive=False)
+    free = spec.generate([ids], EngineRequest("f", ids, 24, temperature=0, ignore_eos=True).sampling())[0]
+    cases = [dict(repetition_penalty=1.5), dict(presence_penalty=-0.5, frequency_penalty=1.0),
+             dict(min_tokens=6, stop_token_ids=(free[2],)), dict(repetition_penalty=1.3, min_p=0.2)]
+    with asyncio.Runner() as runner:
+        engine = VLLMLaneEngine(full, ExactLaneConfig(engine="vllm"), draft_path=fast)
+        try:
+            async def vllm(request: EngineRequest) -> tuple[list[int], list, dict | None]:
+                tokens, lps, drafts = [], [], None
+                async for o in engine.generate(request):
+                    tokens += o.token_ids
+                    lps += o.logprobs or []
+                    drafts = o.speculative or drafts
+                return tokens, lps, drafts
+
+            for i, case in enumerate(cases):
+                request = EngineRequest(f"c{i}", ids, 24, temperature=0, ignore_eos="stop_token_ids" not in case, **case)
+                theirs, _, drafts = runner.run(vllm(request))
+                assert theirs != free and spec.generate([ids], request.sampling())[0] == theirs, case
+                assert drafts is not None and drafts["drafted"] > 0, case  # drafts were verified
+            for name, fields in (("logit_bias", dict(temperature=0, logit_bias=((7, 3.0),))),
+                                 ("min_p", dict(temperature=0.8, min_p=0.1))):
+                with pytest.raises(UnsupportedParameter, match=f"^{name}: not served by the exact lane on vLLM"):
+                    engine.check_request(EngineRequest("x", ids, 4, **fields))
+            request = EngineRequest("lp", ids, 16, temperature=0, ignore_eos=True, logprobs=3, repetition_penalty=1.3)
+            tokens, theirs, _ = runner.run(vllm(request))
+            ours_tokens, ours = logprobs_run(spec, "lp", ids, request.sampling())
+            assert ours_tokens == tokens
+            for (a, a_ids, a_lps), (b, b_ids, b_lps) in zip(ours, theirs, strict=True):
+                assert abs(a - b) < 1e-3 and a_ids == b_ids
+                assert max(abs(x - y) for x, y in zip(a_lps, b_lps, strict=True)) < 1e-3
+        finally:
+            engine.shutdown()
