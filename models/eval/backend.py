@@ -8,10 +8,36 @@ log-likelihood of texts. The metrics are computed from these alone.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 import torch
+
+
+@dataclass(frozen=True)
+class Request:
+    """One greedy generation the v2 eval asks for: ``prompt`` is plain text (continued as is) or chat
+    messages (``{"role", "content"}`` dicts, rendered by the model's chat template); the output
+    stops after ``max_tokens`` tokens, at the end of the model's turn, or at the first of ``stop``
+    (the stop string itself not included)."""
+
+    prompt: str | tuple[dict[str, str], ...]
+    max_tokens: int
+    stop: tuple[str, ...] = ()
+
+
+def cut_at_stop(text: str, stop: tuple[str, ...]) -> str:
+    """``text`` up to the first of ``stop`` (every engine's output is cut the same way)."""
+    cut = min((i for i in (text.find(s) for s in stop if s) if i >= 0), default=len(text))
+    return text[:cut]
+
+
+def join_messages(messages) -> str:
+    """The text chat messages make for a model without a chat template: their contents one per
+    line, as the lanes join them (``serve.request.join_messages``, for messages that do not start
+    with a line break)."""
+    return "\n".join(m["content"] for m in messages)
 
 
 class Backend(Protocol):
@@ -29,15 +55,25 @@ class Backend(Protocol):
         ...
 
 
+class Generator(Protocol):
+    """An engine under the v2 eval (``models.eval.suite``): greedy outputs of ``Request``s."""
+
+    name: str
+
+    def generate(self, requests: list[Request]) -> list[str]:
+        """Each request's greedy output text, cut at its stop strings (``cut_at_stop``)."""
+        ...
+
+
 class TransformersBackend:
     """Hugging Face transformers in fp32: the reference nobody here wrote."""
 
     def __init__(self, path: str | Path, batch_size: int = 16, name: str | None = None):
-        from transformers import AutoTokenizer, LlamaForCausalLM
+        from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.name = name or Path(path).name
         self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.model = LlamaForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
         self.batch_size = batch_size
         self.newline_ids = torch.tensor(
             [i for tok, i in self.tokenizer.get_vocab().items()
@@ -60,6 +96,45 @@ class TransformersBackend:
             )
             new = gen[:, batch.input_ids.shape[1]:]
             out += tok.batch_decode(new, skip_special_tokens=True)
+        return out
+
+    def render(self, prompt: str | tuple[dict[str, str], ...]) -> list[int]:
+        """A request's prompt ids: plain text tokenized as usual (``<|bos|>`` first where the
+        tokenizer adds it); messages through the chat template with the generation prompt (or joined,
+        ``join_messages``, for a model without one)."""
+        tok = self.tokenizer
+        if isinstance(prompt, str):
+            return tok(prompt).input_ids
+        if tok.chat_template:
+            text = tok.apply_chat_template(list(prompt), tokenize=False, add_generation_prompt=True)
+            return tok(text, add_special_tokens=False).input_ids
+        return tok(join_messages(prompt)).input_ids
+
+    @torch.no_grad()
+    def generate(self, requests: list[Request]) -> list[str]:
+        """Greedy outputs, batched (``batch_size``) among requests of the same ``max_tokens`` and
+        ``stop``, longest prompts first; each stops at the model's end of turn or a stop string."""
+        tok = self.tokenizer
+        ids = [self.render(r.prompt) for r in requests]
+        out: list[str | None] = [None] * len(requests)
+        groups: dict[tuple, list[int]] = {}
+        for i, r in enumerate(requests):
+            groups.setdefault((r.max_tokens, r.stop), []).append(i)
+        pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        eos = self.model.generation_config.eos_token_id
+        eos = [e for e in ([eos] if isinstance(eos, int) else (eos or [])) if e is not None] or [tok.eos_token_id]
+        for (max_tokens, stop), members in groups.items():
+            members.sort(key=lambda i: -len(ids[i]))
+            for k in range(0, len(members), self.batch_size):
+                batch = members[k : k + self.batch_size]
+                width = max(len(ids[i]) for i in batch)
+                input_ids = torch.tensor([[pad] * (width - len(ids[i])) + ids[i] for i in batch])
+                mask = torch.tensor([[0] * (width - len(ids[i])) + [1] * len(ids[i]) for i in batch])
+                kwargs = {"stop_strings": list(stop), "tokenizer": tok} if stop else {}
+                gen = self.model.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=max_tokens,
+                                          do_sample=False, eos_token_id=eos, pad_token_id=pad, **kwargs)
+                for i, row in zip(batch, gen[:, width:]):
+                    out[i] = cut_at_stop(tok.decode(row, skip_special_tokens=True), stop)
         return out
 
     @torch.no_grad()

@@ -1,6 +1,11 @@
-"""``fastmode eval``: the quality of the shipped pair (or any checkpoints) on the held-out files.
+"""``fastmode eval``: the quality of the shipped pair (or any checkpoints).
 
-Metrics, each from text alone (so the same eval runs through the serving lanes too):
+Two suites (``--suite``): ``v2`` (``models.eval.suite``: HumanEval executed in a sandbox, next-line
+exact match, generated instruction tasks through the chat template; the default for a model with
+a chat template) and ``next-line``, the test pair's eval described below (the default for a model
+without one).
+
+``next-line`` metrics, each from text alone (so the same eval runs through the serving lanes too):
 - bits per byte of the held-out files;
 - next-line exact match: greedy-decode the line after a prefix that ends at a newline, compare
   with the true line, character for character (indentation included);
@@ -24,6 +29,7 @@ from pathlib import Path
 from models import FAST, FULL
 from models.recipe import corpus
 
+from . import suite
 from .backend import Backend, TransformersBackend, bits_per_byte
 from .samples import LineSample, bpb_chunks, line_samples
 from .stats import compare, diff_text, pct_ci, wilson
@@ -171,17 +177,75 @@ def main(argv: list[str] | None = None) -> int:
                    help="bits-per-byte chunk size, cut at lines (default 1000)")
     p.add_argument("--no-bpb", action="store_true", help="skip bits per byte")
     p.add_argument("--json", type=Path, help="also write the full result here")
+    v2 = p.add_argument_group("suite v2")
+    v2.add_argument("--suite", choices=("auto", "v2", "next-line"), default="auto",
+                    help="v2 (HumanEval, next line, generated tasks) or next-line (bits per byte, next line); "
+                         "auto: v2 when the first model has a chat template")
+    v2.add_argument("--humaneval", type=int, default=suite.DEFAULT_COUNTS["humaneval"],
+                    help="HumanEval problems, the first N (default all 164)")
+    v2.add_argument("--next-line", type=int, default=suite.DEFAULT_COUNTS["next_line"],
+                    help="next-line samples in v2 (default 400)")
+    v2.add_argument("--tasks", type=int, default=suite.DEFAULT_COUNTS["tasks"],
+                    help="generated instruction questions (default 450: 50 of each kind)")
+    v2.add_argument("--batch-size", type=int, default=16, help="transformers' generation batch")
     args = p.parse_args(argv)
-    paths = args.model or [FULL, FAST]
-    for path in paths:
-        if not (path / "config.json").exists():
-            p.error(f"{path} is not a checkpoint directory (no config.json)")
+    try:
+        paths = [checkpoint(path) for path in (args.model or [FULL, FAST])]
+    except ValueError as e:
+        p.error(str(e))
+    if args.suite == "v2" or (args.suite == "auto" and has_template(paths[0])):
+        return main_v2(args, paths)
     backends = [TransformersBackend(path) for path in paths]
     context = min(json.loads((path / "config.json").read_text())["max_position_embeddings"] for path in paths)
     result = evaluate(backends, args.samples, args.seed, args.max_tokens, args.max_files, not args.no_bpb,
                       args.max_prefix_chars, args.max_chunk_chars, tokenizer_dir=paths[0], context=context)
     result["engine"] = "transformers (fp32)"
     print(table(result))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 0
+
+
+def checkpoint(path: Path) -> Path:
+    """A checkpoint directory, or a GGUF file converted to one (``models.gguf.convert``, cached)."""
+    from models import gguf
+
+    if gguf.is_gguf(path):
+        return gguf.convert(path)
+    if not (path / "config.json").exists():
+        raise ValueError(f"{path} is not a checkpoint directory (no config.json) nor a GGUF file")
+    return path
+
+
+def has_template(path: Path) -> bool:
+    """Whether the checkpoint carries a chat template (as ``serve.chat.has_chat_template`` reads it)."""
+    if (path / "chat_template.jinja").exists():
+        return True
+    config = path / "tokenizer_config.json"
+    return config.exists() and bool(json.loads(config.read_text()).get("chat_template"))
+
+
+def main_v2(args, paths: list[Path]) -> int:
+    """``fastmode eval --suite v2``: every model on the same v2 items (``models.eval.suite``)."""
+    context = min(json.loads((path / "config.json").read_text())["max_position_embeddings"] for path in paths)
+    counts = {"humaneval": args.humaneval, "next_line": args.next_line, "tasks": args.tasks}
+    try:
+        items = suite.build(counts, seed=args.seed, held=suite.held_out_files(args.max_files),
+                            fits=token_budget(paths[0], context - suite.NEXT_LINE_MAX_TOKENS),
+                            max_prefix_chars=args.max_prefix_chars)
+    except (suite.SuiteError, ValueError) as e:
+        print(f"fastmode eval: {e}", file=sys.stderr)
+        return 2
+    backends = [TransformersBackend(path, batch_size=args.batch_size) for path in paths]
+    names = [b.name for b in backends]
+    for i, b in enumerate(backends):  # two checkpoints of one name (model.safetensors dirs) stay apart
+        if names.count(b.name) > 1:
+            b.name = f"{b.name}#{i}"
+    result = suite.evaluate(backends, items)
+    result.update(engine="transformers (fp32)", seed=args.seed, models_paths=[str(p) for p in paths])
+    print(suite.table(result))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2) + "\n")
