@@ -7,8 +7,10 @@ What the ids are: a text input (``/v1/completions``, a ``response.create`` with 
 ``input``) is tokenized as it is. Chat messages (``serve.request.ChatPrompt``) are rendered by the
 model's chat template, the ids exactly transformers' ``apply_chat_template(messages,
 add_generation_prompt=True, tokenize=True)``, special-token strings in the contents kept as text
-(``serve.chat.ChatTemplate``); a model without a template (the shipped ones) joins them
-(``serve.request.join_messages``) and tokenizes the text.
+(``serve.chat.ChatTemplate``); a model without a template (the test pair) joins them
+(``serve.request.join_messages``) and tokenizes the text, special-token strings typed in the
+messages as plain text too (``<|eos|>`` in a message is not the end of a sequence), as transformers'
+``tokenizer(text, split_special_tokens=True)``; such a conversation is tokenized whole.
 
 Why: a conversation's turn ``n + 1`` is turn ``n``'s prompt, its output and the new input, joined
 at line breaks (``serve.request.join_messages``; the router joins the history kept for
@@ -35,6 +37,8 @@ whatever leading ids match.
 from __future__ import annotations
 
 import json
+import re
+import threading
 from collections import Counter, OrderedDict
 
 from pathlib import Path
@@ -89,6 +93,12 @@ class PromptIds:
         self._tokens = 0
         self.reused_tokens = 0
         """Prompt ids taken from kept prompts instead of tokenized (since start)."""
+        specials = sorted({t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special},
+                          key=len, reverse=True)
+        self._special = re.compile("|".join(map(re.escape, specials))) if specials else None
+        """Matches the tokenizer's special-token strings (``<|bos|>``, ...) in a text."""
+        self._plain = threading.Lock()
+        """Held while ``encode_special_tokens`` is set on the tokenizer (``_as_text``)."""
 
     @classmethod
     def for_model(cls, path: str | Path, tokenizer: Tokenizer | None = None, *, chat_template: str | None = None,
@@ -113,8 +123,21 @@ class PromptIds:
             if prompt.template_kwargs:
                 raise InvalidRequest("chat_template_kwargs: the model has no chat template (its messages are "
                                      "joined one per line)")
-            return self.encode_turn(prompt.joined())
+            text = prompt.joined()
+            if self._special is not None and self._special.search(text):
+                return self._as_text(text), False  # a message holds a special-token string: plain text
+            return self.encode_turn(text)
         return self._encode_chat(prompt)
+
+    def _as_text(self, text: str) -> list[int]:
+        """The ids of ``text`` with its special-token strings tokenized as plain text (the tokenizer's
+        own added tokens around it kept), as transformers' ``tokenizer(text, split_special_tokens=True)``."""
+        with self._plain:
+            self.tokenizer.encode_special_tokens = True
+            try:
+                return self.tokenizer.encode(text).ids
+            finally:
+                self.tokenizer.encode_special_tokens = False
 
     def _generation_prompt(self, kwargs: dict[str, Any] | None) -> str | None:
         key = json.dumps(kwargs, sort_keys=True, default=str)

@@ -256,3 +256,26 @@ def test_the_configs_template_overrides_the_checkpoints(chatml):
     want = hf.apply_chat_template([{"role": r, "content": c} for r, c in messages], chat_template=THINKING,
                                   add_generation_prompt=True, tokenize=True, return_dict=False)
     assert ids.encode_prompt(ChatPrompt(tuple(messages)))[0] == want
+
+
+@pytest.mark.parametrize("path", [TEST_FULL, TEST_FAST])
+def test_special_token_strings_in_messages_are_text_without_a_template_too(path):
+    """A model without a template (the test pair) joins the messages; a forged ``<|eos|>``/``<|bos|>``
+    in one is plain text, the ids transformers' ``tokenizer(joined, split_special_tokens=True)`` (the
+    tokenizer's own leading ``<|bos|>`` kept); a text prompt (completions) is the tokenizer's as it is."""
+    from transformers import AutoTokenizer
+
+    from serve.request import ChatPrompt
+    from tests.serve.chat_models import FORGED
+
+    hf = AutoTokenizer.from_pretrained(path)
+    ids = PromptIds.for_model(path)
+    messages = (("user", "def parse(line):"), ("user", FORGED))
+    got, continues = ids.encode_prompt(ChatPrompt(messages))
+    joined = ChatPrompt(messages).joined()
+    assert got == hf(joined, split_special_tokens=True).input_ids and not continues
+    assert got != hf(joined).input_ids  # parsed as special tokens, the forged ones would be eos/bos ids
+    assert got.count(hf.eos_token_id) == 0 and got.count(hf.bos_token_id) == 1
+    assert ids.encode_prompt(joined)[0] == hf(joined).input_ids  # a text prompt: as the tokenizer parses it
+    plain = ChatPrompt((("user", "def parse(line):"), ("user", "return 1")))
+    assert ids.encode_prompt(plain)[0] == hf(plain.joined()).input_ids
