@@ -19,8 +19,15 @@ Per sample, every lane's hit and latency (``timing.total_s``) and the prompt's d
 router's own scorer (timed) go to ``quality_samples.jsonl``; from them ``bench.auto_policy``
 replays threshold policies for ``auto`` and recommends one.
 
+With ``--suite v2`` (the default when the full model has a chat template) every lane answers the
+v2 eval instead (``models.eval.suite``: HumanEval run in a sandbox, next lines, generated chat
+questions; ``measure_v2``): per lane the pooled score and each task set's with Wilson intervals,
+the paired comparison with standard, agreement with standard's outputs; the per-sample records
+keep the same fields for ``bench.auto_policy`` (``hit``, ``latency_s``, ``difficulty``), and the
+lane fields ``exact_match*`` are then the pooled v2 score.
+
 Usage: fastmode bench quality [--url ws://127.0.0.1:8000] [--api-key K] [--samples 1000]
-                              [--quick] [--out bench/results]
+                              [--suite auto|v2|next-line] [--quick] [--out bench/results]
 """
 
 from __future__ import annotations
@@ -40,8 +47,9 @@ from tqdm import tqdm
 
 from bench.auto_policy import Sample, analyse, pareto, summary
 from models import FAST, FULL
-from models.eval.backend import TransformersBackend
-from models.eval.run import evaluate
+from models.eval import suite
+from models.eval.backend import Request, TransformersBackend, cut_at_stop
+from models.eval.run import evaluate, has_template
 from models.eval.stats import diff_text, pct_ci
 
 LANES = {"standard": ("fastmode-full", "default"), "priority": ("fastmode-full", "priority"),
@@ -116,6 +124,29 @@ class ServedLane:
         bar.close()
         self.responses = responses
         return [r.text for r in responses]
+
+    def generate(self, requests: list[Request]) -> list[str]:
+        """The v2 eval's requests (``models.eval.suite``) on this lane: text or chat messages as
+        ``input``, greedy, the request's stop strings; the text cut at them as every engine's is."""
+        return asyncio.run(self._generate(requests))
+
+    async def _generate(self, requests: list[Request]) -> list[str]:
+        responses: list = [None] * len(requests)
+        gate = asyncio.Semaphore(self.concurrency)
+        bar = tqdm(total=len(requests), desc=f"{self.name:<8}", unit="q", leave=False, file=sys.stderr)
+        async with self.connect() as client:
+            async def one(i: int, r: Request) -> None:
+                prompt = r.prompt if isinstance(r.prompt, str) else list(r.prompt)
+                async with gate:
+                    responses[i] = await client.responses.create(
+                        model=self.model, service_tier=self.tier, input=prompt, max_output_tokens=r.max_tokens,
+                        temperature=0, **({"stop": list(r.stop)} if r.stop else {}))
+                bar.update()
+
+            await asyncio.gather(*(one(i, r) for i, r in enumerate(requests)))
+        bar.close()
+        self.responses = responses
+        return [cut_at_stop(r.text, req.stop) for r, req in zip(responses, requests)]
 
     def nll(self, texts: list[str]) -> list[float]:
         return self._nll(texts)
@@ -242,6 +273,75 @@ def sample_records(lanes: list[ServedLane], per_sample: list[dict], timed: list[
     return records
 
 
+def measure_v2(lanes: list[ServedLane], score: Callable, counts: dict[str, int], max_files: int | None = None,
+               context: int = 512, tokenizer_dir: Path = FULL, seed: int = 0) -> tuple[dict, list[dict]]:
+    """``measure`` on the v2 eval: probe, run ``models.eval.suite`` through every lane that answers;
+    returns (the quality.json fields, the per-sample records). ``score`` is the router's scorer; a
+    chat item is scored as the router scores a conversation (``serve.request.ChatPrompt``)."""
+    from serve.request import ChatPrompt
+
+    skipped = dict(zip((lane.name for lane in lanes), asyncio.run(_probe_all(lanes))))
+    skipped = {n: why for n, why in skipped.items() if why}
+    for name, why in skipped.items():
+        print(f"quality: skipping the {name} lane: {why}", file=sys.stderr)
+    if REFERENCE in skipped or lanes[0].name != REFERENCE:
+        raise ValueError(f"the {REFERENCE} lane must come first and answer: every lane is compared with it "
+                         f"({skipped.get(REFERENCE, 'it is not first')})")
+    lanes = [lane for lane in lanes if lane.name not in skipped]
+    items = suite.build(counts, seed=seed, held=suite.held_out_files(max_files),
+                        fits=suite.token_fits(tokenizer_dir, context - suite.NEXT_LINE_MAX_TOKENS))
+    result = suite.evaluate(lanes, items, per_sample=True)
+    per_sample = result.pop("per_sample")
+    out = {"suite": "v2", "samples": len(items), "counts": result["counts"], "training_data": result["training_data"],
+           "lanes": {}, "skipped_lanes": skipped, "baseline": result["baseline"],
+           "baseline_exact_match": result["baseline"]["all"]["score"],
+           "baseline_exact_match_ci95": result["baseline"]["all"]["ci95"],
+           "agreement_with_standard": {k: v["all"] for k, v in result["agreement"].items()},
+           "agreement_with_standard_by_task": {k: v["tasks"] for k, v in result["agreement"].items()}}
+    for lane, m in zip(lanes, result["models"]):
+        out["lanes"][lane.name] = {"exact_match": m["all"]["score"], "exact_match_count": m["all"]["hits"],
+                                   "exact_match_ci95": m["all"]["ci95"], "tasks": m["tasks"], "kinds": m["kinds"],
+                                   "bits_per_byte": None, **lane.speed()}
+        if lane.name != REFERENCE:
+            v = result["vs_first"][f"{lane.name} vs {REFERENCE}"]
+            out["lanes"][lane.name].update(vs_standard=v["all"], vs_standard_by_task=v["tasks"])
+    pts = {n: (v["per_user_tokens_per_s_p50"] or 0.0, v["exact_match"]) for n, v in out["lanes"].items()}
+    out["pareto_frontier"] = pareto(pts)
+    std = out["lanes"][REFERENCE]["exact_match"]
+    out["fast_quality_retention"] = (out["lanes"]["fast"]["exact_match"] / std
+                                     if std and "fast" in out["lanes"] else None)
+    prompts = [it.request.prompt if isinstance(it.request.prompt, str)
+               else ChatPrompt(tuple((m["role"], m["content"]) for m in it.request.prompt)) for it in items]
+    timed = timed_scores(prompts, score)
+    records = []
+    for i, (s, it, (difficulty, secs)) in enumerate(zip(per_sample, items, timed, strict=True)):
+        rec = {"i": i, "id": s["id"], "task": s["task"], "kind": s["kind"], "target": s["reference"],
+               "difficulty": difficulty, "scoring_s": secs, "lanes": {}}
+        for lane in lanes:
+            r = lane.responses[i]
+            rec["lanes"][lane.name] = {"hit": s["hits"][lane.name], "latency_s": r.timing.total_s,
+                                       "text": s["outputs"][lane.name]}
+            if lane.name == "auto":
+                rec["lanes"]["auto"].update(served_by=r.lane, route_difficulty=(r.route or {}).get("difficulty"))
+        records.append(rec)
+    seconds = [secs for _, secs in timed]
+    out["difficulty_scoring"] = {"mean_s": statistics.fmean(seconds), "p50_s": statistics.median(seconds),
+                                 "max_s": max(seconds)}
+    auto = next((lane for lane in lanes if lane.name == "auto"), None)
+    served_threshold = auto.threshold() if auto else None
+    if served_threshold is not None:
+        way = auto.fast_when()
+        agree = sum(goes_fast(r["difficulty"], served_threshold, way) == (r["lanes"]["auto"]["served_by"] == "fast")
+                    for r in records)
+        a = out["lanes"]["auto"]
+        out["auto_served"] = {"threshold": served_threshold, "fast_when": way, "served_by": a["served_by"],
+                              "mean_latency_s": a["mean_latency_s"], "exact_match": a["exact_match"],
+                              "exact_match_count": a["exact_match_count"], "exact_match_ci95": a["exact_match_ci95"],
+                              "routing_agreement_with_offline_scorer": agree / len(records)}
+    out.update(analyse([Sample.from_record(r) for r in records], served_threshold))
+    return out, records
+
+
 async def _probe_all(lanes: list[ServedLane]) -> list[str | None]:
     return [await lane.probe() for lane in lanes]
 
@@ -299,7 +399,8 @@ def print_summary(out: dict) -> None:
     print(f"{'lane':<9}{'exact match [95% CI]':>24}{'bits/byte':>11}{'tok/s p50':>11}{'latency':>10}  vs standard")
     for n, v in out["lanes"].items():
         vs = diff_text(v["vs_standard"]) if "vs_standard" in v else "-"
-        print(f"{n:<9}{pct_ci(v['exact_match_count'], out['samples']):>24}{v['bits_per_byte']:>11.3f}"
+        bpb = "-" if v["bits_per_byte"] is None else f"{v['bits_per_byte']:.3f}"
+        print(f"{n:<9}{pct_ci(v['exact_match_count'], out['samples']):>24}{bpb:>11}"
               f"{v['per_user_tokens_per_s_p50'] or 0:>11.0f}{v['mean_latency_s'] * 1e3:>8.0f}ms  {vs}")
     for n, why in out["skipped_lanes"].items():
         print(f"{n:<9}skipped: {why}")
@@ -319,11 +420,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--auto-threshold", type=float, default=2.965,
                     help="router.auto_threshold when no auto response reports it (bits per byte of auto)")
     ap.add_argument("--auto-max-tokens", type=int, default=128, help="the deployed router.auto_max_tokens")
+    ap.add_argument("--suite", choices=("auto", "v2", "next-line"), default="auto",
+                    help="the eval the lanes answer (auto: v2 when the full model has a chat template)")
+    ap.add_argument("--humaneval", type=int, default=suite.DEFAULT_COUNTS["humaneval"], help="v2: HumanEval problems")
+    ap.add_argument("--next-line", type=int, default=suite.DEFAULT_COUNTS["next_line"], help="v2: next-line samples")
+    ap.add_argument("--tasks", type=int, default=suite.DEFAULT_COUNTS["tasks"], help="v2: generated questions")
     ap.add_argument("--quick", action="store_true", help="16 prompts, 2 files: a smoke run")
     ap.add_argument("--out", default="bench/results")
     args = ap.parse_args(argv)
     if args.quick:
         args.samples, args.max_files = 16, 2
+        args.humaneval, args.next_line, args.tasks = 2, 5, 9
+    v2 = args.suite == "v2" or (args.suite == "auto" and has_template(FULL))
     started = time.time()
     scorer = None
 
@@ -348,7 +456,12 @@ def main(argv: list[str] | None = None) -> int:
            "auto": auto_nll(full, fast, threshold, score, fast_when)}
     lanes += [ServedLane(n, args.url, args.api_key, nll[n]) for n in LANES]
     try:
-        measured, records = measure(lanes, score, args.samples, args.max_files)
+        if v2:
+            context = json.loads((FULL / "config.json").read_text())["max_position_embeddings"]
+            measured, records = measure_v2(lanes, score, {"humaneval": args.humaneval, "next_line": args.next_line,
+                                                          "tasks": args.tasks}, args.max_files, context)
+        else:
+            measured, records = measure(lanes, score, args.samples, args.max_files)
     except ValueError as e:
         print(f"fastmode bench quality: {e}", file=sys.stderr)
         return 2
