@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="fastmode eval", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", action="append", type=Path,
-                   help="checkpoint directory (repeatable; default: the shipped full, then fast)")
+                   help="checkpoint directory, .gguf file or builtin:NAME (repeatable; default: the test pair, full then fast)")
     p.add_argument("--samples", type=int, default=1000,
                    help="next-line samples (default 1000: 50 hits then have a 95%% interval of 3.8-6.5%%)")
     p.add_argument("--seed", type=int, default=0, help="sample draw seed (default 0)")
@@ -209,14 +209,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def checkpoint(path: Path) -> Path:
-    """A checkpoint directory, or a GGUF file converted to one (``models.gguf.convert``, cached)."""
-    from models import gguf
+    """A checkpoint directory for ``path``: a folder, a GGUF file (converted, cached) or ``builtin:NAME``
+    (``models.builtin.resolve``)."""
+    from models.builtin import resolve
 
-    if gguf.is_gguf(path):
-        return gguf.convert(path)
-    if not (path / "config.json").exists():
-        raise ValueError(f"{path} is not a checkpoint directory (no config.json) nor a GGUF file")
-    return path
+    folder = resolve(path)
+    if not (folder / "config.json").exists():
+        raise ValueError(f"{path} is not a checkpoint directory (no config.json), a GGUF file or builtin:NAME")
+    return folder
 
 
 def has_template(path: Path) -> bool:

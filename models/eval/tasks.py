@@ -13,7 +13,7 @@ template); answers are read leniently but deterministically:
   none is wrong.
 
 The kinds, at the difficulty where SmolLM2-135M-Instruct scores well above each kind's trivial
-baseline (docs/eval.md has the measured figures and the forms it failed at: two-digit and
+baseline (docs/quality-eval.md has the measured figures and the forms it failed at: two-digit and
 multiplication arithmetic, counting, the largest of a list, conversions without an example):
 
 | kind | question | trivial baseline |
