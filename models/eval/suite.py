@@ -32,8 +32,8 @@ from .samples import Fits, line_samples
 from .stats import compare, diff_text, pct_ci, wilson
 
 TASKS = ("humaneval", "next_line", "tasks")
-DEFAULT_COUNTS = {"humaneval": 164, "next_line": 400, "tasks": 450}
-"""1,014 samples in all: every HumanEval problem, 400 next lines, 50 questions of each of the 9 kinds."""
+DEFAULT_COUNTS = {"humaneval": 164, "next_line": 400, "tasks": 480}
+"""1,044 samples in all: every HumanEval problem, 400 next lines, 60 questions of each of the 8 kinds."""
 NEXT_LINE_MAX_TOKENS = 48
 TASK_MAX_TOKENS = 48
 TRAINING_DATA = {

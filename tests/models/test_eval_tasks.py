@@ -36,7 +36,7 @@ def test_the_grader_takes_the_ground_truth_and_rejects_wrong_answers():
 def test_baselines_are_trivial():
     samples = generate(450, seed=0)
     by_kind = {k: [s.grade(s.baseline) for s in samples if s.kind == k] for k in KINDS}
-    for kind in ("add", "subtract", "convert", "extract_email"):
+    for kind in ("add", "convert", "extract_email"):
         assert not any(by_kind[kind]), kind  # these baselines can never be right
     assert 0 < sum(by_kind["extract_city"]) < len(by_kind["extract_city"])  # a coin toss
 
