@@ -161,19 +161,8 @@ class PromptIds:
                     self._chats.move_to_end(text[:at + len(marker)])
                     continues = True
                     break
-            self._keep_chat(text, ids)
+            self._keep(self._chats, text, ids)
         return list(ids), continues
-
-    def _keep_chat(self, text: str, ids: list[int]) -> None:
-        if len(ids) > self.kept_tokens:
-            return
-        old = self._chats.pop(text, None)
-        self._tokens += len(ids) - (len(old) if old is not None else 0)
-        self._chats[text] = ids
-        while self._tokens > self.kept_tokens and self._chats:
-            self._tokens -= len(self._chats.popitem(last=False)[1])
-        while self._tokens > self.kept_tokens and self._kept:
-            self._forget(*self._kept.popitem(last=False))
 
     def _joins(self) -> bool:
         """The post-processor adds nothing between the parts: whole == kept + continuation."""
@@ -204,25 +193,31 @@ class PromptIds:
         continues = ids is not None
         if ids is None:
             ids = self.words.encode(text)
-        self._keep(text, ids)
+        self._keep(self._kept, text, ids)
         return list(ids), continues
 
-    def _keep(self, text: str, ids: list[int]) -> None:
+    def _keep(self, store: OrderedDict[str, list[int]], text: str, ids: list[int]) -> None:
+        """Keep ``ids`` as the prompt ``text``'s in ``store`` (``_kept``: text prompts; ``_chats``:
+        templated ones), most recently used; then, while the ids kept in both are over ``kept_tokens``,
+        drop ``store``'s least recently used prompts (the one just kept last), then the other store's.
+        (Both together were within the bound before, so in effect a prompt pushes out only prompts of
+        its own kind.)"""
         if len(ids) > self.kept_tokens:
             return
-        old = self._kept.pop(text, None)
-        if old is not None:
-            self._forget(text, old)
-        self._kept[text] = ids
-        self._lengths[len(text)] += 1
+        if (old := store.pop(text, None)) is not None:
+            self._forget(store, text, old)
+        store[text] = ids
         self._tokens += len(ids)
-        while self._tokens > self.kept_tokens and self._kept:
-            self._forget(*self._kept.popitem(last=False))
-        while self._tokens > self.kept_tokens and self._chats:
-            self._tokens -= len(self._chats.popitem(last=False)[1])
+        if store is self._kept:
+            self._lengths[len(text)] += 1
+        for evicted in (store, self._chats if store is self._kept else self._kept):
+            while self._tokens > self.kept_tokens and evicted:
+                self._forget(evicted, *evicted.popitem(last=False))
 
-    def _forget(self, text: str, ids: list[int]) -> None:
+    def _forget(self, store: OrderedDict[str, list[int]], text: str, ids: list[int]) -> None:
+        """Account for ``text``'s ``ids``, taken out of ``store``."""
         self._tokens -= len(ids)
-        self._lengths[len(text)] -= 1
-        if not self._lengths[len(text)]:
-            del self._lengths[len(text)]
+        if store is self._kept:
+            self._lengths[len(text)] -= 1
+            if not self._lengths[len(text)]:
+                del self._lengths[len(text)]

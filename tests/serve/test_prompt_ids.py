@@ -279,3 +279,33 @@ def test_special_token_strings_in_messages_are_text_without_a_template_too(path)
     assert ids.encode_prompt(joined)[0] == hf(joined).input_ids  # a text prompt: as the tokenizer parses it
     plain = ChatPrompt((("user", "def parse(line):"), ("user", "return 1")))
     assert ids.encode_prompt(plain)[0] == hf(plain.joined()).input_ids
+
+
+def test_text_and_templated_prompts_share_the_bound_and_each_pushes_out_its_own_kind(chatml):
+    """A templated model keeps text prompts (completions) and templated ones (chat) within one
+    ``kept_tokens``: keeping a templated prompt over the bound drops the least recently used templated
+    one, not the kept text; keeping a text prompt drops the least recently used text, not the chat."""
+    from serve.request import ChatPrompt
+
+    probe = PromptIds.for_model(chatml, kept_tokens=0)
+    text = "alpha beta gamma"
+    first = (("user", "hi"),)
+    second = first + (("assistant", "Hello!"), ("user", "def parse(line):"))
+    n = {k: len(probe.encode_prompt(p)[0]) for k, p in
+         {"text": text, "text+x": text + "\nx", "first": ChatPrompt(first), "second": ChatPrompt(second)}.items()}
+    bound = n["text+x"] + n["second"]
+    assert n["text"] + n["first"] + n["second"] > bound > n["text"] + n["second"]
+    ids = PromptIds.for_model(chatml, kept_tokens=bound)
+
+    def kept() -> int:
+        assert ids._tokens == sum(map(len, ids._kept.values())) + sum(map(len, ids._chats.values())) <= bound
+        return ids._tokens
+
+    assert ids.encode_turn(text)[1] is False and ids.encode_prompt(ChatPrompt(first))[1] is False
+    assert kept() == n["text"] + n["first"]
+    assert ids.encode_prompt(ChatPrompt(second))[1] is True  # continues ``first``, which then goes
+    assert kept() == n["text"] + n["second"]
+    assert ids.encode_prompt(ChatPrompt(second))[1] is False  # ``first`` is no longer kept
+    assert ids.encode_turn(text + "\nx")[1] is True  # the text stayed; now it goes, the chat stays
+    assert kept() == n["text+x"] + n["second"]
+    assert ids.encode_prompt(ChatPrompt(second + (("assistant", "pass"), ("user", "ok"))))[1] is True
