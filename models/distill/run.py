@@ -1,7 +1,8 @@
 """``fastmode distill --full PATH --out DIR``: make the fast model from the full one.
 
-Steps, each resumable (rerun the same command after an interruption; its work folder holds the
-full model's answers by shard and the student's checkpoint):
+Steps, each resumable (rerun the same command after an interruption; its work folder ``.<out>.work``
+holds the full model's answers by shard, keyed by the settings they depend on, and the student's
+checkpoint, keyed by all of them):
 1. the student's shape for the fast lane's chips (``shape.choose``);
 2. the full model's greedy answers to ``prompts`` generated prompts, with its top-k distribution at
    every answer position (``teacher``); 5% of the prompts are held out;
@@ -27,9 +28,12 @@ from pathlib import Path
 HELD_OUT_SHARE = 0.05
 
 
-def _work_dir(out: Path, fingerprint: dict) -> Path:
-    key = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:16]
-    return out.parent / f".{out.name}.work-{key}"
+DATA_SETTINGS = ("prompts", "max_new_tokens", "top_k", "seed")
+"""The settings the full model's answers depend on (``gen_batch`` only groups them)."""
+
+
+def _key(fingerprint: dict) -> str:
+    return hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _machine(device: str, threads: int) -> str:
@@ -73,22 +77,29 @@ def distill(full: Path, out: Path, cfg, *, threads: int, full_name: str, work: P
     shared_probe = student.build(model, chosen.keep[:1])
     shared = student.shared_names(shared_probe)
     del shared_probe
-    fingerprint = {"settings": {k: v for k, v in cfg.to_dict().items() if k != "checkpoint_every"},
-                   "full": export.tensors_sha256(full, shared), "keep": chosen.keep}
-    work = work or _work_dir(out, fingerprint)
-    work.mkdir(parents=True, exist_ok=True)
-    (work / "fingerprint.json").write_text(json.dumps(fingerprint, indent=2) + "\n")
+    # The work folder holds the full model's answers per data settings and the student per run
+    # settings, so a run that only trains differently reuses the answers.
+    full_sha = export.tensors_sha256(full, shared)
+    settings = cfg.to_dict()
+    data = {"full": full_sha, **{k: settings[k] for k in DATA_SETTINGS}}
+    run = {"full": full_sha, "keep": chosen.keep,
+           "settings": {k: v for k, v in settings.items() if k not in ("checkpoint_every", "gen_batch")}}
+    work = work or out.parent / f".{out.name}.work"
+    answers_dir, student_dir = work / f"answers-{_key(data)}", work / f"student-{_key(run)}"
+    for folder, fingerprint in ((answers_dir, data), (student_dir, run)):
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "fingerprint.json").write_text(json.dumps(fingerprint, indent=2) + "\n")
     log(f"distill: work folder {work} (rerun the same command to resume)")
 
     prompts = prompt_set(cfg.prompts, cfg.seed)
-    rows, answer_s = teacher.build(model, tokenizer, prompts, work / "answers", batch=cfg.gen_batch,
+    rows, answer_s = teacher.build(model, tokenizer, prompts, answers_dir, batch=cfg.gen_batch,
                                    max_new_tokens=cfg.max_new_tokens, top_k=cfg.top_k)
     n_held = max(1, round(len(rows) * HELD_OUT_SHARE))
     train_rows, held_rows = rows[:-n_held], rows[-n_held:]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     pupil = student.build(model, chosen.keep).to(device)
     del model
-    stats = train.train(pupil, train_rows, held_rows, cfg, work, pad)
+    stats = train.train(pupil, train_rows, held_rows, cfg, student_dir, pad)
     answer_tokens = sum(len(r["ids"]) - r["prompt_len"] for r in rows)
     manifest = {
         "full": {"name": full_name, "layers": full_config["num_hidden_layers"]},

@@ -74,11 +74,12 @@ def build(model, tokenizer, prompts: list[str], work_dir: Path, *, batch: int, m
     shards = range(0, len(prompts), batch)
     bar = tqdm(total=len(prompts), desc="full model answers", unit="prompt", dynamic_ncols=True)
     for start in shards:
-        path = work_dir / f"answers-{start // batch:05d}.pt"
+        end = min(start + batch, len(prompts))
+        path = work_dir / f"prompts-{start:05d}-{end:05d}.pt"
         if path.exists():
             shard = torch.load(path, weights_only=False)
         else:
-            shard = answer(model, tokenizer, prompts[start : start + batch], max_new_tokens=max_new_tokens,
+            shard = answer(model, tokenizer, prompts[start:end], max_new_tokens=max_new_tokens,
                            top_k=top_k)
             tmp = path.with_suffix(".tmp")
             torch.save(shard, tmp)

@@ -122,13 +122,20 @@ def test_a_rerun_resumes_from_its_work_folder(tmp_path):
     out = tmp_path / "fast"
     args = ["--full", str(TEST_FULL), "--preset", "quick", "--threads", "1", "--out", str(out)]
     assert main(args) == 0
-    work = next(tmp_path.glob(".fast.work-*"))
-    shards = {p: p.stat().st_mtime_ns for p in (work / "answers").iterdir()}
-    saved = torch.load(work / "student.pt", weights_only=False)["state"]
+    work = tmp_path / ".fast.work"
+    [answers] = work.glob("answers-*")
+    shards = {p: p.stat().st_mtime_ns for p in answers.glob("prompts-*.pt")}
+    [student] = work.glob("student-*")
+    saved = torch.load(student / "student.pt", weights_only=False)["state"]
     assert saved["step"] == PRESETS["quick"].steps
     assert main(args) == 0  # nothing left to do: the answers and the student are reused
-    assert {p: p.stat().st_mtime_ns for p in (work / "answers").iterdir()} == shards
+    assert {p: p.stat().st_mtime_ns for p in answers.glob("prompts-*.pt")} == shards
     assert json.loads((out / "distilled.json").read_text())["train"]["steps"] == PRESETS["quick"].steps
+    # training longer reuses the full model's answers, in a student folder of its own
+    assert main([*args, "--steps", str(PRESETS["quick"].steps + 2)]) == 0
+    assert {p: p.stat().st_mtime_ns for p in answers.glob("prompts-*.pt")} == shards
+    assert len(list(work.glob("student-*"))) == 2
+    assert json.loads((out / "distilled.json").read_text())["train"]["steps"] == PRESETS["quick"].steps + 2
 
 
 def test_a_student_needs_its_own_full_model(distilled):
