@@ -1,6 +1,6 @@
 """The sampling parameters from every front door to every lane's engine (``serve.lanes.sampling``),
 and end to end over the ``openai`` package, in process, on a real exact lane (fastmode's speculative
-engine on the shipped models under a ChatML template, as ``test_chat_app.py``):
+engine on the shipped models under a ChatML template: ``tests.serve.exact_app``, as ``test_chat_app.py``):
 
 - every lane and the fast lane's door hand their engine the request's ``top_k``, ``min_p``,
   penalties, ``logit_bias``, ``stop_token_ids`` and ``min_tokens``, the unset ones from the
@@ -26,8 +26,6 @@ import socket
 import openai
 import pytest
 import torch
-from fastapi import FastAPI, Request, WebSocket
-from fastapi.testclient import TestClient
 from transformers import AutoTokenizer, LlamaForCausalLM, LogitsProcessor, LogitsProcessorList
 
 from models import TEST_FAST, TEST_FULL
@@ -35,7 +33,7 @@ from serve.lanes.lane import LANES, Lane
 from serve.request import GenerateRequest
 from tests.conftest import shipped
 from tests.serve.chat_models import CHATML, with_template
-from tests.serve.test_chat_app import InProcess, Spy
+from tests.serve.exact_app import exact_lane_app
 from tests.serve.test_chat_prompts import Recording, run
 
 DEFAULTS = {"repetition_penalty": 1.3, "top_k": 7, "min_p": 0.01}
@@ -190,46 +188,8 @@ def test_every_front_door_carries_the_sampling_to_the_router():
 # -- end to end over the openai package ----------------------------------------------------------------
 @pytest.fixture(scope="module")
 def app(checkpoints):
-    from serve.config import load_config
-    from serve.gateway import api as _  # noqa: F401 - the gateway's imports, as a front door has them
-    from serve.lanes.lane import EXACT
-    from serve.openai_api import chat_completions, completions
-    from serve.openai_responses import create
-    from serve.router import Router
-    from serve.websocket import Session
-
-    full, fast = checkpoints
-    config = load_config({"models": {"full": {"id": "s-full", "path": str(full)},
-                                     "fast": {"id": "s-fast", "path": str(fast)}},
-                          "router": {"lane_links": False}, "lanes": {"exact": {"compile": False}}})
-    exact = Lane(EXACT, "s-full", str(full), config.lanes.exact.model_dump(mode="json"), draft_path=str(fast))
-    exact.engine = Spy(exact.engine)
-    others = {name: Lane(name, "s-full" if name != "fast" else "s-fast", str(full if name != "fast" else fast), {},
-                         engine=Recording()) for name in ("fast", "priority", "standard")}
-    router = Router(config, **{name: InProcess(lane) for name, lane in others.items()}, exact=InProcess(exact))
-    api = FastAPI()
-
-    @api.post("/v1/chat/completions")
-    async def _chat(request: Request):
-        return await chat_completions(router, request)
-
-    @api.post("/v1/completions")
-    async def _completions(request: Request):
-        return await completions(router, request)
-
-    @api.post("/v1/responses")
-    async def _responses(request: Request):
-        return await create(router, request)
-
-    @api.websocket("/v1/responses")
-    async def _ws(ws: WebSocket):
-        await ws.accept()
-        await Session(ws, router, config.gateway).run()
-
-    with TestClient(api) as http:
-        client = openai.OpenAI(base_url="http://testserver/v1", api_key="k", http_client=http, max_retries=0)
-        yield {"client": client, "http": http, "spy": exact.engine, "full": full}
-    exact.engine.inner.shutdown()
+    with exact_lane_app(*checkpoints, "s") as a:
+        yield a
 
 
 QUESTION = [{"role": "user", "content": "def parse(line):"}]
