@@ -297,6 +297,9 @@ def run(args, argv: list[str]) -> dict[str, Any]:
     try:
         t = time.perf_counter()
         built = llama_cpp.bin_dir() is not None
+        if not built and not args.no_build:
+            print(f"building llama.cpp from {llama_cpp.SDIST} into {llama_cpp.cache_dir()} (once; minutes) ...",
+                  file=sys.stderr, flush=True)
         binary_dir = llama_cpp.bin_dir() if args.no_build else llama_cpp.build()
         doc["build_s"] = None if built or binary_dir is None else time.perf_counter() - t
         if binary_dir is None:
