@@ -27,6 +27,9 @@ $(STAMP): pyproject.toml
 	# exist"). Nothing in fastmode (or in vLLM for text models) needs them.
 	$(if $(findstring cpu,$(EXTRAS)),$(BIN)/python -m pip uninstall -y -q torchvision torchaudio torchcodec,true)
 	$(BIN)/python -c "import transformers.models.llama.modeling_llama, ray.serve, tokenizers"
+	# The default pair, ready in the cache (docs/models.md): SmolLM2's GGUF file checked by its sha256 and
+	# converted to a checkpoint, the student in models/fast assembled with it.
+	$(BIN)/python -m models.builtin
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 

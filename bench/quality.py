@@ -46,7 +46,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from bench.auto_policy import Sample, analyse, pareto, summary
-from models import FAST, FULL
+from bench import pair
 from models.eval import suite
 from models.eval.backend import Request, TransformersBackend, cut_at_stop
 from models.eval.run import evaluate, has_template
@@ -213,7 +213,7 @@ def measure(lanes: list[ServedLane], score: Callable[[str], float], samples: int
                          f"({skipped.get(REFERENCE, 'it is not first')})")
     lanes = [lane for lane in lanes if lane.name not in skipped]
     result = evaluate(lanes, n_samples=samples, seed=0, max_tokens=max_tokens, max_files=max_files,
-                      tokenizer_dir=FULL, context=context, per_sample=True)
+                      tokenizer_dir=pair.full(), context=context, per_sample=True)
     per_sample = result.pop("per_sample")
     scores = {m["name"]: m for m in result["models"]}
     out = {"samples": samples, "held_out_files": result["held_out_files"], "lanes": {}, "skipped_lanes": skipped,
@@ -274,7 +274,7 @@ def sample_records(lanes: list[ServedLane], per_sample: list[dict], timed: list[
 
 
 def measure_v2(lanes: list[ServedLane], score: Callable, counts: dict[str, int], max_files: int | None = None,
-               context: int = 512, tokenizer_dir: Path = FULL, seed: int = 0) -> tuple[dict, list[dict]]:
+               context: int = 512, tokenizer_dir: Path | None = None, seed: int = 0) -> tuple[dict, list[dict]]:
     """``measure`` on the v2 eval: probe, run ``models.eval.suite`` through every lane that answers;
     returns (the quality.json fields, the per-sample records). ``score`` is the router's scorer; a
     chat item is scored as the router scores a conversation (``serve.request.ChatPrompt``)."""
@@ -289,7 +289,7 @@ def measure_v2(lanes: list[ServedLane], score: Callable, counts: dict[str, int],
                          f"({skipped.get(REFERENCE, 'it is not first')})")
     lanes = [lane for lane in lanes if lane.name not in skipped]
     items = suite.build(counts, seed=seed, held=suite.held_out_files(max_files),
-                        fits=suite.token_fits(tokenizer_dir, context - suite.NEXT_LINE_MAX_TOKENS))
+                        fits=suite.token_fits(tokenizer_dir or pair.full(), context - suite.NEXT_LINE_MAX_TOKENS))
     result = suite.evaluate(lanes, items, per_sample=True)
     per_sample = result.pop("per_sample")
     out = {"suite": "v2", "samples": len(items), "counts": result["counts"], "training_data": result["training_data"],
@@ -431,6 +431,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.samples, args.max_files = 16, 2
         args.humaneval, args.next_line, args.tasks = 2, 5, 9
+    FULL, FAST = pair.models()  # what the app serves (bench.pair)
     v2 = args.suite == "v2" or (args.suite == "auto" and has_template(FULL))
     started = time.time()
     scorer = None

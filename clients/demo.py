@@ -1,6 +1,6 @@
 """``fastmode demo``: both models generating on fastmode's own executor, without serving.
 
-Completes one Python prompt (greedy) with both shipped models on fastmode's own executor: the
+Completes one Python prompt (greedy) with both models of the embedded default on fastmode's own executor: the
 full model in process, the fast model as a two-stage pipeline across two chip actors on a local
 Ray, with the chip-to-chip hops it measured. ``--transformers`` runs both in transformers instead.
 """
@@ -10,8 +10,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-
-from models import FAST, FULL
 
 DEFAULT_PROMPT = "import os\n\n\ndef read_lines(path):\n"
 
@@ -36,6 +34,9 @@ def _ours(prompt: str, max_tokens: int) -> None:
     from sharding.engine import Engine
     from sharding.pipeline import ShardedModel
 
+    from models.builtin import default_pair
+
+    FULL, FAST = default_pair()
     tok = AutoTokenizer.from_pretrained(FULL)
     ids = tok(prompt).input_ids
     full = Engine.from_pretrained(FULL, num_slots=1)
@@ -63,7 +64,9 @@ def _transformers(prompt: str, max_tokens: int) -> None:
     import torch
     from transformers import AutoTokenizer, LlamaForCausalLM
 
-    for name, path in (("full", FULL), ("fast", FAST)):
+    from models.builtin import default_pair
+
+    for name, path in zip(("full", "fast"), default_pair()):
         tok = AutoTokenizer.from_pretrained(path)
         model = LlamaForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
         ids = tok(prompt, return_tensors="pt").input_ids

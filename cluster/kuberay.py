@@ -79,6 +79,7 @@ def serve_config(config, grpc_tls: bool = False) -> dict:
     a static CPU manager's cpuset it sees every CPU of the host, so ``auto`` would crowd the serving
     processes onto the host's last CPU (a CPU list in ``config`` is kept)."""
     from models import MODELS_DIR
+    from models.builtin import PREFIX as BUILTIN_PREFIX
     from serve.config import AppConfig
     from serve.up import serve_config as up_serve_config
 
@@ -94,6 +95,8 @@ def serve_config(config, grpc_tls: bool = False) -> dict:
     out = up_serve_config(AppConfig.model_validate(data))
     for app in out["applications"]:
         for spec in app["args"]["config"]["models"].values():
+            if spec["path"].startswith(BUILTIN_PREFIX):
+                continue
             path = Path(spec["path"])
             if path.is_relative_to(MODELS_DIR):
                 spec["path"] = str(PurePosixPath(APP_DIR, "models", *path.relative_to(MODELS_DIR).parts))
@@ -152,13 +155,14 @@ def rayservice(config=None, *, name: str = "fastmode", image: str = DEFAULT_IMAG
                worker_groups: list[WorkerGroup] | tuple[WorkerGroup, ...] = (WorkerGroup(),),
                secret: str = DEFAULT_SECRET, otel_endpoint: str | None = None, tls_secret: str | None = None) -> dict:
     """The ``ray.io/v1`` RayService for ``config``: a YAML path, a dict or ``None`` (the defaults),
-    validated by ``load_config`` (model paths must exist here), or an ``AppConfig`` taken as is
+    validated by ``load_config`` (model paths must exist here; built-in names are kept, each pod's
+    image has them ready), or an ``AppConfig`` taken as is
     (e.g. ``AppConfig.model_validate`` of models that exist only on the pods' volumes).
     ``tls_secret``: a ``kubernetes.io/tls`` Secret mounted at ``TLS_DIR`` in every pod, the gRPC
     port's certificate (``ingress`` terminates https and wss with it)."""
     from serve.config import load_config
 
-    config = load_config(config)
+    config = load_config(config, resolve_models=False)  # the pods convert and assemble their own
     head = {"cpu": "2", "memory": "8Gi"} | dict(head_resources or {})
     metrics_port = config.http.metrics_port
     env = _env(config, secret, otel_endpoint)
@@ -222,7 +226,7 @@ def ingress(config=None, *, name: str = "fastmode", host: str, tls_secret: str,
     ``max_body_bytes`` (the gateway's own limit behind it)."""
     from serve.config import load_config
 
-    config = load_config(config)
+    config = load_config(config, resolve_models=False)
     g = config.gateway
     annotations = {}
     if ingress_class == "nginx":
@@ -300,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     group = WorkerGroup(name="gpu-workers" if args.gpu else "workers", replicas=args.workers, chips=args.chips,
                         gpu=args.gpu, cpu=args.worker_cpu, memory=args.worker_memory)
     try:
-        config = load_config(args.config)
+        config = load_config(args.config, resolve_models=False)
         manifest = rayservice(config, name=args.name, image=args.image,
                               head_resources={"cpu": args.head_cpu, "memory": args.head_memory},
                               worker_groups=[group], secret=args.secret, otel_endpoint=args.otel_endpoint,

@@ -19,4 +19,3 @@ TEST_FULL = MODELS_DIR / "test" / "full"
 """The test pair's full model: a small Llama code model trained on the Python standard library."""
 TEST_FAST = MODELS_DIR / "test" / "fast"
 """The test pair's fast model: a quarter-size Llama distilled from ``TEST_FULL``."""
-FULL, FAST = TEST_FULL, TEST_FAST  # transitional: code that still says FULL/FAST means the test pair

@@ -109,3 +109,24 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def locate(path: str | Path, *, base: Path | None = None) -> str:
+    """``path`` as written for other machines: a built-in name as it is, anything else absolute
+    (relative to ``base``) after checking that it names a checkpoint folder, a GGUF file or a student
+    folder; nothing is converted or assembled (the nodes that serve it do that)."""
+    text = str(path)
+    if text.startswith(PREFIX):
+        if text[len(PREFIX):] not in BUILTIN:
+            raise ModelPathError(f"no built-in model {text[len(PREFIX):]!r}; built-in: {', '.join(sorted(BUILTIN))}")
+        return text
+    p = Path(text).expanduser()
+    if not p.is_absolute() and base is not None:
+        p = base / p
+    from .distill.assemble import is_student
+
+    if p.is_file() and not gguf.is_gguf(p):
+        raise ModelPathError(f"{p} is a file but not GGUF; give a checkpoint folder, a .gguf file or builtin:NAME")
+    if not (p.is_file() or is_student(p) or (p / "config.json").is_file()):
+        raise ModelPathError(f"no checkpoint (config.json) at {p}")
+    return str(p.resolve())

@@ -125,6 +125,7 @@ def convert(path: str | Path, *, dtype: str = "bfloat16", out: str | Path | None
         (work / SOURCE).write_text(json.dumps({
             "format": FORMAT, "gguf": path.name, "bytes": path.stat().st_size, "sha256": digest, "dtype": dtype,
             "converted_with": _versions(), "seconds": round(time.monotonic() - started, 1)}, indent=2) + "\n")
+        work.chmod(0o755)  # mkdtemp's 0700 would hide it from other users of a shared cache (a container's)
         if target.exists():
             shutil.rmtree(target)
         work.rename(target)

@@ -14,7 +14,7 @@ import yaml
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from sharding import cpus as _cpus
-from models import FAST, FULL
+from models import DEFAULT_FAST, FULL_BUILTIN
 
 from .errors import ConfigError, validate_mapping
 
@@ -45,11 +45,13 @@ class ModelSpec(_Strict):
 
 
 class ModelsConfig(_Strict):
-    full: ModelSpec = Field(default=ModelSpec(id="fastmode-full", path=str(FULL)),
-                            description="The full model, served by the priority, standard and exact lanes.")
-    fast: ModelSpec = Field(default=ModelSpec(id="fastmode-fast", path=str(FAST)),
+    full: ModelSpec = Field(default=ModelSpec(id="fastmode-full", path=FULL_BUILTIN),
+                            description="The full model, served by the priority, standard and exact lanes "
+                            "(default: SmolLM2-135M-Instruct, docs/models.md).")
+    fast: ModelSpec = Field(default=ModelSpec(id="fastmode-fast", path=str(DEFAULT_FAST)),
                             description="The small model, served by the fast lane (and the exact lane's "
-                            "drafter: it must share the full model's tokenizer).")
+                            "drafter: it must share the full model's tokenizer; default: the student "
+                            "distilled from the default full model, models/fast).")
 
     @model_validator(mode="after")
     def _distinct_ids(self) -> ModelsConfig:
@@ -467,8 +469,13 @@ SERVE_ENV = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_DIRECT_ING
 """``serve_env``'s default (``ray.serve._private.constants``: what RAY_SERVE_THROUGHPUT_OPTIMIZED sets)."""
 
 
-def load_config(source: str | Path | dict | AppConfig | None = None) -> AppConfig:
+def load_config(source: str | Path | dict | AppConfig | None = None, *, resolve_models: bool = True) -> AppConfig:
     """Validate a config given as a YAML path, a dict, or ``None`` (the defaults).
+
+    ``resolve_models``: model paths become the checkpoint folders this machine loads (GGUF files
+    converted, built-ins made ready, students assembled: ``models.builtin.resolve``); ``False``: they
+    are only checked and made absolute, built-in names kept (``models.builtin.locate``), for configs
+    rendered for other machines (a cluster's nodes, KubeRay pods).
 
     Relative model and TLS file paths are resolved against the YAML file's directory (or the working
     directory for a dict), and must exist. Raises ``ConfigError`` naming the field and what is wrong
@@ -496,13 +503,16 @@ def load_config(source: str | Path | dict | AppConfig | None = None) -> AppConfi
         spec = getattr(config.models, key)
         # A checkpoint folder, a GGUF file (converted once), builtin:NAME, or a distilled student
         # (assembled with the full model): models/builtin.py.
-        from models.builtin import ModelPathError, resolve
+        from models.builtin import ModelPathError, locate, resolve
 
         try:
-            path = resolve(spec.path, base=base, full=Path(models["full"].path) if key == "fast" else None)
+            if resolve_models:
+                path = str(resolve(spec.path, base=base, full=Path(models["full"].path) if key == "fast" else None).resolve())
+            else:
+                path = locate(spec.path, base=base)
         except ModelPathError as e:
             raise ConfigError(f"{origin}: models.{key}.path: {e}") from None
-        update_spec: dict[str, Any] = {"path": str(path.resolve())}
+        update_spec: dict[str, Any] = {"path": path}
         if spec.chat_template is not None and "{" not in spec.chat_template:  # a file's path, not a template
             file = base / Path(spec.chat_template).expanduser()
             if not file.is_file():

@@ -104,6 +104,7 @@ def assemble(student_dir: str | Path, full_dir: str | Path) -> Path:
         (tmp / "source.json").write_text(json.dumps({"student": str(student_dir.resolve()),
                                                      "full": str(full_dir.resolve()), "full_stamp": stamp,
                                                      "shared_sha256": want}) + "\n")
+        tmp.chmod(0o755)  # mkdtemp's 0700 would hide it from other users of a shared cache
         shutil.rmtree(out, ignore_errors=True)  # an incomplete one, or one made from another copy
         try:
             tmp.rename(out)

@@ -15,16 +15,16 @@ served, or assembled (`python -m models.distill.assemble THIS_FOLDER FULL`), wit
 `distilled.json` has every setting and figure below.
 
 ## Shape
-The planner predicts {m['shape']['predicted_tokens_per_s']:.0f} tokens/s per user for it against
-{m['shape']['full_predicted_tokens_per_s']:.0f} for the full model ({m['shape']['predicted_speedup']:.2f}x) on
-{s['chips']} {s['device']} chip(s), every weight streamed from main memory; the wanted speed-up was {s['speedup']}x.
+The planner predicts {m['shape']['predicted_tokens_per_s']:.0f} tokens/s per user for it against {m['shape']['full_predicted_tokens_per_s']:.0f} for the
+full model ({m['shape']['predicted_speedup']:.2f}x) on {s['chips']} {s['device']} chip(s), every weight streamed from main memory;
+the wanted speed-up was {s['speedup']}x.
 
 ## Data
 {d['prompts']} generated prompts (seed {d['prompt_seed']}: `models/distill/prompts.py`; instructions from
 templates, and continuations of Python standard-library code from the training split of
 `models.recipe.corpus`), each rendered with the full model's chat template and answered greedily
-(at most {s['max_new_tokens']} tokens): {d['answer_tokens']:,} answer tokens, with the full model's top
-{s['top_k']} log-probabilities at each. {d['held_out_prompts']} prompts held out.
+(at most {s['max_new_tokens']} tokens): {d['answer_tokens']:,} answer tokens, with the full model's
+top {s['top_k']} log-probabilities at each. {d['held_out_prompts']} prompts held out.
 
 ## Training
 {t['steps']} steps of {s['batch_size']} sequences, AdamW at {s['lr']} (warm-up {s['warmup']}, cosine to 10%),
@@ -41,7 +41,8 @@ Top-1 agreement is the share of the full model's greedy answer tokens the studen
 the same history: what a greedy drafter gets accepted, token by token.
 
 ## Run
-On {r['machine']} ({r['device']}, torch {r['torch']}): {t['train_s'] / 60:.1f} min of training;
-the last call took {r['wall_s_this_call'] / 60:.1f} min in all ({r['answer_s_this_call'] / 60:.1f} min of it
-for the full model's answers not already on disk). Reproduce: `{r['command'].strip()}`.
+On {r['machine']} ({r['device']}, torch {r['torch']}): {t['train_s'] / 60:.1f} min of
+training; the last call took {r['wall_s_this_call'] / 60:.1f} min in all ({r['answer_s_this_call'] / 60:.1f} min of it for the full model's
+answers not already on disk). Wall-clock times, on a machine that may have run other work too.
+Reproduce: `{r['command'].strip()}`.
 """

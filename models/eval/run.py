@@ -26,7 +26,6 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from models import FAST, FULL
 from models.recipe import corpus
 
 from . import suite
@@ -165,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="fastmode eval", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", action="append", type=Path,
-                   help="checkpoint directory, .gguf file or builtin:NAME (repeatable; default: the test pair, full then fast)")
+                   help="checkpoint directory, .gguf file, builtin:NAME or a student folder (distilled from the first "
+                   "--model) (repeatable; default: the embedded default's full then fast model)")
     p.add_argument("--samples", type=int, default=1000,
                    help="next-line samples (default 1000: 50 hits then have a 95%% interval of 3.8-6.5%%)")
     p.add_argument("--seed", type=int, default=0, help="sample draw seed (default 0)")
@@ -190,7 +190,14 @@ def main(argv: list[str] | None = None) -> int:
     v2.add_argument("--batch-size", type=int, default=16, help="transformers' generation batch")
     args = p.parse_args(argv)
     try:
-        paths = [checkpoint(path) for path in (args.model or [FULL, FAST])]
+        if args.model:
+            paths = []
+            for path in args.model:  # a distilled student is assembled with the first model
+                paths.append(checkpoint(path, full=paths[0] if paths else None))
+        else:  # the embedded default's pair
+            from models.builtin import default_pair
+
+            paths = list(default_pair())
     except ValueError as e:
         p.error(str(e))
     if args.suite == "v2" or (args.suite == "auto" and has_template(paths[0])):
@@ -208,12 +215,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def checkpoint(path: Path) -> Path:
-    """A checkpoint directory for ``path``: a folder, a GGUF file (converted, cached) or ``builtin:NAME``
-    (``models.builtin.resolve``)."""
+def checkpoint(path: Path, full: Path | None = None) -> Path:
+    """A checkpoint directory for ``path``: a folder, a GGUF file (converted, cached), ``builtin:NAME``
+    or a student folder of ``fastmode distill`` assembled with ``full`` (``models.builtin.resolve``)."""
     from models.builtin import resolve
 
-    folder = resolve(path)
+    folder = resolve(path, full=full)
     if not (folder / "config.json").exists():
         raise ValueError(f"{path} is not a checkpoint directory (no config.json), a GGUF file or builtin:NAME")
     return folder

@@ -1,4 +1,4 @@
-"""The embedded default (`make up` until the serving lanes land): both models complete a prompt."""
+"""``fastmode demo``: both models of the embedded default complete a prompt on fastmode's executor."""
 
 from __future__ import annotations
 
@@ -7,14 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from models import TEST_FAST, TEST_FULL
-from tests.conftest import shipped
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def test_demo_runs_both_models_and_reports_hops():
-    shipped(TEST_FULL), shipped(TEST_FAST)
     proc = subprocess.run([sys.executable, "-m", "clients.cli", "demo", "--max-tokens", "8"],
                           capture_output=True, text=True, timeout=300, cwd=REPO,
                           env={**os.environ, "PYTHONPATH": str(REPO)})

@@ -179,8 +179,10 @@ def test_rendered_app_loads_where_fastmode_is_installed(tmp_path):
     # With the nodes' checkout at this checkout's path, the rendered app is exactly loadable here.
     data = example("local-2node") | {"install": {"dir": str(REPO_ROOT)}}
     _, serve, _ = rendered(load_topology(data), tmp_path)
+    from models.builtin import default_pair
+
     config = load_config(serve["applications"][0]["args"]["config"])
-    assert config.models.full.path == str(REPO_ROOT / "models" / "full")
+    assert (config.models.full.path, config.models.fast.path) == tuple(map(str, default_pair()))
 
 
 def test_install_by_copy_or_by_git():

@@ -37,8 +37,9 @@ def test_examples_load_as_two_nodes(path):
     t = load_topology(path)
     assert isinstance(t, Topology)
     assert sum(t.node_count(n) for n in t.node_types) == 2
-    # The shipped models map to the same place in the nodes' checkout.
-    assert t.app_config.models.full.path == f"{t.install_dir()}/models/full"
+    # The default pair: the built-in full model by name (each node's install makes it ready), the
+    # student at the same place in the nodes' checkout.
+    assert t.app_config.models.full.path == "builtin:smollm2-135m-instruct"
     assert t.app_config.models.fast.path == f"{t.install_dir()}/models/fast"
 
 
@@ -58,7 +59,7 @@ def test_relative_app_path_is_relative_to_the_topology_file(tmp_path):
     topology = example("local-2node") | {"app": "../serve/fastmode.yaml"}
     (tmp_path / "topo" / "t.yaml").write_text(yaml.safe_dump(topology))
     t = load_topology(tmp_path / "topo" / "t.yaml")
-    assert t.app_config.models.full.path == str((tmp_path / "models" / "full").resolve())
+    assert t.app_config.models.fast.path == str((tmp_path / "models" / "fast").resolve())
 
 
 def test_app_file_of_this_checkout():

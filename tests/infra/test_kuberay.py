@@ -96,12 +96,12 @@ def test_serve_config_v2_is_serve_deploy_schema_and_the_app_config():
     assert kuberay.serve_config(load_config({"cpus": "6-7"}))["applications"][0]["args"]["config"]["cpus"] == "6-7"
     # One source of truth: fastmode up's serve_config, with only the pod's hosts, who listens on HTTP,
     # the CPU placement and the model paths changed.
-    local = load_config(None)
+    local = load_config(None, resolve_models=False)
     expected = serve_config(load_config(local.model_dump(mode="json") | {
         "http": local.http.model_dump() | {"host": "0.0.0.0", "server": "serve"},
-        "grpc": local.grpc.model_dump() | {"host": "0.0.0.0"}, "cpus": "off"}))
-    for spec in expected["applications"][0]["args"]["config"]["models"].values():
-        spec["path"] = f"{kuberay.APP_DIR}/models/{Path(spec['path']).name}"
+        "grpc": local.grpc.model_dump() | {"host": "0.0.0.0"}, "cpus": "off"}, resolve_models=False))
+    models = expected["applications"][0]["args"]["config"]["models"]
+    models["fast"]["path"] = f"{kuberay.APP_DIR}/models/{Path(models['fast']['path']).name}"  # the built-in stays
     assert data == expected
 
 
@@ -111,9 +111,11 @@ def test_model_paths_are_the_shipped_models_in_the_image():
     workdir = re.search(r"^WORKDIR\s+(\S+)", DOCKERFILE.read_text(), re.MULTILINE).group(1)
     assert workdir == kuberay.APP_DIR
     assert re.search(r"^COPY\s+models/\s+models/", DOCKERFILE.read_text(), re.MULTILINE)
-    for spec in models.values():
-        rel = Path(spec["path"]).relative_to(kuberay.APP_DIR)
-        assert (REPO / rel / "config.json").exists(), spec
+    # the built-in full model by name (the image's install makes it ready), the student in the image
+    assert models["full"]["path"] == "builtin:smollm2-135m-instruct"
+    assert re.search(r"^ENV FASTMODE_CACHE=", DOCKERFILE.read_text(), re.MULTILINE)
+    rel = Path(models["fast"]["path"]).relative_to(kuberay.APP_DIR)
+    assert (REPO / rel / "distilled.json").exists(), models["fast"]
 
 
 def test_user_model_paths_are_kept():
@@ -122,7 +124,7 @@ def test_user_model_paths_are_kept():
     data = yaml.safe_load(rayservice(cfg)["spec"]["serveConfigV2"])
     models = data["applications"][0]["args"]["config"]["models"]
     assert models["fast"]["path"] == "/mnt/models/fast"
-    assert models["full"]["path"] == f"{kuberay.APP_DIR}/models/full"
+    assert models["full"]["path"] == "builtin:smollm2-135m-instruct"
 
 
 def test_no_api_key_anywhere():

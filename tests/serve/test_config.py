@@ -21,9 +21,12 @@ def test_the_commented_yaml_is_the_builtin_default():
     assert load_config(REPO / "serve" / "fastmode.yaml") == load_config(None)
 
 
-def test_defaults_serve_the_shipped_models_with_the_seeds_prices():
+def test_defaults_serve_the_default_pair_with_the_published_prices():
+    from models.builtin import default_pair
+
     c = load_config(None)
-    assert (c.models.full.path, c.models.fast.path) == (str(TEST_FULL), str(TEST_FAST))
+    assert (c.models.full.path, c.models.fast.path) == tuple(map(str, default_pair()))
+    assert AppConfig().models.full.path == "builtin:smollm2-135m-instruct"
     assert "full" in c.models.full.id and "fast" in c.models.fast.id
     assert (c.lanes.fast.tp, c.lanes.fast.pp, c.lanes.priority.max_num_seqs, c.lanes.standard.max_num_seqs) == (
         "auto", "auto", 2, 32)

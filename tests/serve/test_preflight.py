@@ -38,7 +38,8 @@ def _edit_config(path: Path, **fields) -> Path:
 
 
 def _fails(capsys, no_start, argv: list[str], message: str) -> str:
-    assert up.main(argv) == 2
+    # the test pair unless argv names another model (a later --full/--fast wins)
+    assert up.main(["--full", str(TEST_FULL), "--fast", str(TEST_FAST), *argv]) == 2
     err = capsys.readouterr().err
     assert message in err, err
     assert not no_start  # nothing started
