@@ -1,7 +1,9 @@
 """``fastmode bench turns``: an agent-style loop of short turns, per lane, two ways.
 
-- ``websocket``: one persistent WebSocket per conversation; each turn sends only its new input with
-  ``previous_response_id`` (the server joins the kept history; the lane reuses its keys and values).
+- ``websocket``: one persistent WebSocket per conversation; each turn sends only its new input (a
+  user message) with ``previous_response_id`` (the server renders the kept conversation and the new
+  turn through the model's chat template, or joins them on a model without one; the lane reuses the
+  history's keys and values).
 - ``http_resend``: each turn a fresh HTTP connection to the OpenAI API (``/v1/chat/completions``,
   streamed), re-sending the whole history as messages: what a client without the persistent
   WebSocket does.
@@ -138,8 +140,9 @@ async def ws_conversation(url: str, key: str | None, lane: str, inputs: list[str
         for k, text in enumerate(inputs):
             paused = await think(rng, think_s)
             rid = f"turn-{lane}-{id(inputs)}-{k}"
-            body = {"type": "response.create", "id": rid, **LANE_PARAMS[lane], "input": text, "temperature": 0,
-                    "max_output_tokens": tokens, "ignore_eos": True}
+            # a user message, as the re-send's: the chat template's path on a model that has one
+            body = {"type": "response.create", "id": rid, **LANE_PARAMS[lane], "temperature": 0,
+                    "input": [{"role": "user", "content": text}], "max_output_tokens": tokens, "ignore_eos": True}
             if previous:
                 body["previous_response_id"] = previous
             sent, first = time.perf_counter(), None
