@@ -49,6 +49,7 @@ from bench.lanes import LEVELS, MIN_REQUESTS_PER_LEVEL, QUICK, headline, int_lis
 from bench.targets import PROMPT, openai_request
 from bench import pair
 from serve.config import StandardLaneConfig
+from serve.lanes.vllm_sizing import vllm_sizes
 
 CHECKPOINTS = {"full": ("fastmode-full", pair.full), "fast": ("fastmode-fast", pair.fast),
                "ray-full": ("fastmode-full", pair.full), "full-spec": ("fastmode-full", pair.full)}
@@ -72,10 +73,12 @@ def server_command(name: str, port: int | str) -> list[str]:
     if name == "ray-full":
         return [sys.executable, "-m", "bench.ray_serve_llm", "--model", str(path), "--served-model-name",
                 model_id, "--host", "127.0.0.1", "--port", str(port)]
-    lane = StandardLaneConfig()  # the same memory and dtype as fastmode's full-model lanes
+    lane = StandardLaneConfig()  # the same memory, context and dtype as fastmode's standard lane
+    sizes = vllm_sizes(json.loads((Path(path) / "config.json").read_text()), lane)
     return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(path),
             "--served-model-name", model_id, "--host", "127.0.0.1", "--port", str(port),
-            "--dtype", lane.dtype, "--kv-cache-memory-bytes", str(lane.kv_cache_memory_bytes),
+            "--dtype", lane.dtype, "--kv-cache-memory-bytes", str(sizes["kv_cache_memory_bytes"]),
+            "--max-model-len", str(sizes["max_model_len"]),
             "--gpu-memory-utilization", str(lane.gpu_memory_utilization), "--enforce-eager", "--seed", "0",
             "--disable-uvicorn-access-log",
             *(["--speculative-config", json.dumps(exact_speculative_config())] if name == "full-spec" else [])]
