@@ -203,3 +203,46 @@ def test_the_openai_client_runs_a_conversation(app):
     with pytest.raises(openai.BadRequestError) as e:
         oai.responses.create(input="x", previous_response_id="resp_missing", **params)
     assert e.value.code == "previous_response_not_found"
+
+
+RESPONSES_SERVED = {"model", "input", "instructions", "previous_response_id", "store", "max_output_tokens",
+                    "temperature", "top_p", "service_tier", "metadata", "top_logprobs", "include"}
+"""Fields of ``responses.create`` this server implements (reaching the router)."""
+
+
+def test_every_field_of_the_openai_packages_responses_params_is_served_or_refused_by_name():
+    """Every field of ``openai``'s own ``ResponseCreateParamsBase``: a served one reaches the router; any
+    other, set to a value that would change the output, is a 400 naming it (never dropped)."""
+    from openai.types.responses import response_create_params
+
+    params = response_create_params.ResponseCreateParamsBase.__annotations__
+    base = {"model": "m", "input": "x"}
+    not_neutral = {"background": True, "background_options": {"x": 1}, "context_management": [{"type": "x"}],
+                   "conversation": "conv_1", "image": {"x": 1}, "max_tool_calls": 2, "moderation": {"x": 1},
+                   "prompt": {"id": "pmpt_1"}, "prompt_cache_options": {"x": 1},
+                   "reasoning": {"effort": "high"}, "text": {"format": {"type": "json_object"}},
+                   "tool_choice": "required", "tools": [{"type": "web_search"}], "truncation": "auto",
+                   "access_programs": ["x"], "stream_options": {"include_obfuscation": True}}
+    # identifiers and options of what is not served (no tools: parallel tool calls change nothing)
+    no_effect = {"user": "u", "safety_identifier": "s", "prompt_cache_key": "k", "prompt_cache_retention": "24h",
+                 "parallel_tool_calls": True}
+    for field in sorted(params):
+        if field in RESPONSES_SERVED | set(no_effect):
+            continue
+        assert field in not_neutral, f"{field}: a field of the openai package this test does not know"
+        router, c = scripted([CREATED, *DELTAS, DONE])
+        r = c.post("/v1/responses", json={**base, field: not_neutral[field]})
+        assert r.status_code == 400, (field, r.text)
+        assert r.json()["error"]["param"] == field, (field, r.json())
+        assert r.json()["error"]["code"] in ("unsupported_parameter", "invalid_request"), (field, r.json())
+        assert router.bodies == []
+    for field in sorted(set(no_effect) & set(params)):
+        router, c = scripted([CREATED, *DELTAS, DONE])
+        r = c.post("/v1/responses", json={**base, field: no_effect[field]})
+        assert r.status_code == 200, (field, r.text)
+    sent = {"instructions": "be brief", "max_output_tokens": 7, "temperature": 0.5, "top_p": 0.5,
+            "service_tier": "priority", "metadata": {"k": "v"}}
+    for field, value in sent.items():  # reaches the router
+        router, c = scripted([CREATED, *DELTAS, DONE])
+        assert c.post("/v1/responses", json={**base, field: value}).status_code == 200, field
+        assert router.bodies, field
