@@ -52,6 +52,9 @@ from models.eval.backend import Request, TransformersBackend, cut_at_stop
 from models.eval.run import evaluate, has_template
 from models.eval.stats import diff_text, pct_ci
 
+STOP_LIMIT = 4
+"""Stop strings a request may carry (OpenAI's limit, which every front door enforces: serve.request)."""
+
 LANES = {"standard": ("fastmode-full", "default"), "priority": ("fastmode-full", "priority"),
          "exact": ("fastmode-full", "exact"), "fast": ("fastmode-fast", None), "auto": ("auto", None)}
 """Lane name -> (model, service_tier) of its requests; standard first: everything is compared with it."""
@@ -138,9 +141,11 @@ class ServedLane:
             async def one(i: int, r: Request) -> None:
                 prompt = r.prompt if isinstance(r.prompt, str) else list(r.prompt)
                 async with gate:
+                    # the server takes at most STOP_LIMIT stop strings; greedy, stopping at fewer of
+                    # them only lengthens the text, which is then cut at all of them
                     responses[i] = await client.responses.create(
                         model=self.model, service_tier=self.tier, input=prompt, max_output_tokens=r.max_tokens,
-                        temperature=0, **({"stop": list(r.stop)} if r.stop else {}))
+                        temperature=0, **({"stop": list(r.stop)[:STOP_LIMIT]} if r.stop else {}))
                 bar.update()
 
             await asyncio.gather(*(one(i, r) for i, r in enumerate(requests)))

@@ -37,6 +37,7 @@ class RightServer:
 
     async def create(self, *, model, service_tier, input, **params):
         lane = next(n for n, (m, t) in LANES.items() if (m, t) == (model, service_tier))
+        assert len(params.get("stop") or []) <= 4, params["stop"]  # the server refuses more (serve.request)
         self.seen.append((lane, input, params))
         route = None
         if lane == "auto":
