@@ -34,19 +34,32 @@ def default_app(tmp_path_factory):
     app.stop()
 
 
-@pytest.fixture(scope="module")
-def references() -> dict[str, str]:
-    """transformers' greedy answer of each model of the pair, in float32 as the lanes compute."""
-    out = {}
-    for name, path in zip(("full", "fast"), default_pair()):
-        tok = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-        ids = tok.apply_chat_template([{"role": "user", "content": QUESTION}], add_generation_prompt=True,
-                                      return_tensors="pt", return_dict=True)["input_ids"]
+class Reference:
+    """transformers' greedy answers of one model of the pair, in float32 as the lanes compute, on
+    ``apply_chat_template(messages, add_generation_prompt=True)``."""
+
+    def __init__(self, path) -> None:
+        self.tok = AutoTokenizer.from_pretrained(path)
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+    def ids(self, messages: list[dict]) -> list[int]:
+        return list(self.tok.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"])
+
+    def answer(self, messages: list[dict], max_tokens: int = MAX_TOKENS) -> str:
+        ids = torch.tensor([self.ids(messages)])
         with torch.no_grad():
-            got = model.generate(ids, max_new_tokens=MAX_TOKENS, do_sample=False)[0, ids.shape[1]:]
-        out[name] = tok.decode(got, skip_special_tokens=True)
-    return out
+            got = self.model.generate(ids, max_new_tokens=max_tokens, do_sample=False)[0, ids.shape[1]:]
+        return self.tok.decode(got, skip_special_tokens=True)
+
+
+@pytest.fixture(scope="module")
+def models() -> dict[str, Reference]:
+    return dict(zip(("full", "fast"), map(Reference, default_pair())))
+
+
+@pytest.fixture(scope="module")
+def references(models) -> dict[str, str]:
+    return {name: m.answer([{"role": "user", "content": QUESTION}]) for name, m in models.items()}
 
 
 @pytest.mark.parametrize("model, tier, lane", LANES, ids=[m if t is None else t for m, t, _ in LANES])
@@ -61,7 +74,62 @@ def test_every_lane_answers_as_transformers_does(default_app, references, model,
         assert served == lane
     assert text == references["fast" if served == "fast" else "full"], (served, text, references)
     assert "<|im_end|>" not in text and "<|im_start|>" not in text
+    if served != "fast":  # the full model ends its turn (<|im_end|>) well within MAX_TOKENS
+        assert r.choices[0].finish_reason == "stop" and r.usage.completion_tokens < MAX_TOKENS
 
 
 def test_the_full_model_knows_the_answer(references):
     assert "Paris" in references["full"], references
+
+
+TURNS = ["Name a fruit.", "What color is it?", "Say it in French."]
+
+
+@pytest.mark.parametrize("tier", ["default", "exact"])
+def test_responses_turns_with_previous_response_id(default_app, models, tier):
+    """Three turns over HTTP Responses, each sending only its new message: every turn's prompt is the
+    whole conversation through the chat template (its input tokens) and its answer transformers'."""
+    client = openai.OpenAI(base_url=default_app.base + "/v1", api_key=default_app.key, max_retries=0, timeout=300)
+    conversation, previous = [{"role": "system", "content": "Answer in one short sentence."}], None
+    for turn, question in enumerate(TURNS):
+        r = client.responses.create(model="fastmode-full", service_tier=tier, input=question, temperature=0,
+                                    max_output_tokens=16, previous_response_id=previous, store=True,
+                                    instructions=conversation[0]["content"] if turn == 0 else None)
+        conversation.append({"role": "user", "content": question})
+        assert r.usage.input_tokens == len(models["full"].ids(conversation)), turn
+        assert r.output_text == models["full"].answer(conversation, 16), (turn, r.output_text)
+        conversation.append({"role": "assistant", "content": r.output_text})
+        previous = r.id
+
+
+def test_websocket_turns_on_the_fast_lane(default_app, models):
+    from clients.sdk import Client
+
+    conversation, previous = [], None
+    with Client(default_app.base, api_key=default_app.key) as c:
+        for turn, question in enumerate(TURNS):
+            r = c.responses.create(model="fastmode-fast", input=question, max_output_tokens=16, temperature=0,
+                                   previous_response_id=previous, store=True)
+            conversation.append({"role": "user", "content": question})
+            assert r.lane == "fast"
+            assert r.text == models["fast"].answer(conversation, 16), (turn, r.text)
+            conversation.append({"role": "assistant", "content": r.text})
+            previous = r.id
+
+
+def test_grpc_messages_through_the_template(default_app, models):
+    import grpc
+
+    from serve.rpc import inference_pb2 as pb
+    from serve.rpc import inference_pb2_grpc as pb_grpc
+
+    messages = [{"role": "system", "content": "Answer in one short sentence."}, {"role": "user", "content": QUESTION}]
+    request = pb.GenerateRequest(model="fastmode-full", service_tier="exact", max_output_tokens=MAX_TOKENS, temperature=0,
+                                 messages=pb.Messages(messages=[pb.Message(**m) for m in messages]))
+    with grpc.insecure_channel(default_app.grpc_target) as channel:
+        chunks = list(pb_grpc.InferenceStub(channel).Generate(
+            request, metadata=[("authorization", f"Bearer {default_app.key}")], timeout=300))
+    last = chunks[-1]
+    assert last.last and last.lane == "exact"
+    assert "".join(c.delta for c in chunks) == models["full"].answer(messages)
+    assert last.usage.input_tokens == len(models["full"].ids(messages))
