@@ -39,7 +39,7 @@ def watch(command: list[str], log: Path, ready: str, window: float, timeout: flo
     with open(log, "w") as out:
         proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
     t0, prev, windows, total = time.perf_counter(), snapshot(MINE), [], defaultdict(float)
-    state = "timeout"
+    state, seconds = "timeout", None
     try:
         while time.perf_counter() - t0 < timeout:
             time.sleep(window)
@@ -56,6 +56,7 @@ def watch(command: list[str], log: Path, ready: str, window: float, timeout: flo
                 state = f"exited ({proc.returncode})"
                 break
     finally:
+        seconds = time.perf_counter() - t0  # until ready (or exit, or the timeout), not until stopped
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)
             try:
@@ -63,7 +64,7 @@ def watch(command: list[str], log: Path, ready: str, window: float, timeout: flo
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-    return {"command": shlex.join(command), "state": state, "seconds": time.perf_counter() - t0,
+    return {"command": shlex.join(command), "state": state, "seconds": seconds,
             "window_s": window, "windows": windows, "cpu_s_until_end": dict(total)}
 
 

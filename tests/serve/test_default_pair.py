@@ -108,7 +108,8 @@ def test_websocket_turns_on_the_fast_lane(default_app, models):
     conversation, previous = [], None
     with Client(default_app.base, api_key=default_app.key) as c:
         for turn, question in enumerate(TURNS):
-            r = c.responses.create(model="fastmode-fast", input=question, max_output_tokens=16, temperature=0,
+            r = c.responses.create(model="fastmode-fast", input=[{"role": "user", "content": question}],
+                                   max_output_tokens=16, temperature=0,
                                    previous_response_id=previous, store=True)
             conversation.append({"role": "user", "content": question})
             assert r.lane == "fast"

@@ -18,6 +18,7 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 
+from models import TEST_FULL
 from serve import openai_api
 from tests.serve.conftest import REPO, text_of
 
@@ -202,7 +203,7 @@ def test_models_list_and_auto_names_the_model_that_served(app):
 def bench(a, *args: str) -> dict:
     """vLLM's benchmark client (``tests/serve/vllm_bench_client.py``) against ``a``: its summary."""
     cmd = [sys.executable, "-m", "tests.serve.vllm_bench_client", "--base-url", a.base,
-           "--model", "fastmode-full", "--tokenizer", str(REPO / "models" / "full"),
+           "--model", "fastmode-full", "--tokenizer", str(TEST_FULL),
            "--dataset-name", "random", "--random-input-len", "32",
            "--random-output-len", "16", "--num-prompts", "8", "--ignore-eos", "--temperature", "0",
            "--disable-tqdm", "--save-detailed", *args]
