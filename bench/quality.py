@@ -240,22 +240,7 @@ def measure(lanes: list[ServedLane], score: Callable[[str], float], samples: int
 
     timed = timed_scores([s["prefix"] for s in per_sample], score)
     records = sample_records(lanes, per_sample, timed)
-    seconds = [secs for _, secs in timed]
-    out["difficulty_scoring"] = {"mean_s": statistics.fmean(seconds), "p50_s": statistics.median(seconds),
-                                 "max_s": max(seconds)}
-    auto = next((lane for lane in lanes if lane.name == "auto"), None)
-    served_threshold = auto.threshold() if auto else None
-    if served_threshold is not None:
-        way = auto.fast_when()
-        agree = sum(goes_fast(r["difficulty"], served_threshold, way) == (r["lanes"]["auto"]["served_by"] == "fast")
-                    for r in records)
-        a = out["lanes"]["auto"]
-        out["auto_served"] = {"threshold": served_threshold, "fast_when": way, "served_by": a["served_by"],
-                              "mean_latency_s": a["mean_latency_s"], "exact_match": a["exact_match"],
-                              "exact_match_count": a["exact_match_count"],
-                              "exact_match_ci95": a["exact_match_ci95"],
-                              "routing_agreement_with_offline_scorer": agree / len(records)}
-    out.update(analyse([Sample.from_record(r) for r in records], served_threshold))
+    _auto_and_scoring(out, lanes, records, timed)
     return out, records
 
 
@@ -329,6 +314,13 @@ def measure_v2(lanes: list[ServedLane], score: Callable, counts: dict[str, int],
             if lane.name == "auto":
                 rec["lanes"]["auto"].update(served_by=r.lane, route_difficulty=(r.route or {}).get("difficulty"))
         records.append(rec)
+    _auto_and_scoring(out, lanes, records, timed)
+    return out, records
+
+
+def _auto_and_scoring(out: dict, lanes: list[ServedLane], records: list[dict], timed: list[tuple[float, float]]) -> None:
+    """The fields both evals add to ``out``: the scorer's cost, what the served ``auto`` did, and the
+    replayed ``auto`` policies (``bench.auto_policy``)."""
     seconds = [secs for _, secs in timed]
     out["difficulty_scoring"] = {"mean_s": statistics.fmean(seconds), "p50_s": statistics.median(seconds),
                                  "max_s": max(seconds)}
@@ -341,10 +333,10 @@ def measure_v2(lanes: list[ServedLane], score: Callable, counts: dict[str, int],
         a = out["lanes"]["auto"]
         out["auto_served"] = {"threshold": served_threshold, "fast_when": way, "served_by": a["served_by"],
                               "mean_latency_s": a["mean_latency_s"], "exact_match": a["exact_match"],
-                              "exact_match_count": a["exact_match_count"], "exact_match_ci95": a["exact_match_ci95"],
+                              "exact_match_count": a["exact_match_count"],
+                              "exact_match_ci95": a["exact_match_ci95"],
                               "routing_agreement_with_offline_scorer": agree / len(records)}
     out.update(analyse([Sample.from_record(r) for r in records], served_threshold))
-    return out, records
 
 
 async def _probe_all(lanes: list[ServedLane]) -> list[str | None]:

@@ -72,13 +72,17 @@ def sha256(path: str | Path) -> str:
     return digest.hexdigest()
 
 
-def cache_dir() -> Path:
-    """Where converted checkpoints live: ``$FASTMODE_CACHE/gguf``, else ``$XDG_CACHE_HOME/fastmode/gguf``
-    (``~/.cache/fastmode/gguf``)."""
+def cache_root() -> Path:
+    """fastmode's cache: ``$FASTMODE_CACHE``, else ``$XDG_CACHE_HOME/fastmode`` (``~/.cache/fastmode``)."""
     root = os.environ.get("FASTMODE_CACHE")
     if root:
-        return Path(root) / "gguf"
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fastmode" / "gguf"
+        return Path(root)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fastmode"
+
+
+def cache_dir() -> Path:
+    """Where converted checkpoints live: ``cache_root()/gguf``."""
+    return cache_root() / "gguf"
 
 
 def converted(path: str | Path, *, dtype: str = "bfloat16", out: str | Path | None = None,

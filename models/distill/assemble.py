@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 import tempfile
@@ -42,9 +41,10 @@ def is_student(path: str | Path) -> bool:
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("FASTMODE_CACHE")
-    base = Path(root) if root else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fastmode"
-    return base / "distilled"
+    """``models.gguf.cache_root()/distilled``."""
+    from models.gguf import cache_root
+
+    return cache_root() / "distilled"
 
 
 def manifest(student_dir: str | Path) -> dict:
