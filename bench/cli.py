@@ -15,6 +15,8 @@ import sys
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "all": ("bench.suite", "every benchmark in one run, then docs/benchmarks.md (what make bench runs)"),
     "sharding": ("bench.sharding", "the fast lane's executor: tp x pp layouts, hop costs, the planner"),
+    "decode": ("bench.decode", "batch-1 decode in process on the full model: the executor against llama-bench "
+               "and vLLM's engine, same weights and threads, with a profile"),
     "vllm": ("bench.vllm_serve", "vLLM's own OpenAI server and Ray Serve LLM on the same checkpoints, same load"),
     "llama-cpp": ("bench.llama_cpp_serve", "llama.cpp's llama-server on the same checkpoints as GGUF, same load "
                   "(builds llama.cpp once unless --quick or --no-build)"),

@@ -59,7 +59,7 @@ async def _run(background: int, tokens: int, probes: int) -> dict:
     lane = StandardLaneConfig()
     ids = AutoTokenizer.from_pretrained(TEST_FULL)(PROMPT).input_ids
     engine = AsyncLLM.from_engine_args(AsyncEngineArgs(model=str(TEST_FULL), scheduling_policy="priority",
-                                                       **engine_kwargs(lane)))
+                                                       **engine_kwargs(lane, TEST_FULL)))
     params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
     try:
         await _stream(engine, ids, params, 1)  # warm-up

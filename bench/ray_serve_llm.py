@@ -15,17 +15,21 @@ Serves until SIGINT or SIGTERM, then shuts Serve and Ray down.
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import sys
 import threading
+from pathlib import Path
 
 from serve.config import StandardLaneConfig
+from serve.lanes.vllm_sizing import vllm_sizes
 
 
-def engine_kwargs(lane: StandardLaneConfig) -> dict:
-    """vLLM engine arguments equal to the standard lane's (``serve.lanes.vllm_engine``)."""
-    return {"dtype": lane.dtype, "max_num_seqs": lane.max_num_seqs, "max_model_len": lane.max_model_len,
-            "kv_cache_memory_bytes": lane.kv_cache_memory_bytes,
+def engine_kwargs(lane: StandardLaneConfig, checkpoint: str | Path) -> dict:
+    """vLLM engine arguments equal to the lane's for ``checkpoint`` (``serve.lanes.vllm_engine``): its
+    context and KV-cache bytes resolved as the lane resolves them (``vllm_sizes``; vLLM takes no ``auto``)."""
+    sizes = vllm_sizes(json.loads((Path(checkpoint) / "config.json").read_text()), lane)
+    return {"dtype": lane.dtype, "max_num_seqs": lane.max_num_seqs, **sizes,
             "gpu_memory_utilization": lane.gpu_memory_utilization, "enforce_eager": lane.enforce_eager,
             "seed": 0, **lane.engine_args}
 
@@ -51,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         model_loading_config={"model_id": args.served_model_name, "model_source": args.model},
         placement_group_config={"bundles": [{"CPU": 1}]},  # a CPU engine: no GPU bundle
         deployment_config={"autoscaling_config": {"min_replicas": 1, "max_replicas": 1}},
-        engine_kwargs={k: v for k, v in engine_kwargs(StandardLaneConfig()).items() if v is not None},
+        engine_kwargs={k: v for k, v in engine_kwargs(StandardLaneConfig(), args.model).items() if v is not None},
     )
     serve.run(build_openai_app({"llm_configs": [config]}), blocking=False)
     print(f"ray serve llm ready on http://{args.host}:{args.port}", flush=True)

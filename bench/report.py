@@ -505,6 +505,49 @@ def sharding_section(doc: dict | None) -> list[str]:
     return out
 
 
+def decode_section(doc: dict | None, suite: dict | None = None) -> list[str]:
+    """Batch-1 decode in process on the full model (``bench.decode``): fastmode's executor, llama.cpp's
+    ``llama-bench`` and vLLM's engine, same weights and threads, and where a token's time goes."""
+    out = ["### Batch-1 decode in process: the executor against llama-bench and vLLM", ""]
+    if doc is None:
+        if suite is not None and "decode" not in suite.get("stages", {}):
+            return out + ["Not in this run: its stages (above) did not include `decode` (`fastmode bench decode`).", ""]
+        return out + ["Not run (`fastmode bench decode`).", ""]
+    s = doc["settings"]
+    types = ", ".join(f"{n} {t}" for t, n in sorted((doc.get("gguf") or {}).get("tensor_types", {}).items()))
+    out += [f"`{doc['command']}` ({doc['date']}): the full model `{doc['model']}`, one greedy sequence of "
+            f"{s['tokens']} tokens, {s['threads']} threads each, {s['rounds']} alternating rounds. fastmode: "
+            "`sharding.Engine` compiled with packed bfloat16 weights (float32 arithmetic), start-up (load, compile, "
+            f"warm-up) {doc['fastmode_start_s']:.0f} s. llama.cpp: `llama-bench -p 0 -n {s['tokens']}` on the same "
+            f"weights as GGUF ({types or 'not converted'}).", ""]
+    for name, why in (doc.get("skipped") or {}).items():
+        out += [f"Skipped: {name} ({why}).", ""]
+    med = lambda xs: statistics.median(xs) if xs else None  # noqa: E731
+    v = doc.get("vllm") or {}
+    rows = [["fastmode executor", _f(med(doc["fastmode_tokens_per_s"])),
+             ", ".join(f"{x:.1f}" for x in doc["fastmode_tokens_per_s"])]]
+    if doc.get("llama_bench_tokens_per_s"):
+        rows.append(["llama-bench", _f(med(doc["llama_bench_tokens_per_s"])),
+                     ", ".join(f"{x:.1f}" for x in doc["llama_bench_tokens_per_s"])])
+    if v.get("per_user_tokens_per_s_p50"):
+        rows.append(["vLLM engine (the priority lane's, in process)", _f(v["per_user_tokens_per_s_p50"]), "-"])
+    elif v.get("error"):
+        out += [f"vLLM did not run: {v['error'][0]}", ""]
+    out += _table(["engine", "tok/s (median)", "rounds"], rows) + [""]
+    if doc.get("ratio_median") is not None:
+        met = "yes" if doc["ratio_median"] >= 1.0 else "**no**"
+        out += [f"fastmode / llama-bench: **{doc['ratio_median']:.2f}x** (target >= 1.0x: {met}).", ""]
+    p = doc.get("profile")
+    if p:
+        out += [f"Where a token's time goes (one more fastmode round under `torch.profiler`, {p['step_ms']:.2f} ms "
+                f"per token; each token streams {p['weight_bytes_per_token'] / 2**20:.0f} MiB of bfloat16 weights, "
+                f"the linears at {_f(p['linears_gb_per_s'])} GB/s; the head alone is "
+                f"{p['head_macs_per_token'] / 1e6:.1f}M multiply-adds):", ""]
+        out += _table(["part", "ms per token", "share"], [[k, f"{ms:.2f}", f"{ms / p['step_ms']:.0%}"]
+                                                         for k, ms in p["per_token_ms"].items()]) + [""]
+    return out
+
+
 def baseline_section(vllm: dict | None, ours: dict | None) -> list[str]:
     out = ["## 5. What users would pick instead: vLLM's own OpenAI server, Ray Serve LLM, llama.cpp", ""]
     if vllm is None or ours is None:
@@ -661,6 +704,7 @@ def write_report(results: Path, docs: Path) -> str:
     lines += quality_section(_load(results, "quality.json"), results, docs)
     lines += gateway_section(_load(results, "gateway.json"))
     lines += sharding_section(_load(results, "sharding.json"))
+    lines += decode_section(_load(results, "decode.json"), suite)
     lines += baseline_section(_load(results, "vllm_serve.json"), _load(results, "lanes_load_openai.json"))
     lines += paired_section(_load(results, "paired.json"))
     lines += llama_cpp_section(_load(results, "llama_cpp.json"), suite, _load(results, "lanes_load.json"),

@@ -63,7 +63,7 @@ def run_vllm(k: int, tokens: int, prompts: list[list[int]], repeats: int) -> dic
     from bench.ray_serve_llm import engine_kwargs
     from serve.config import PriorityLaneConfig
 
-    kw = {**engine_kwargs(PriorityLaneConfig()), "disable_log_stats": False}
+    kw = {**engine_kwargs(PriorityLaneConfig(), TEST_FULL), "disable_log_stats": False}
     if k:
         kw["speculative_config"] = {"method": "draft_model", "model": str(TEST_FAST), "num_speculative_tokens": k}
     llm = LLM(model=str(TEST_FULL), **{k_: v for k_, v in kw.items() if v is not None})

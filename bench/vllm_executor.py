@@ -16,8 +16,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import time
+from pathlib import Path
 
 import psutil
 
@@ -65,7 +67,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--k", type=int, help="the exact lane's num_speculative_tokens (default: the config's)")
+    ap.add_argument("--model", type=Path, help="the full checkpoint (default: the test pair's)")
+    ap.add_argument("--dtype", help="vLLM's dtype (default: the lane config's)")
+    ap.add_argument("--threads", type=int, help="vLLM's CPU threads (VLLM_CPU_OMP_THREADS_BIND=0-N-1)")
     args = ap.parse_args(argv)
+    if args.threads:
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{args.threads - 1}"
 
     from transformers import AutoTokenizer
 
@@ -74,17 +81,19 @@ def main(argv: list[str] | None = None) -> int:
     from serve.config import LANE_CONFIGS
     from serve.lanes.vllm_engine import VLLMLaneEngine
 
-    settings = {"executor": args.executor} | ({"num_speculative_tokens": args.k} if args.k else {})
+    settings = ({"executor": args.executor} | ({"num_speculative_tokens": args.k} if args.k else {})
+                | ({"dtype": args.dtype} if args.dtype else {}))
+    full = args.model or TEST_FULL
     if args.lane != "exact" and args.streams > LANE_CONFIGS[args.lane].model_fields["max_num_seqs"].default:
         settings["max_num_seqs"] = args.streams  # every stream in the batch at once
     config = LANE_CONFIGS[args.lane](**settings)
-    engine = VLLMLaneEngine(TEST_FULL, config, draft_path=TEST_FAST if args.lane == "exact" else None)
+    engine = VLLMLaneEngine(full, config, draft_path=TEST_FAST if args.lane == "exact" else None)
     try:
-        prompt = AutoTokenizer.from_pretrained(TEST_FULL)(PROMPT).input_ids
+        prompt = AutoTokenizer.from_pretrained(full)(PROMPT).input_ids
         result = asyncio.run(measure(engine, prompt, args.streams, args.tokens, args.rounds))
     finally:
         engine.shutdown()
-    print(json.dumps({"settings": vars(args), **{k: round(v, 2) for k, v in result.items()}}))
+    print(json.dumps({"settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, **{k: round(v, 2) for k, v in result.items()}}))
     return 0
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import platform
 import shutil
 import threading
@@ -89,12 +90,12 @@ def load_kernel() -> None:
         if reason:
             raise PackedWeightsUnavailable(reason)
         from torch.utils import cpp_extension
-
-        source = _SOURCE.read_bytes()
-        tag = hashlib.sha256(source + torch.__version__.encode()).hexdigest()[:12]
+        flags = ["-O3", "-mavx2", "-mfma", "-fopenmp"]  # -fopenmp: at::parallel_for splits blocks over threads
+        flags = ["-O3", "-mavx2", "-mfma", "-fopenmp"] + os.environ.get("FM_EXTRA", "").split()
+        tag = hashlib.sha256(_SOURCE.read_bytes() + torch.__version__.encode() + " ".join(flags).encode()).hexdigest()[:12]
         try:  # cpp_extension locks its build folder: concurrent processes build once
             cpp_extension.load(name=f"fastmode_linear_bf16w_{tag}", sources=[str(_SOURCE)],
-                               extra_cflags=["-O3", "-mavx2", "-mfma"], is_python_module=False, verbose=False)
+                               extra_cflags=flags, is_python_module=False, verbose=False)
         except Exception as e:  # noqa: BLE001 - the compiler's own message is the useful part
             raise PackedWeightsUnavailable(f"building the packed kernel failed: {e}") from e
         torch.library.register_fake("fastmode::linear_bf16w")(_linear_bf16w_shape)

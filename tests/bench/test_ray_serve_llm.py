@@ -11,14 +11,19 @@ from transformers import AutoTokenizer, LlamaForCausalLM
 
 from bench.ray_serve_llm import engine_kwargs
 from bench.vllm_serve import CHECKPOINTS, GREEDY_PROMPT, GREEDY_TOKENS
+from models import TEST_FULL
 from serve.config import StandardLaneConfig
 from tests.conftest import shipped
 
 
 def test_engine_kwargs_are_the_standard_lanes():
     lane = StandardLaneConfig(max_num_seqs=7, kv_cache_memory_bytes=2**25, engine_args={"block_size": 32})
-    kw = engine_kwargs(lane)
+    kw = engine_kwargs(lane, TEST_FULL)
     assert (kw["max_num_seqs"], kw["kv_cache_memory_bytes"], kw["block_size"]) == (7, 2**25, 32)
+    # the lane's default "auto" KV budget and context, resolved as the lane resolves them: vLLM takes bytes
+    auto = engine_kwargs(StandardLaneConfig(), TEST_FULL)
+    assert isinstance(auto["kv_cache_memory_bytes"], int) and auto["kv_cache_memory_bytes"] > 0
+    assert auto["max_model_len"] == json.loads((TEST_FULL / "config.json").read_text())["max_position_embeddings"]
     assert (kw["dtype"], kw["enforce_eager"], kw["seed"]) == (lane.dtype, lane.enforce_eager, 0)
 
 

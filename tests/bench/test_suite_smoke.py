@@ -61,13 +61,15 @@ def test_vllm_baseline(quick_run):
 
 
 def test_vllm_server_command_has_the_lanes_memory_and_dtype():
-    from bench.vllm_serve import server_command
+    from bench.vllm_serve import CHECKPOINTS, server_command
+    from serve.lanes.vllm_sizing import vllm_sizes
 
     lane = StandardLaneConfig()
     for name in ("full", "fast", "full-spec"):
         cmd = server_command(name, 1234)
+        sizes = vllm_sizes(json.loads((CHECKPOINTS[name][1]() / "config.json").read_text()), lane)
         assert cmd[1:3] == ["-m", "vllm.entrypoints.openai.api_server"] and "--enforce-eager" in cmd
-        assert cmd[cmd.index("--kv-cache-memory-bytes") + 1] == str(lane.kv_cache_memory_bytes)
+        assert cmd[cmd.index("--kv-cache-memory-bytes") + 1] == str(sizes["kv_cache_memory_bytes"])
         assert cmd[cmd.index("--dtype") + 1] == lane.dtype
     assert "--speculative-config" in server_command("full-spec", 1)
     assert "--speculative-config" not in server_command("full", 1)

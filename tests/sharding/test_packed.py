@@ -61,6 +61,27 @@ def test_kernel_matches_a_float64_matmul(shape, out_features):
 
 
 @needs_kernel
+@pytest.mark.parametrize("out_features", [16, 192, 4096])
+def test_kernel_splits_blocks_over_threads_with_the_same_bits(out_features):
+    """Built with OpenMP, the kernel splits its column blocks over torch's intra-op threads; each
+    block is one thread's, so every thread count gives the same bits as one thread."""
+    g = torch.Generator().manual_seed(out_features)
+    w = torch.randn(out_features, 576, generator=g).bfloat16().float()
+    x = torch.randn(3, 576, generator=g)
+    packed.load_kernel()
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = torch.ops.fastmode.linear_bf16w(x, packed.pack(w), w)
+        torch.set_num_threads(2)
+        two = torch.ops.fastmode.linear_bf16w(x, packed.pack(w), w)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one, two)
+    torch.testing.assert_close(one, torch.nn.functional.linear(x, w), rtol=1e-5, atol=1e-4)
+
+
+@needs_kernel
 def test_kernel_refuses_bad_operands():
     packed.load_kernel()
     weight = torch.zeros(32, 8)
