@@ -199,9 +199,9 @@ class PromptIds:
     def _keep(self, store: OrderedDict[str, list[int]], text: str, ids: list[int]) -> None:
         """Keep ``ids`` as the prompt ``text``'s in ``store`` (``_kept``: text prompts; ``_chats``:
         templated ones), most recently used; then, while the ids kept in both are over ``kept_tokens``,
-        drop ``store``'s least recently used prompts (the one just kept last), then the other store's.
-        (Both together were within the bound before, so in effect a prompt pushes out only prompts of
-        its own kind.)"""
+        drop ``store``'s least recently used prompts, never the one just kept, then the other store's: a
+        prompt pushes out prompts of its own kind first, and a kind with nothing else kept (text prompts
+        on a server full of chats) still keeps its prompt."""
         if len(ids) > self.kept_tokens:
             return
         if (old := store.pop(text, None)) is not None:
@@ -210,9 +210,11 @@ class PromptIds:
         self._tokens += len(ids)
         if store is self._kept:
             self._lengths[len(text)] += 1
-        for evicted in (store, self._chats if store is self._kept else self._kept):
-            while self._tokens > self.kept_tokens and evicted:
-                self._forget(evicted, *evicted.popitem(last=False))
+        while self._tokens > self.kept_tokens and len(store) > 1:  # the last one is the prompt just kept
+            self._forget(store, *store.popitem(last=False))
+        other = self._chats if store is self._kept else self._kept
+        while self._tokens > self.kept_tokens and other:
+            self._forget(other, *other.popitem(last=False))
 
     def _forget(self, store: OrderedDict[str, list[int]], text: str, ids: list[int]) -> None:
         """Account for ``text``'s ``ids``, taken out of ``store``."""

@@ -309,3 +309,22 @@ def test_text_and_templated_prompts_share_the_bound_and_each_pushes_out_its_own_
     assert ids.encode_turn(text + "\nx")[1] is True  # the text stayed; now it goes, the chat stays
     assert kept() == n["text+x"] + n["second"]
     assert ids.encode_prompt(ChatPrompt(second + (("assistant", "pass"), ("user", "ok"))))[1] is True
+
+
+def test_a_kind_with_nothing_else_kept_still_keeps_its_prompt(chatml):
+    """Chats fill ``kept_tokens``; a text prompt then pushes out the least recently used chat rather
+    than itself (its own kind has nothing else to drop), so the text's next turn continues it."""
+    from serve.request import ChatPrompt
+
+    probe = PromptIds.for_model(chatml, kept_tokens=0)
+    chats = [ChatPrompt((("user", f"question number {i}"),)) for i in range(4)]
+    sizes = [len(probe.encode_prompt(c)[0]) for c in chats]
+    text = "alpha beta gamma"
+    ids = PromptIds.for_model(chatml, kept_tokens=sum(sizes))
+    for c in chats:
+        ids.encode_prompt(c)
+    assert ids._tokens == sum(sizes) and not ids._kept
+    assert ids.encode_turn(text)[1] is False
+    assert text in ids._kept and ids._tokens <= ids.kept_tokens
+    assert ids.encode_turn(text + "\nmore")[1] is True
+    assert 0 < len(ids._chats) < len(chats)  # the oldest chat went
