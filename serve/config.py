@@ -266,15 +266,15 @@ LANE_CONFIGS = {"fast": FastLaneConfig, "priority": PriorityLaneConfig, "standar
 class RouterConfig(_Strict):
     """How ``model: auto`` decides, and the router's own replicas."""
 
-    auto_threshold: float = Field(default=2.965, gt=0, description="The difficulty (the prompt's mean "
+    auto_threshold: float = Field(default=8.318, gt=0, description="The difficulty (the prompt's mean "
         "per-token loss under the fast model, nats) that splits `auto`'s prompts between the fast lane and "
-        "the full model (auto_fast_when says which side goes fast). docs/lanes.md says how the default "
-        "was measured.")
-    auto_fast_when: Literal["easy", "hard"] = Field(default="hard", description="'hard': prompts scored "
-        "above auto_threshold go to the fast lane (the quality benchmark measured the full model's lead "
-        "over the fast one on the prompts the fast model finds easy; on hard ones neither is often right); "
-        "'easy': prompts at most auto_threshold go fast.")
-    auto_full_tier: Literal["default", "priority", "exact"] = Field(default="exact", description="Where "
+        "the full model (auto_fast_when says which side goes fast). The default is the shipped pair's "
+        "(docs/lanes.md says how it was measured); another pair needs its own (python -m bench.auto_policy).")
+    auto_fast_when: Literal["easy", "hard"] = Field(default="easy", description="'easy': prompts scored "
+        "at most auto_threshold go to the fast lane (the shipped pair's policy: the student answers the "
+        "prompts it finds easy as the full model does); 'hard': prompts above it go fast (a pair where "
+        "neither model is often right on hard prompts).")
+    auto_full_tier: Literal["default", "priority", "exact"] = Field(default="default", description="Where "
         "`auto` sends the prompts that do not go fast, unless the request names a service_tier: 'default' "
         "(the standard lane), 'priority' or 'exact'. When that lane is full, the request is served on "
         "standard (route.spilled_from). docs/lanes.md says how the default was measured.")

@@ -64,13 +64,30 @@ TEST_PAIR_MODELS = (f"models:\n  full: {{id: fastmode-full, path: {TEST_FULL}}}\
 unless its config names other models (the embedded default serves the real pair, which only the
 tests that say so start)."""
 
+TEST_PAIR_ROUTER = {"auto_threshold": 2.965, "auto_fast_when": "hard", "auto_full_tier": "exact"}
+"""``auto``'s policy measured on the test pair (the router's defaults are the shipped pair's): every
+app serving the test pair gets it unless its config sets these keys itself."""
+
 
 def with_test_pair(yaml_text: str) -> str:
-    """``yaml_text`` with ``TEST_PAIR_MODELS`` in front unless it has a ``models:`` section."""
-    return yaml_text if any(line.startswith("models:") for line in yaml_text.splitlines()) else TEST_PAIR_MODELS + yaml_text
+    """``yaml_text`` serving the test pair with its ``auto`` policy, unless it names its own models
+    (then as it is); router keys it sets itself are kept."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(yaml_text) or {}
+    except yaml.YAMLError:
+        data = None
+    if not isinstance(data, dict):  # a config a test means to be refused: the models go in front, as text
+        return TEST_PAIR_MODELS + yaml_text
+    if "models" in data:
+        return yaml_text
+    data = yaml.safe_load(TEST_PAIR_MODELS) | data
+    data["router"] = TEST_PAIR_ROUTER | (data.get("router") or {})
+    return yaml.safe_dump(data, sort_keys=False)
 
 
-SHARED_APP_CONFIG = TEST_PAIR_MODELS + "lanes:\n  exact: {compile: false}\n"
+SHARED_APP_CONFIG = with_test_pair("lanes:\n  exact: {compile: false}\n")
 """The shared app's config: the embedded default, but the exact lane eager; its fast lane stays
 compiled. With the fast lane eager too (commit f0586f3) the clean-clone CI run of cae54e4
 (2026-11-26 12:01 UTC) took 47.3 min of tests (no faster than the 41.2 of 55af56e with it compiled:

@@ -53,8 +53,8 @@ def test_auto_routes_by_difficulty_hard_to_fast_by_default(app):
     easy, hard = routes["easy"], routes["hard"]
     assert easy["route"]["by"] == hard["route"]["by"] == "auto"
     assert easy["route"]["difficulty"] <= easy["route"]["threshold"] < hard["route"]["difficulty"]
-    assert easy["route"]["fast_when"] == "hard"  # the default, from the quality benchmark's policy sweep
-    # the rest: router.auto_full_tier, exact by default (standard if the exact lane were full)
+    assert easy["route"]["fast_when"] == "hard"  # the test pair's policy (tests/conftest.py TEST_PAIR_ROUTER)
+    # the rest: router.auto_full_tier, the test pair's exact (standard if the exact lane were full)
     assert (easy["lane"], easy["model"]) == ("exact", "fastmode-full") and "spilled_from" not in easy["route"]
     assert (hard["lane"], hard["model"]) == ("fast", "fastmode-fast")
     status, events = app().generate(model="auto", service_tier="priority", input=EASY, max_output_tokens=4)
@@ -251,13 +251,15 @@ def test_auto_does_not_spill_from_the_fast_lane():
     assert "allow_spill" not in events[0]["message"]  # it would not help
 
 
-def test_auto_sends_the_rest_to_the_exact_tier_by_default():
+@pytest.mark.parametrize("full_tier, lane", [(None, "standard"), ("exact", "exact")])
+def test_auto_sends_the_rest_to_its_full_tier_standard_by_default(full_tier, lane):
     from serve.config import load_config
 
-    assert load_config({}).router.auto_full_tier == "exact"
-    router, lanes = router_over({"router": {"auto_threshold": 100.0}})  # nothing is that hard: all to full
+    assert load_config({}).router.auto_full_tier == "default"  # the shipped pair's policy (decision 028)
+    router_config = {"auto_threshold": 100.0, "auto_fast_when": "hard"}  # nothing that hard: all to full
+    router, lanes = router_over({"router": router_config | ({"auto_full_tier": full_tier} if full_tier else {})})
     events = asyncio.run(events_of(router, model="auto", temperature=0))
-    assert events[0]["lane"] == "exact" and lanes["exact"].calls == 1
+    assert events[0]["lane"] == lane and lanes[lane].calls == 1
 
 
 @pytest.mark.parametrize("request_fields", [{"service_tier": "exact"}, {"model": "auto"}])
