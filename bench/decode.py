@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -146,12 +145,13 @@ def main(argv: list[str] | None = None) -> int:
 
     from bench import llama_cpp, pair
     from bench.llama_cpp_serve import gguf_path, tensor_types
+    from bench.suite import machine
 
     full = pair.full()
     doc = {"command": "fastmode bench decode" + (" " + " ".join(argv) if argv else ""),
            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "model": full.name,
            "settings": {"threads": args.threads, "tokens": args.tokens, "rounds": args.rounds,
-                        "prompt_ids": PROMPT_IDS, "torch": torch.__version__, "machine": platform.processor()},
+                        "prompt_ids": PROMPT_IDS, "torch": torch.__version__, "machine": machine()},
            "skipped": {}}
     doc["settings"]["compiled"] = not args.quick
     engine, doc["fastmode_start_s"] = fastmode_engine(full, args.threads, compile=not args.quick)
