@@ -51,6 +51,7 @@ from models.eval import suite
 from models.eval.backend import Request, TransformersBackend, cut_at_stop
 from models.eval.run import evaluate, has_template
 from models.eval.stats import diff_text, pct_ci
+from serve.config import RouterConfig
 
 STOP_LIMIT = 4
 """Stop strings a request may carry (OpenAI's limit, which every front door enforces: serve.request)."""
@@ -414,8 +415,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--api-key", default=os.environ.get("FASTMODE_API_KEY"))
     ap.add_argument("--samples", type=int, default=1000, help="held-out next-line prompts (default 1000)")
     ap.add_argument("--max-files", type=int, help="held-out files for bits per byte (default: all)")
-    ap.add_argument("--auto-threshold", type=float, default=2.965,
-                    help="router.auto_threshold when no auto response reports it (bits per byte of auto)")
+    ap.add_argument("--auto-threshold", type=float, default=RouterConfig().auto_threshold,
+                    help="router.auto_threshold when no auto response reports it (default: the router's "
+                    "default; bits per byte of auto)")
     ap.add_argument("--auto-max-tokens", type=int, default=128, help="the deployed router.auto_max_tokens")
     ap.add_argument("--suite", choices=("auto", "v2", "next-line"), default="auto",
                     help="the eval the lanes answer (auto: v2 when the full model has a chat template)")

@@ -104,9 +104,15 @@ def header(suite: dict | None) -> list[str]:
     mem = f"{m['memory_bytes'] / 2**30:.0f} GiB" if m.get("memory_bytes") else "?"
     lines = [f"Generated from one run of `{suite['command'].strip()}` (`make bench`) on {suite['date']} "
              f"({suite['elapsed_s'] / 60:.1f} min), commit `{(c.get('sha') or '?')[:12]}`"
-             f"{' (with uncommitted changes)' if c.get('dirty') else ''}.", "",
+             f"{' (with uncommitted changes)' if c.get('dirty') else ''}"
+             + (f", in {len(suite['sittings'])} sittings (`--resume`: started {', '.join(suite['sittings'])}; "
+                "each stage ran whole in one of them, every one at this commit)" if len(suite.get("sittings", ())) > 1
+                else "") + ".", "",
              f"Machine: {m.get('cpu') or '?'}, {m['cpu_count']} cores, {mem} memory, no GPU "
              f"({m['platform']}, Python {m['python']}).", ""]
+    if suite.get("complete") is False:
+        lines += ["**Incomplete run**: it stopped before its last stage (`fastmode bench all --resume` "
+                  "continues it); the sections below hold what it measured so far.", ""]
     if suite.get("quick"):
         lines += ["**Quick run** (`--quick`): tiny settings, to check the benchmarks work; the figures "
                   "say nothing about speed.", ""]

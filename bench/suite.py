@@ -26,10 +26,15 @@ and nothing else runs beside a stage; only ``--quick`` starts the app while stag
    ``bench/results``; any other run (``--quick``, ``--out``, ``--only``, ``--skip``) writes
    ``OUT/benchmarks.md``, so that a partial run never replaces the published report.
 
-``suite.json`` records the command, date, machine, commit and each stage's time and exit code.
+``suite.json`` records the command, date, machine, commit and each stage's time and exit code; it is
+rewritten after every stage (``"complete": false`` until the last), so a run cut short says how far
+it got. ``--resume`` continues such a run in ``OUT``: the stages it finished (exit 0) are kept, the
+rest run, and the report is written at the end as for one run. It resumes only a run of the same
+commit without uncommitted changes and the same settings (``ResumeRefused`` otherwise), so the
+published figures are one commit's; the report says in how many sittings they were taken.
 
 Usage: fastmode bench all [--quick] [--url http://HOST:PORT --api-key K] [--only a,b] [--skip a,b]
-                          [--out DIR] [--docs FILE]
+                          [--out DIR] [--docs FILE] [--resume]
 """
 
 from __future__ import annotations
@@ -113,6 +118,33 @@ def _names(s: str) -> list[str]:
     return names
 
 
+class ResumeRefused(ValueError):
+    """``--resume`` found no run it may continue in the results directory (none, complete, another
+    commit, uncommitted changes, other settings)."""
+
+
+def resumable(out: Path, record: dict) -> dict:
+    """The stages (name -> record) a ``--resume`` keeps from ``out/suite.json``: those that finished
+    with exit 0 in an incomplete run of this commit, tree and settings."""
+    path = out / "suite.json"
+    if not path.exists():
+        raise ResumeRefused(f"--resume: no {path} to resume (run without --resume)")
+    old = json.loads(path.read_text())
+    if old.get("complete", True):
+        raise ResumeRefused(f"--resume: the run in {path} is complete (run without --resume to start over)")
+    sha = (record["commit"] or {}).get("sha")
+    if record["commit"].get("dirty") or sha is None:
+        raise ResumeRefused("--resume: the checkout has uncommitted changes (or is not a git checkout): a "
+                            "resumed run's figures must be one commit's")
+    if (old.get("commit") or {}).get("sha") != sha or (old.get("commit") or {}).get("dirty"):
+        raise ResumeRefused(f"--resume: the run in {path} is from commit {(old.get('commit') or {}).get('sha')}, "
+                            f"this checkout is {sha}: start over without --resume")
+    for key in ("command", "quick"):
+        if old.get(key) != record[key]:
+            raise ResumeRefused(f"--resume: the run in {path} has {key} {old.get(key)!r}, this one {record[key]!r}")
+    return {n: st for n, st in old.get("stages", {}).items() if st.get("exit_code") == 0}
+
+
 def report_path(args: argparse.Namespace, out: Path) -> Path:
     """Where the report goes by default: the published ``docs/benchmarks.md`` only from a full run
     (every stage, not ``--quick``, into ``bench/results``); any other run reports beside its results
@@ -132,17 +164,41 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, help="results directory (default bench/results, --quick bench/results/quick)")
     ap.add_argument("--docs", type=Path, help="the report (default docs/benchmarks.md for a full run into "
                     "bench/results; with --quick, --out, --only or --skip: OUT/benchmarks.md)")
+    ap.add_argument("--resume", action="store_true", help="continue the run cut short in OUT: keep the stages it "
+                    "finished, run the rest (same commit, clean tree, same command otherwise)")
     args = ap.parse_args(argv)
     out = args.out or (REPO / "bench/results" / ("quick" if args.quick else ""))
     docs = args.docs or report_path(args, out)
     out.mkdir(parents=True, exist_ok=True)
     stages = [s for s in (args.only or STAGES) if s not in args.skip]
     started, t0 = datetime.now(timezone.utc), time.perf_counter()
-    record = {"command": shlex.join(["fastmode", "bench", "all", *argv]), "date": started.strftime("%Y-%m-%d %H:%M UTC"),
+    record = {"command": shlex.join(["fastmode", "bench", "all", *[a for a in argv if a != "--resume"]]),
+              "date": started.strftime("%Y-%m-%d %H:%M UTC"),
               "machine": machine(), "commit": commit(), "quick": args.quick, "stages": {},
               "niceness": {"measuring_stages": NICE, "ray_workers": NICE,
-                           "why": "the load generator runs on the same machine as the server it measures"}}
+                           "why": "the load generator runs on the same machine as the server it measures"},
+              "complete": False, "sittings": [started.strftime("%Y-%m-%d %H:%M UTC")]}
+    earlier = 0.0
+    if args.resume:
+        try:
+            kept = resumable(out, record)
+        except ResumeRefused as e:
+            print(f"fastmode bench all: {e}", file=sys.stderr)
+            return 2
+        old = json.loads((out / "suite.json").read_text())
+        record["date"], record["sittings"] = old["date"], [*old.get("sittings", [old["date"]]), record["sittings"][0]]
+        record["stages"] = {n: st for n, st in kept.items() if n in stages}
+        earlier = float(old.get("elapsed_s") or 0.0)
+        if "app" in old:
+            record["app"] = old["app"]
+        print(f"fastmode bench all --resume: keeping {', '.join(record['stages']) or 'no stage'} "
+              f"from the run of {old['date']}", flush=True)
+    todo = [s for s in stages if s not in record["stages"]]
     env = dict(os.environ)
+
+    def save() -> None:  # after every stage: a run cut short says how far it got (--resume continues it)
+        record["elapsed_s"] = earlier + time.perf_counter() - t0
+        (out / "suite.json").write_text(json.dumps(record, indent=2) + "\n")
 
     def run(name: str, url: str | None) -> None:
         cmd = stage_command(name, url, out, args.quick)
@@ -153,12 +209,14 @@ def main(argv: list[str] | None = None) -> int:
         t = time.perf_counter()
         nice = (lambda: os.nice(NICE)) if name not in ("sharding", "decode") else None
         rc = subprocess.run(cmd, cwd=REPO, env=env, preexec_fn=nice).returncode
-        record["stages"][name] = {"command": shown, "seconds": time.perf_counter() - t, "exit_code": rc}
+        record["stages"][name] = {"command": shown, "seconds": time.perf_counter() - t, "exit_code": rc,
+                                  "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+        save()
         print(f"== {name}: {'ok' if rc == 0 else f'FAILED (exit {rc})'} in {time.perf_counter() - t:.0f} s",
               flush=True)
 
-    no_app = [s for s in stages if s in NO_APP]
-    app_stages = [s for s in stages if s in WITH_APP]
+    no_app = [s for s in todo if s in NO_APP]
+    app_stages = [s for s in todo if s in WITH_APP]
     # --quick overlaps the app's start (about a minute) with the stages that need no app: its
     # figures mean nothing anyway, and it keeps --quick within 3 minutes. A full run never overlaps.
     overlap = args.quick and not args.url and no_app and app_stages
@@ -189,10 +247,11 @@ def main(argv: list[str] | None = None) -> int:
                                  "config": "embedded default (serve/fastmode.yaml)"}
                 for name in app_stages:
                     run(name, app.url)
-    for name in [s for s in stages if s in AFTER_APP]:
+    for name in [s for s in todo if s in AFTER_APP]:
         run(name, None)
-    record["elapsed_s"] = time.perf_counter() - t0
-    (out / "suite.json").write_text(json.dumps(record, indent=2) + "\n")
+    record["stages"] = {n: record["stages"][n] for n in stages if n in record["stages"]}  # the suite's order
+    record["complete"] = True
+    save()
     from bench.report import write_report
 
     write_report(out, docs)

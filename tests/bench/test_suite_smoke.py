@@ -186,3 +186,59 @@ def test_only_a_full_run_into_bench_results_replaces_the_published_report(tmp_pa
     assert where() == REPO / "docs/benchmarks.md"
     assert where(out=tmp_path) == where(out=tmp_path, only=["gateway", "turns"]) == tmp_path / "benchmarks.md"
     assert where(skip=["fuzz"]) == where(only=["gateway"]) == where(quick=True) == tmp_path / "default/benchmarks.md"
+
+
+def test_resume_keeps_finished_stages_and_refuses_another_commit(tmp_path, monkeypatch, capsys):
+    """``--resume`` reruns only what an incomplete run of the same commit did not finish, and
+    refuses a run of another commit, a dirty tree, or a complete run."""
+    import types
+
+    import bench.report
+    import bench.suite as suite
+
+    ran: list[str] = []
+    codes = {"decode": 1}  # the first sitting's decode stage fails
+
+    def fake_run(cmd, **kw):
+        name = cmd[2].removeprefix("bench.")
+        ran.append(name)
+        return types.SimpleNamespace(returncode=codes.get(name, 0))
+
+    monkeypatch.setattr(suite, "subprocess", types.SimpleNamespace(run=fake_run))
+    monkeypatch.setattr(bench.report, "write_report", lambda out, docs: None)
+    head = {"sha": "a" * 40, "dirty": False}
+    monkeypatch.setattr(suite, "commit", lambda: dict(head))
+    args = ["--only", "sharding,decode", "--out", tmp_path]
+
+    assert suite.main(["--resume", *args]) == 2  # nothing to resume yet
+    assert "no " in capsys.readouterr().err and ran == []
+    assert suite.main(args) == 1
+    assert ran == ["sharding", "decode"]
+    first = json.loads((tmp_path / "suite.json").read_text())
+    assert first["complete"] is True and first["stages"]["decode"]["exit_code"] == 1
+
+    first["complete"] = False  # as a run cut short after its stages leaves it
+    (tmp_path / "suite.json").write_text(json.dumps(first))
+    ran.clear()
+    codes.clear()
+    assert suite.main(["--resume", *args]) == 0
+    assert ran == ["decode"]  # sharding finished in the first sitting and is kept
+    second = json.loads((tmp_path / "suite.json").read_text())
+    assert second["complete"] is True and second["stages"]["sharding"] == first["stages"]["sharding"]
+    assert second["stages"]["decode"]["exit_code"] == 0 and len(second["sittings"]) == 2
+    assert second["command"] == first["command"] and list(second["stages"]) == ["sharding", "decode"]
+    assert "2 sittings" in "\n".join(bench.report.header(second))
+
+    assert suite.main(["--resume", *args]) == 2  # complete: nothing to resume
+    assert "is complete" in capsys.readouterr().err
+    second["complete"] = False
+    (tmp_path / "suite.json").write_text(json.dumps(second))
+    head["sha"] = "b" * 40
+    assert suite.main(["--resume", *args]) == 2
+    assert "from commit " + "a" * 40 in capsys.readouterr().err
+    head.update(sha="a" * 40, dirty=True)
+    assert suite.main(["--resume", *args]) == 2
+    assert "uncommitted changes" in capsys.readouterr().err
+    head["dirty"] = False
+    assert suite.main(["--resume", "--only", "sharding", "--out", tmp_path]) == 2  # other settings
+    assert "has command" in capsys.readouterr().err
