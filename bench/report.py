@@ -197,6 +197,8 @@ def quality_section(doc: dict | None, results: Path, docs: Path) -> list[str]:
     out = ["## 2. Quality against speed", ""]
     if doc is None:
         return out + ["Not run.", ""]
+    if doc.get("suite") == "v2":
+        return out + quality_v2_section(doc, results, docs)
     n = doc["samples"]
     out += [f"{n} held-out next-line questions through each lane (WebSocket, greedy, stop at the "
             f"line end, 2 streams at a time); bits per byte on {doc['held_out_files']} held-out files under the "
@@ -217,6 +219,48 @@ def quality_section(doc: dict | None, results: Path, docs: Path) -> list[str]:
         out += [f"Skipped: the {name} lane ({why}).", ""]
     if doc.get("note"):
         out += [f"Note: {doc['note']}", ""]
+    return out + auto_policy_section(doc) + _image(results, docs, "quality.png", "quality against speed")
+
+
+TASK_SETS = {"humaneval": "HumanEval (pass@1, run in a sandbox)", "next_line": "next line (exact match)",
+             "tasks": "generated questions (checked answers)"}
+
+
+def _task(t: dict | None) -> str:
+    return "-" if not t else f"{pct_ci(t['hits'], t['samples'])}"
+
+
+def quality_v2_section(doc: dict, results: Path, docs: Path) -> list[str]:
+    """Eval v2 (``models.eval.suite``): every lane's pooled score and each task set's, against standard."""
+    n, counts = doc["samples"], doc.get("counts", {})
+    sets = [k for k in TASK_SETS if counts.get(k)]
+    out = [f"Eval v2 (`models.eval.suite`, docs/quality-eval.md): {n} questions through each lane (WebSocket, "
+           "chat template, greedy, 2 streams at a time): "
+           + ", ".join(f"{counts[k]} {TASK_SETS[k]}" for k in sets) + ". Scores with their Wilson 95% "
+           "intervals; against standard on the same questions: the difference in points with its paired "
+           "bootstrap 95% interval and the exact McNemar p (below 0.05: more than chance).", ""]
+    rows = [[name, f"{pct_ci(v['exact_match_count'], n)} ({v['exact_match_count']})",
+             *(_task(v.get("tasks", {}).get(k)) for k in sets),
+             diff_text(v["vs_standard"]) if v.get("vs_standard") else "-",
+             _f(v["per_user_tokens_per_s_p50"], "{:.0f}"), _ms(v["mean_latency_s"]),
+             ", ".join(f"{k} {x:.0%}" for k, x in v["served_by"].items())] for name, v in doc["lanes"].items()]
+    base = doc.get("baseline")
+    if base:
+        rows.append([base["name"], f"{pct_ci(base['all']['hits'], base['all']['samples'])} ({base['all']['hits']})",
+                     *(_task(base.get("tasks", {}).get(k)) for k in sets), "-", "-", "-", "-"])
+    out += _table(["lane", "score [95% CI] (hits)", *(TASK_SETS[k] for k in sets), "vs standard [95% CI], McNemar p",
+                   "per-user tok/s p50", "mean latency ms", "served by"], rows)
+    retention = doc.get("fast_quality_retention")
+    out += ["", f"Pareto frontier (speed, score): {', '.join(doc['pareto_frontier'])}. The fast lane keeps "
+            f"**{_f(None if retention is None else 100 * retention, '{:.0f}%')}** of "
+            "standard's score. Agreement with standard's answers: "
+            + ", ".join(f"{k} {v:.0%}" for k, v in doc["agreement_with_standard"].items()) + ".", ""]
+    for k, why in (doc.get("training_data") or {}).items():
+        if k in sets:
+            out += [f"- {TASK_SETS[k]}: {why}."]
+    out += [""]
+    for name, why in (doc.get("skipped_lanes") or {}).items():
+        out += [f"Skipped: the {name} lane ({why}).", ""]
     return out + auto_policy_section(doc) + _image(results, docs, "quality.png", "quality against speed")
 
 

@@ -34,3 +34,34 @@ def test_the_published_report_names_no_machine_path_issue_or_seeds(tmp_path):
     assert not MACHINE_PATH.search(text), MACHINE_PATH.search(text)
     assert str(REPO) not in text and not re.search(r"\bissue \d+", text) and "seeds" not in text
     assert "Anthropic's fast mode" in text and "OpenAI's Codex-Spark" in text
+
+
+def test_quality_v2_section_names_every_task_set_and_the_baseline(tmp_path):
+    """Eval v2's results (``bench.quality --suite v2``, what the default pair runs) have their own
+    section: pooled score, each task set's, the comparison with standard, the trivial baseline."""
+    from bench.report import quality_section
+
+    def scores(hits):  # (humaneval, next_line, tasks) hits out of (2, 3, 5)
+        sets = {k: {"hits": h, "samples": n, "score": h / n} for k, h, n in zip(
+            ("humaneval", "next_line", "tasks"), hits, (2, 3, 5), strict=True)}
+        return sets, sum(hits)
+
+    def lane(hits, served):
+        sets, k = scores(hits)
+        return {"exact_match_count": k, "tasks": sets, "per_user_tokens_per_s_p50": 20.0, "mean_latency_s": 0.5,
+                "served_by": {served: 1.0}, "vs_standard": None if served == "standard" else {
+                    "difference": -0.2, "difference_ci95": [-0.4, 0.0], "mcnemar_exact_p": 0.25}}
+
+    base_sets, base_k = scores((0, 0, 1))
+    doc = {"suite": "v2", "samples": 10, "counts": {"humaneval": 2, "next_line": 3, "tasks": 5},
+           "lanes": {"standard": lane((1, 1, 3), "standard"), "fast": lane((0, 1, 2), "fast")},
+           "baseline": {"name": "trivial baseline", "all": {"hits": base_k, "samples": 10}, "tasks": base_sets},
+           "pareto_frontier": ["fast", "standard"], "fast_quality_retention": 0.6,
+           "agreement_with_standard": {"fast vs standard": 0.3},
+           "training_data": {"humaneval": "public since 2021"}}
+    text = "\n".join(quality_section(doc, tmp_path, tmp_path / "benchmarks.md"))
+    assert "2 HumanEval" in text and "3 next line" in text and "5 generated questions" in text
+    assert "| standard | 50.0% [" in text and "(5) |" in text  # pooled: 5 of 10
+    assert "| fast | 30.0% [" in text and "-20.0 pts [-40.0, +0.0], p=0.25" in text
+    assert "| trivial baseline | 10.0% [" in text
+    assert "keeps **60%**" in text and "public since 2021" in text
