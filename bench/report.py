@@ -541,6 +541,8 @@ def sharding_section(doc: dict | None) -> list[str]:
                      _f(r["measured_over_predicted"], "{:.2f}")])
     out += _table(["tp x pp", "transport", "tok/s", "step ms", "compute ms", "hops (median, payload)", "planner tok/s",
                    "measured / planner"], rows) + [""]
+    for layout, why in (doc.get("skipped_layouts") or {}).items():
+        out += [f"Not run: {layout} ({why}).", ""]
     if doc.get("bare_round_trip_ms"):
         out += ["Bare transports, the candidates for a per-token hop (driver -> a -> b -> driver, 1 KiB; "
                 "idle: the CPU an idle actor of the pair used over 2 s): " + ", ".join(
@@ -550,8 +552,7 @@ def sharding_section(doc: dict | None) -> list[str]:
         p = doc["planner_choice"]
         out += [f"The planner's pick for {p['chips']} `cpu-core` chips: {p['tp']}x{p['pp']}; the fastest measured: "
                 f"{p['fastest_measured']['tp']}x{p['fastest_measured']['pp']} "
-                f"({p['fastest_measured']['transport']}). The `cpu-core` chip model assumes "
-                "a core's peak, which a 3M-parameter model's small matrices on one thread do not reach.", ""]
+                f"({p['fastest_measured']['transport']}).", ""]
     return out
 
 

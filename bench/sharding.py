@@ -8,7 +8,8 @@ against the planner.
    actor b -> driver over chained actor calls, a Ray compiled graph, Ray Direct Transport (gloo),
    and fastmode's TCP links (``sharding.transport``) with and without the spin window; then the CPU
    each pair of idle actors uses over 2 s (a compiled graph's readers spin; a link sleeps).
-2. For each layout: the ring (``sharding.ring``, compiled unless ``--eager``) decoding one sequence
+2. For each layout the model's shape allows (the others are skipped with the executor's reason,
+   ``skipped_layouts``): the ring (``sharding.ring``, compiled unless ``--eager``) decoding one sequence
    of ``--steps`` tokens (batch 1, the fast lane's regime), ``--trials`` times, the median trial
    reported: per-user tokens/s (tokens / wall time),
    the head's median step, per-hop median seconds and bytes by stage pair, per-stage compute, and
@@ -35,6 +36,9 @@ import torch
 from tqdm import tqdm
 
 from sharding.chips import load_chip
+from sharding.config import ModelConfig
+from sharding.errors import InvalidLayout
+from sharding.placement import stage_layers
 from sharding.pipeline import ShardedModel
 from sharding.planner import Footprint, plan, predict
 from sharding.sampling import SamplingParams
@@ -189,11 +193,25 @@ def main(argv: list[str] | None = None) -> int:
 
         args.model = pair.fast()
     layouts = [tuple(int(v) for v in s.split("x")) for s in args.layouts.split(",")]
+    # A layout the model's shape does not allow (SmolLM2's 9 heads split by no tp of 2) is skipped
+    # with the executor's own reason, not run.
+    model_config = ModelConfig.from_pretrained(args.model)
+    skipped = {}
+    for tp, pp in layouts:
+        try:
+            stage_layers(model_config, tp, pp)
+        except InvalidLayout as e:
+            skipped[f"{tp}x{pp}"] = str(e)
+    layouts = [(tp, pp) for tp, pp in layouts if f"{tp}x{pp}" not in skipped]
+    if not layouts:
+        print(f"bench sharding: no layout of {args.layouts} fits {args.model}: {skipped}", file=sys.stderr)
+        return 2
     chips = max(tp * pp for tp, pp in layouts)
     ray.init(address="local", resources={"chip": chips}, num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
     result: dict = {"model": str(args.model), "cores": os.cpu_count(), "steps": args.steps,
                     "transports": ["tcp"], "compiled": not args.eager, "date": time.strftime("%Y-%m-%d %H:%M"),
-                    "command": "fastmode bench sharding " + " ".join(argv), "platform": platform.platform()}
+                    "command": "fastmode bench sharding " + " ".join(argv), "platform": platform.platform(),
+                    "skipped_layouts": skipped}
     try:
         if not args.no_bare:
             result["bare_round_trip_ms"] = bare_transports()

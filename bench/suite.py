@@ -96,12 +96,18 @@ def machine() -> dict:
             "python": platform.python_version(), "gpu": None}
 
 
-def commit() -> dict:
+RESULTS_PATHS = ("bench/results", "docs/benchmarks.md")
+"""What a run itself writes into the checkout: changes there do not make the code it measures dirty
+(else a run cut short would find its own results and refuse to ``--resume``)."""
+
+
+def commit(repo: Path = REPO) -> dict:
     def git(*args: str) -> str:
-        r = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True)
+        r = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True)
         return r.stdout.strip() if r.returncode == 0 else ""
 
-    return {"sha": git("rev-parse", "HEAD") or None, "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".", *(f":(exclude){p}" for p in RESULTS_PATHS))
+    return {"sha": git("rev-parse", "HEAD") or None, "dirty": bool(dirty)}
 
 
 def _read(path: str) -> str:

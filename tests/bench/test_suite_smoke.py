@@ -242,3 +242,29 @@ def test_resume_keeps_finished_stages_and_refuses_another_commit(tmp_path, monke
     head["dirty"] = False
     assert suite.main(["--resume", "--only", "sharding", "--out", tmp_path]) == 2  # other settings
     assert "has command" in capsys.readouterr().err
+
+
+def test_a_runs_own_results_do_not_make_the_checkout_dirty(tmp_path):
+    """The results a run writes into the checkout (bench/results, docs/benchmarks.md) leave it clean,
+    so a run cut short can ``--resume``; a change to the code does not."""
+    import subprocess
+
+    from bench.suite import commit
+
+    def git(*a):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *a], cwd=tmp_path, check=True,
+                       capture_output=True)
+
+    (tmp_path / "bench/results").mkdir(parents=True)
+    (tmp_path / "docs").mkdir()
+    for f in ("bench/results/suite.json", "docs/benchmarks.md", "bench/pair.py"):
+        (tmp_path / f).write_text("a\n")
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-qm", "x")
+    assert commit(tmp_path)["dirty"] is False and len(commit(tmp_path)["sha"]) == 40
+    (tmp_path / "bench/results/suite.json").write_text("b\n")
+    (tmp_path / "docs/benchmarks.md").write_text("b\n")
+    assert commit(tmp_path)["dirty"] is False
+    (tmp_path / "bench/pair.py").write_text("b\n")
+    assert commit(tmp_path)["dirty"] is True
