@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import platform
 import shutil
 import threading
@@ -91,7 +90,6 @@ def load_kernel() -> None:
             raise PackedWeightsUnavailable(reason)
         from torch.utils import cpp_extension
         flags = ["-O3", "-mavx2", "-mfma", "-fopenmp"]  # -fopenmp: at::parallel_for splits blocks over threads
-        flags = ["-O3", "-mavx2", "-mfma", "-fopenmp"] + os.environ.get("FM_EXTRA", "").split()
         tag = hashlib.sha256(_SOURCE.read_bytes() + torch.__version__.encode() + " ".join(flags).encode()).hexdigest()[:12]
         try:  # cpp_extension locks its build folder: concurrent processes build once
             cpp_extension.load(name=f"fastmode_linear_bf16w_{tag}", sources=[str(_SOURCE)],
