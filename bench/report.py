@@ -211,10 +211,21 @@ def quality_section(doc: dict | None, results: Path, docs: Path) -> list[str]:
              ", ".join(f"{k} {x:.0%}" for k, x in v["served_by"].items())] for name, v in doc["lanes"].items()]
     out += _table(["lane", "exact match [95% CI] (hits)", "vs standard [95% CI], McNemar p", "bits/byte",
                    "per-user tok/s p50", "mean latency ms", "served by"], rows)
-    out += ["", f"Pareto frontier (speed, exact match): {', '.join(doc['pareto_frontier'])}. The fast lane keeps "
-            f"**{_f(doc['fast_quality_retention'] and 100 * doc['fast_quality_retention'], '{:.0f}%')}** of "
-            f"standard's exact match. Agreement with standard's answers: "
+    return out + _frontier(doc, "exact match") + _quality_close(doc, results, docs)
+
+
+def _frontier(doc: dict, measure: str) -> list[str]:
+    """The Pareto frontier, the fast lane's retention and every lane's agreement with standard."""
+    retention = doc.get("fast_quality_retention")
+    return ["", f"Pareto frontier (speed, {measure}): {', '.join(doc['pareto_frontier'])}. The fast lane keeps "
+            f"**{_f(None if retention is None else 100 * retention, '{:.0f}%')}** of standard's {measure}. "
+            "Agreement with standard's answers: "
             + ", ".join(f"{k} {v:.0%}" for k, v in doc["agreement_with_standard"].items()) + ".", ""]
+
+
+def _quality_close(doc: dict, results: Path, docs: Path) -> list[str]:
+    """What both evals' sections end with: skipped lanes, the run's note, auto's policy sweep, the plot."""
+    out = []
     for name, why in (doc.get("skipped_lanes") or {}).items():
         out += [f"Skipped: the {name} lane ({why}).", ""]
     if doc.get("note"):
@@ -227,7 +238,7 @@ TASK_SETS = {"humaneval": "HumanEval (pass@1, run in a sandbox)", "next_line": "
 
 
 def _task(t: dict | None) -> str:
-    return "-" if not t else f"{pct_ci(t['hits'], t['samples'])}"
+    return "-" if not t else pct_ci(t["hits"], t["samples"])
 
 
 def quality_v2_section(doc: dict, results: Path, docs: Path) -> list[str]:
@@ -250,18 +261,9 @@ def quality_v2_section(doc: dict, results: Path, docs: Path) -> list[str]:
                      *(_task(base.get("tasks", {}).get(k)) for k in sets), "-", "-", "-", "-"])
     out += _table(["lane", "score [95% CI] (hits)", *(TASK_SETS[k] for k in sets), "vs standard [95% CI], McNemar p",
                    "per-user tok/s p50", "mean latency ms", "served by"], rows)
-    retention = doc.get("fast_quality_retention")
-    out += ["", f"Pareto frontier (speed, score): {', '.join(doc['pareto_frontier'])}. The fast lane keeps "
-            f"**{_f(None if retention is None else 100 * retention, '{:.0f}%')}** of "
-            "standard's score. Agreement with standard's answers: "
-            + ", ".join(f"{k} {v:.0%}" for k, v in doc["agreement_with_standard"].items()) + ".", ""]
-    for k, why in (doc.get("training_data") or {}).items():
-        if k in sets:
-            out += [f"- {TASK_SETS[k]}: {why}."]
-    out += [""]
-    for name, why in (doc.get("skipped_lanes") or {}).items():
-        out += [f"Skipped: the {name} lane ({why}).", ""]
-    return out + auto_policy_section(doc) + _image(results, docs, "quality.png", "quality against speed")
+    out += _frontier(doc, "score")
+    out += [f"- {TASK_SETS[k]}: {why}." for k, why in (doc.get("training_data") or {}).items() if k in sets] + [""]
+    return out + _quality_close(doc, results, docs)
 
 
 def auto_policy_section(doc: dict) -> list[str]:

@@ -130,25 +130,25 @@ class ResumeRefused(ValueError):
 
 
 def resumable(out: Path, record: dict) -> dict:
-    """The stages (name -> record) a ``--resume`` keeps from ``out/suite.json``: those that finished
-    with exit 0 in an incomplete run of this commit, tree and settings."""
+    """The record in ``out/suite.json`` that ``--resume`` may continue: an incomplete run of this
+    commit (``record``'s, with no uncommitted changes) and settings."""
     path = out / "suite.json"
     if not path.exists():
         raise ResumeRefused(f"--resume: no {path} to resume (run without --resume)")
     old = json.loads(path.read_text())
     if old.get("complete", True):
         raise ResumeRefused(f"--resume: the run in {path} is complete (run without --resume to start over)")
-    sha = (record["commit"] or {}).get("sha")
+    sha, was = record["commit"].get("sha"), old.get("commit") or {}
     if record["commit"].get("dirty") or sha is None:
         raise ResumeRefused("--resume: the checkout has uncommitted changes (or is not a git checkout): a "
                             "resumed run's figures must be one commit's")
-    if (old.get("commit") or {}).get("sha") != sha or (old.get("commit") or {}).get("dirty"):
-        raise ResumeRefused(f"--resume: the run in {path} is from commit {(old.get('commit') or {}).get('sha')}, "
+    if was.get("sha") != sha or was.get("dirty"):
+        raise ResumeRefused(f"--resume: the run in {path} is from commit {was.get('sha')}, "
                             f"this checkout is {sha}: start over without --resume")
     for key in ("command", "quick"):
         if old.get(key) != record[key]:
             raise ResumeRefused(f"--resume: the run in {path} has {key} {old.get(key)!r}, this one {record[key]!r}")
-    return {n: st for n, st in old.get("stages", {}).items() if st.get("exit_code") == 0}
+    return old
 
 
 def report_path(args: argparse.Namespace, out: Path) -> Path:
@@ -187,13 +187,13 @@ def main(argv: list[str] | None = None) -> int:
     earlier = 0.0
     if args.resume:
         try:
-            kept = resumable(out, record)
+            old = resumable(out, record)
         except ResumeRefused as e:
             print(f"fastmode bench all: {e}", file=sys.stderr)
             return 2
-        old = json.loads((out / "suite.json").read_text())
         record["date"], record["sittings"] = old["date"], [*old.get("sittings", [old["date"]]), record["sittings"][0]]
-        record["stages"] = {n: st for n, st in kept.items() if n in stages}
+        # the stages that finished are kept; a failed one runs again
+        record["stages"] = {n: st for n, st in old.get("stages", {}).items() if st.get("exit_code") == 0 and n in stages}
         earlier = float(old.get("elapsed_s") or 0.0)
         if "app" in old:
             record["app"] = old["app"]
