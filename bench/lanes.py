@@ -3,7 +3,10 @@
 For each concurrency level N (default 1, 4, 16, 32) and each lane (standard, priority, fast, exact), N
 workers share one persistent WebSocket (``clients.sdk.AsyncClient``, as users connect) and each
 runs ``--requests-per-stream`` requests back to back: a fixed prompt, greedy, ``ignore_eos`` and a
-fixed ``max_output_tokens``, so every request does the same work. Levels run one lane at a time,
+fixed ``max_output_tokens``, so every request does the same work. ``--workload`` (``bench.targets``):
+``chat``, one user message through the model's chat template (the default for a full model with a
+chat template: how an instruct pair is called, and what its distilled draft learned), or
+``completion``, raw text to continue. Levels run one lane at a time,
 the lanes interleaved within each level, so slow drift of this shared machine hits every lane alike.
 
 Per request: the client's time to first token (send -> first text delta), its per-user decode
@@ -39,7 +42,7 @@ Needs a running application (``fastmode up``); it does not start one.
 (``/v1/completions`` over SSE, ``bench.targets.openai_request``), the path on which vLLM's own
 server is measured (``bench.vllm_serve``), so the two compare like for like.
 
-Usage: fastmode bench lanes [--api websocket|openai] [--url ws://127.0.0.1:8000] [--api-key K]
+Usage: fastmode bench lanes [--api websocket|openai] [--url ws://127.0.0.1:8000] [--api-key K] [--workload W]
                             [--levels 1,4,8,16,32] [--tokens 128] [--requests-per-stream 3]
                             [--lanes standard,priority,fast,exact] [--quick] [--out bench/results]
 """
@@ -62,7 +65,7 @@ from typing import Any, Awaitable, Callable
 
 import numpy as np
 
-from bench.targets import PROMPT, openai_request, websocket_request
+from bench.targets import WORKLOADS, openai_request, prompt_of, websocket_request, workload_for
 
 LANES: dict[str, tuple[str, str | None]] = {"standard": ("fastmode-full", "default"),
                                             "priority": ("fastmode-full", "priority"),
@@ -353,18 +356,21 @@ async def sweep(args) -> dict[str, list[dict]]:
         headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
         async with httpx.AsyncClient(base_url=args.url, headers=headers, timeout=600, limits=limits) as http:
-            targets = {lane: (bind(openai_request, http, *LANES[lane]), chips[lane]) for lane in args.lanes}
+            targets = {lane: (bind(openai_request, http, *LANES[lane], args.workload), chips[lane])
+                       for lane in args.lanes}
             return await sweep_targets(targets, args.levels, args.tokens, args.requests_per_stream, "lanes/http",
                                        args.min_requests_per_level)
     async with AsyncClient(args.url, api_key=args.api_key) as client:
-        targets = {lane: (bind(websocket_request, client, *LANES[lane]), chips[lane]) for lane in args.lanes}
+        targets = {lane: (bind(websocket_request, client, *LANES[lane], args.workload), chips[lane])
+                   for lane in args.lanes}
         return await sweep_targets(targets, args.levels, args.tokens, args.requests_per_stream, "lanes",
                                    args.min_requests_per_level)
 
 
-def bind(request, conn, model: str, tier: str | None) -> Callable[[int], Awaitable[dict]]:
-    """``send(tokens)`` for ``run_level``: one ``bench.targets`` request on ``conn`` to ``model`` and ``tier``."""
-    return lambda tokens: request(conn, model, tier, tokens)
+def bind(request, conn, model: str, tier: str | None, workload: str = "completion") -> Callable[[int], Awaitable[dict]]:
+    """``send(tokens)`` for ``run_level``: one ``bench.targets`` request of ``workload`` on ``conn`` to
+    ``model`` and ``tier``."""
+    return lambda tokens: request(conn, model, tier, tokens, workload)
 
 
 def lanes_main(args, argv: list[str]) -> int:
@@ -379,6 +385,8 @@ def lanes_main(args, argv: list[str]) -> int:
     args.requests_per_stream = args.requests_per_stream or 3
     args.min_requests_per_level = 0 if args.quick else MIN_REQUESTS_PER_LEVEL
     args.layout = served_layout(args.url)
+    if args.workload == "auto":
+        args.workload = workload_for(load_config(args.config).models.full.path)
     started = datetime.now(timezone.utc)
     t0 = time.perf_counter()
     results = asyncio.run(sweep(args))
@@ -394,7 +402,8 @@ def lanes_main(args, argv: list[str]) -> int:
                     "python": platform.python_version(), "processor": platform.processor() or None},
         "settings": {"url": args.url, "levels": args.levels, "max_output_tokens": args.tokens,
                      "requests_per_stream": args.requests_per_stream,
-                     "min_requests_per_level": args.min_requests_per_level, "prompt": PROMPT, "temperature": 0,
+                     "min_requests_per_level": args.min_requests_per_level, "workload": args.workload,
+                     "prompt": prompt_of(args.workload), "temperature": 0,
                      "ignore_eos": True, "allow_spill": False, "lanes": {l: {"model": m, "service_tier": t}
                                                                          for l, (m, t) in LANES.items()
                                                                          if l in args.lanes},
@@ -473,6 +482,9 @@ def main(argv: list[str] | None = None) -> int:
                     "standard,priority,fast,exact)")
     ap.add_argument("--config", default=None, help="the app's config file, for each lane's chips "
                     "(default: the embedded default)")
+    ap.add_argument("--workload", choices=["auto", *WORKLOADS], default="auto", help="chat: one user message "
+                    "through the chat template; completion: raw text (default auto: chat for a full model with "
+                    "a chat template)")
     ap.add_argument("--quick", action="store_true", help="a tiny setting: levels 1,2, 16 tokens, "
                     "1 request per stream")
     ap.add_argument("--out", default="bench/results", help="directory for lanes_load.json and "

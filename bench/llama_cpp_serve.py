@@ -23,8 +23,9 @@ fastmode serves, driven by the same load generator through the same OpenAI API
   (``--cpu-mask``, ``--cpu-strict 1``; a single compute thread, which llama.cpp leaves unplaced, is
   placed once the server is up), its HTTP threads on the serving cores. Where nothing is placed
   (``cpus: off``, one CPU, a GPU) it gets every core as threads.
-- **Load**: ``bench.lanes.run_level`` with ``bench.targets.openai_request`` (``/v1/completions`` over
-  SSE, greedy, ``ignore_eos``, the lanes' prompt and token count), at 1, 8 and 32 streams: per user
+- **Load**: ``bench.lanes.run_level`` with ``bench.targets.openai_request`` (``/v1/chat/completions``,
+  llama-server rendering the GGUF's chat template, or ``/v1/completions``, as ``--workload`` says;
+  over SSE, greedy, ``ignore_eos``, the lanes' workload and token count), at 1, 8 and 32 streams: per user
   at 1, aggregate at 8 and 32. Each server first answers ``bench.vllm_serve.GREEDY_PROMPT`` greedily
   (``greedy`` in the results) and one warm-up request. llama-server's own timings of each request
   (its ``timings``: decode tokens/s, and with a draft model the drafted and accepted tokens) are
@@ -34,7 +35,7 @@ Results: ``llama_cpp.json`` (``bench/report.py`` renders it beside vLLM's server
 of ``bench.targets.LLAMA_CPP_GOALS``).
 
 Usage: fastmode bench llama-cpp [--levels 1,8,32] [--tokens 128] [--requests-per-stream 3]
-                                [--servers full,fast,full-spec] [--threads N] [--config FILE]
+                                [--servers full,fast,full-spec] [--threads N] [--config FILE] [--workload W]
                                 [--no-build] [--quick] [--out bench/results]
 """
 
@@ -58,7 +59,7 @@ from typing import Any, Iterator
 
 from bench import llama_cpp
 from bench.lanes import MIN_REQUESTS_PER_LEVEL, int_list, pct, per_stream_at, run_level, summary
-from bench.targets import PROMPT, openai_request
+from bench.targets import WORKLOADS, openai_request, prompt_of, workload_for
 
 SERVERS: dict[str, tuple[str, str, str | None]] = {"full": ("fastmode-full", "full", None),
                                                    "fast": ("fastmode-fast", "fast", None),
@@ -210,7 +211,8 @@ def draft_totals(timings: list[dict[str, Any]]) -> dict[str, Any] | None:
     return {"requests": len(timings), "drafted": drafted, "accepted": accepted, "acceptance_rate": accepted / drafted}
 
 
-async def measure(url: str, model_id: str, name: str, level: int, tokens: int, per_stream: int) -> dict[str, Any]:
+async def measure(url: str, model_id: str, name: str, level: int, tokens: int, per_stream: int,
+                  workload: str = "completion") -> dict[str, Any]:
     """One level on one server: a warm-up request, then ``run_level`` with ``level`` streams."""
     import httpx
 
@@ -218,7 +220,7 @@ async def measure(url: str, model_id: str, name: str, level: int, tokens: int, p
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as http:
         async def send(n: int) -> dict[str, Any]:
-            record = await openai_request(http, model_id, None, n)
+            record = await openai_request(http, model_id, None, n, workload)
             if record.get("server_timings"):
                 timings.append(record["server_timings"])
             return record
@@ -273,6 +275,8 @@ def run(args, argv: list[str]) -> dict[str, Any]:
     from serve.config import ExactLaneConfig, load_config
 
     config = load_config(args.config)
+    if args.workload == "auto":
+        args.workload = workload_for(config.models.full.path)
     place = placement(config.cpus, args.threads)
     draft_tokens = config.lanes.exact.num_speculative_tokens
     started, t0 = datetime.now(timezone.utc), time.perf_counter()
@@ -284,7 +288,8 @@ def run(args, argv: list[str]) -> dict[str, Any]:
         "source": SOURCE,
         "settings": {"levels": args.levels, "max_output_tokens": args.tokens,
                      "requests_per_stream": args.requests_per_stream,
-                     "min_requests_per_level": args.min_requests_per_level, "prompt": PROMPT, "temperature": 0,
+                     "min_requests_per_level": args.min_requests_per_level, "workload": args.workload,
+                     "prompt": prompt_of(args.workload), "temperature": 0,
                      "ignore_eos": True, "api": "openai", "config": args.config or "embedded default",
                      "threads": place.threads, "placement": place.describe(), "ctx_per_slot": ctx_per_slot(args.tokens),
                      "draft_tokens": draft_tokens,
@@ -332,7 +337,8 @@ def run(args, argv: list[str]) -> dict[str, Any]:
                 doc["settings"]["threads_by_cpus"][f"{RESULT_NAMES[name]} x{level}"] = place_threads(proc.pid, place)
                 if RESULT_NAMES[name] not in doc["greedy"]:
                     doc["greedy"][RESULT_NAMES[name]] = greedy_completion(url, model_id)
-                row = asyncio.run(measure(url, model_id, RESULT_NAMES[name], level, args.tokens, n))
+                row = asyncio.run(measure(url, model_id, RESULT_NAMES[name], level, args.tokens, n,
+                                          args.workload))
             doc["lanes"].setdefault(RESULT_NAMES[name], []).append(row)
     doc["elapsed_s"] = time.perf_counter() - t0
     return doc
@@ -351,6 +357,8 @@ def main(argv: list[str] | None = None) -> int:
                     "compute cores fastmode's engines use, sharding.cpus)")
     ap.add_argument("--config", default=None, help="the app config whose models are served (default: the "
                     "embedded default, what fastmode up serves)")
+    ap.add_argument("--workload", choices=["auto", *WORKLOADS], default="auto", help="as fastmode bench "
+                    "lanes' (default auto: chat for a full model with a chat template)")
     ap.add_argument("--no-build", action="store_true", help="use llama.cpp's build if there, never build it")
     ap.add_argument("--quick", action="store_true", help="levels 1,2, 16 tokens, 1 request per stream; "
                     "never builds")

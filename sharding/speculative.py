@@ -37,6 +37,9 @@ the same tokens again only for the same sequence of ``k``s: with ``adaptive`` (t
 its tokens follow the target's distribution but are not reproducible; greedy output is always the
 same.
 
+With ``draft_vocab``, the draft's head is cut to the tokens it drafts most (``sharding.draft_vocab``):
+cheaper draft steps, the same output.
+
 With ``prefix_cache`` on, a finished sequence's slot is parked with the tokens both models' caches
 hold (``sharding.prefix_cache``), and a later prompt that continues them (a conversation's next
 turn) prefills only the rest, in both models.
@@ -52,6 +55,7 @@ from pathlib import Path
 import torch
 
 from .batch import Rows
+from .draft_vocab import expand, keep_ids, prune_head, ranked_ids
 from .errors import DuplicateRequest, InvalidLayout
 from .kv_cache import SlotPool, fit_max_len
 from .model import Llama
@@ -197,11 +201,15 @@ class SpeculativeEngine:
         prefix_cache: park finished sequences' slots for prompts that continue them.
         packed_weights: both models read small steps' weights as bfloat16 (``sharding.packed``):
             the same tokens; a verify step streams half the bytes.
+        draft_vocab: the token ids the draft may propose (``sharding.draft_vocab``): its head is cut
+            to those rows, so each draft step is cheaper; the output is the same. ``None``: the
+            whole vocabulary.
     """
 
     def __init__(self, target: Llama, draft: Llama, *, num_slots: int = 2, max_len: int | None = None,
                  k: int = 4, adaptive: bool = True, compile: bool = False, prefix_cache: bool = False,
-                 packed_weights: bool = False, kv_cache_bytes: int | None = None) -> None:
+                 packed_weights: bool = False, kv_cache_bytes: int | None = None,
+                 draft_vocab: torch.Tensor | None = None) -> None:
         if target.config.vocab_size != draft.config.vocab_size:
             raise DraftMismatch(f"the draft model's vocabulary ({draft.config.vocab_size}) is not the "
                                 f"target's ({target.config.vocab_size})")
@@ -213,6 +221,16 @@ class SpeculativeEngine:
             # Both models share Llama.forward's code object, whose graphs dynamo counts together.
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 32)
         self.config = target.config
+        self.draft_vocab = None if draft_vocab is None else torch.as_tensor(draft_vocab, dtype=torch.long)
+        """The ids the draft's pruned head proposes (its logit ``j`` is token ``draft_vocab[j]``), or
+        ``None``: its whole vocabulary."""
+        if self.draft_vocab is not None:
+            ids = self.draft_vocab
+            if ids.ndim != 1 or not len(ids) or int(ids.min()) < 0 or int(ids.max()) >= target.config.vocab_size \
+                    or len(ids.unique()) != len(ids):
+                raise InvalidLayout(f"draft_vocab must be distinct token ids of the vocabulary "
+                                    f"(0 .. {target.config.vocab_size - 1})")
+            prune_head(draft, ids)  # before packing and compiling
         self.target = StageRunner(target, num_slots=num_slots, max_len=max_len, compile=compile,
                                   packed_weights=packed_weights, kv_cache_bytes=kv_cache_bytes)
         self.draft = StageRunner(draft, num_slots=num_slots, max_len=max_len, compile=compile,
@@ -233,9 +251,14 @@ class SpeculativeEngine:
     @classmethod
     def from_pretrained(cls, target_path: str | Path, draft_path: str | Path, *,
                         dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
-                        **kw) -> SpeculativeEngine:
-        return cls(load_model(target_path, dtype=dtype, device=device),
-                   load_model(draft_path, dtype=dtype, device=device), **kw)
+                        draft_vocab_size: int | None = None, **kw) -> SpeculativeEngine:
+        """Both models from their folders. ``draft_vocab_size``: prune the draft's head to that many
+        of its most frequent tokens (``sharding.draft_vocab``; the draft folder's token counts)."""
+        target, draft = (load_model(p, dtype=dtype, device=device) for p in (target_path, draft_path))
+        if draft_vocab_size is not None:
+            kw["draft_vocab"] = keep_ids(ranked_ids(draft_path), draft_vocab_size, draft.config.vocab_size,
+                                         always=target.config.eos_token_ids)
+        return cls(target, draft, **kw)
 
     # -- requests ----------------------------------------------------------------------------
     @property
@@ -351,9 +374,13 @@ class SpeculativeEngine:
             sampled = [b for b, s in enumerate(seqs) if not s.params.greedy]
             # rows whose processing reads their tokens: a copy of the history each, fed the drafts
             drafting = {b: s.history.copy() for b, s in enumerate(seqs) if s.history is not None}
+            keep, vocab = self.draft_vocab, self.config.vocab_size
             for i in range(k):
-                logits = self.draft.logits([rows], self.draft.forward([rows]))[0]  # [B, V]
-                drafts[:, i] = logits.argmax(dim=-1).to(drafts.device)  # the greedy rows' drafts (one op)
+                logits = self.draft.logits([rows], self.draft.forward([rows]))[0]  # [B, V] (pruned: [B, len(keep)])
+                best = logits.argmax(dim=-1).to(drafts.device)  # the greedy rows' drafts (one op)
+                drafts[:, i] = best if keep is None else keep[best]
+                if keep is not None and (drafting or sampled):  # their processing reads the whole vocabulary
+                    logits = expand(logits, keep, vocab)
                 rows_of = {b: h.apply(logits[b].float().clone()) for b, h in drafting.items()}
                 for b in rows_of:
                     if seqs[b].params.greedy:

@@ -24,6 +24,8 @@ from safetensors.torch import save_file
 
 from .export import MANIFEST, WEIGHTS, tensors_sha256
 
+STUDENT_FILES = ("config.json", "generation_config.json", "token_counts.json")
+"""Files of the student folder the checkpoint carries (``token_counts.json``: ``sharding.draft_vocab``)."""
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "vocab.json", "merges.txt", "tokenizer.model")
 
@@ -69,6 +71,7 @@ def assemble(student_dir: str | Path, full_dir: str | Path) -> Path:
     if (out / "model.safetensors").is_file() and (out / "config.json").is_file():
         try:
             if json.loads((out / "source.json").read_text()).get("full_stamp") == stamp:
+                _copy_student_files(student_dir, out)  # token counts added to the student since
                 return out  # made from this very full model's files
         except (OSError, ValueError):
             pass
@@ -95,9 +98,7 @@ def assemble(student_dir: str | Path, full_dir: str | Path) -> Path:
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".assembling-"))
     try:
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        for name in ("config.json", "generation_config.json"):
-            if (student_dir / name).is_file():
-                shutil.copy2(student_dir / name, tmp / name)
+        _copy_student_files(student_dir, tmp)
         for name in TOKENIZER_FILES:
             if (full_dir / name).is_file():
                 shutil.copy2(full_dir / name, tmp / name)
@@ -116,6 +117,15 @@ def assemble(student_dir: str | Path, full_dir: str | Path) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def _copy_student_files(student_dir: Path, out: Path) -> None:
+    for name in STUDENT_FILES:
+        src, dst = student_dir / name, out / name
+        if src.is_file() and not (dst.is_file() and dst.read_bytes() == src.read_bytes()):
+            tmp = dst.with_name(f".{name}.tmp")
+            shutil.copy2(src, tmp)
+            tmp.replace(dst)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,7 +3,9 @@
 A student folder holds ``config.json`` and ``generation_config.json`` (a standard checkpoint's),
 ``student.safetensors`` (the trained layers and final norm, bf16), ``distilled.json`` (which tensors
 come from which full model, identified by the sha256 of those tensors' bytes, and every setting and
-figure of the run) and ``README.md`` (the model card). The embedding (and the tokenizer) are the full
+figure of the run), ``token_counts.json`` (the tokens of the full model's answers it was trained on,
+most frequent first: the exact lane's pruned draft head keeps the top of it, ``sharding.draft_vocab``)
+and ``README.md`` (the model card). The embedding (and the tokenizer) are the full
 model's, so the folder is a few tens of megabytes lighter; ``assemble`` rebuilds the whole
 checkpoint from it and the full model.
 """
@@ -42,9 +44,13 @@ def tensors_sha256(checkpoint: Path, names: list[str]) -> str:
     return digest.hexdigest()
 
 
-def write(student, out: Path, *, full_dir: Path, shared: list[str], manifest: dict, card: str) -> Path:
-    """Write ``student`` (its trained tensors; ``shared`` ones stay the full model's) into ``out``."""
+def write(student, out: Path, *, full_dir: Path, shared: list[str], manifest: dict, card: str,
+          token_counts: dict | None = None) -> Path:
+    """Write ``student`` (its trained tensors; ``shared`` ones stay the full model's) into ``out``;
+    ``token_counts``: ``sharding.draft_vocab.count_tokens`` of the answers it learned."""
     out.mkdir(parents=True, exist_ok=True)
+    if token_counts is not None:
+        write_token_counts(out, token_counts)
     trained = {n: t.detach().to(torch.bfloat16).contiguous() for n, t in student.state_dict().items()
                if n not in shared and not (n == "lm_head.weight" and student.config.tie_word_embeddings)}
     save_file(trained, str(out / WEIGHTS), metadata={"format": "pt"})
@@ -62,3 +68,13 @@ def write(student, out: Path, *, full_dir: Path, shared: list[str], manifest: di
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     (out / "README.md").write_text(card)
     return out
+
+
+def write_token_counts(out: Path, counts: dict) -> Path:
+    """``counts`` as ``out/token_counts.json`` (``sharding.draft_vocab.TOKEN_COUNTS``), one id per line."""
+    from sharding.draft_vocab import TOKEN_COUNTS
+
+    path = Path(out) / TOKEN_COUNTS
+    lines = ",\n".join(f"  [{t}, {n}]" for t, n in counts["counts"])
+    path.write_text(f'{{"tokens": {counts["tokens"]}, "counts": [\n{lines}\n]}}\n')
+    return path

@@ -7,7 +7,8 @@ checkpoint, keyed by all of them):
 2. the full model's greedy answers to ``prompts`` generated prompts, with its top-k distribution at
    every answer position (``teacher``); 5% of the prompts are held out;
 3. the student, started from the full model's kept layers, trained on them (``train``);
-4. the student folder written (``export``): its tensors, ``distilled.json`` and a model card.
+4. the student folder written (``export``): its tensors, ``distilled.json``, the answers' token
+   counts (``token_counts.json``, for the exact lane's pruned draft head) and a model card.
 
 ``--full`` takes a checkpoint folder, a GGUF file or ``builtin:NAME`` (``models.builtin``).
 Runs on the GPU when one is present, else on the CPU's ``--threads`` cores.
@@ -117,10 +118,18 @@ def distill(full: Path, out: Path, cfg, *, threads: int, full_name: str, work: P
                 "command": "fastmode distill " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["distill"] else [])},
         "parameters": sum(p.numel() for p in pupil.parameters()),
     }
-    export.write(pupil, out, full_dir=full, shared=shared, manifest=manifest, card=card(manifest, shared))
+    from sharding.draft_vocab import count_tokens
+
+    export.write(pupil, out, full_dir=full, shared=shared, manifest=manifest, card=card(manifest, shared),
+                 token_counts=count_tokens(answer_ids(rows)))
     log(f"distill: wrote {out}: held-out top-1 agreement with the full model "
         f"{stats['held_out_before']['top1_agreement']:.3f} -> {stats['held_out_after']['top1_agreement']:.3f}")
     return json.loads((out / export.MANIFEST).read_text())
+
+
+def answer_ids(rows: list[dict]) -> list[list[int]]:
+    """The full model's answer tokens of each training row (its end-of-turn token included)."""
+    return [r["ids"][r["prompt_len"]:] for r in rows]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -113,6 +113,25 @@ def test_the_student_folder_assembles_into_a_checkpoint_transformers_loads(disti
     assert f"{manifest['train']['steps']} steps" in text and manifest["run"]["machine"] in text
 
 
+def test_the_student_carries_its_answers_token_counts_which_recount_makes_again(distilled, tmp_path):
+    """``token_counts.json``: every answer token of the run, most frequent first; the assembled
+    checkpoint carries it; ``models.distill.counts`` makes the same file again from the student's
+    own settings (the full model's greedy answers, batched as the run batched them)."""
+    import shutil
+
+    from models.distill.counts import recount
+
+    out, manifest, _ = distilled
+    counts = json.loads((out / "token_counts.json").read_text())
+    ns = [n for _, n in counts["counts"]]
+    assert counts["tokens"] == manifest["data"]["answer_tokens"] == sum(ns) and ns == sorted(ns, reverse=True)
+    assert (assemble(out, TEST_FULL) / "token_counts.json").read_bytes() == (out / "token_counts.json").read_bytes()
+    copy = shutil.copytree(out, tmp_path / "student")
+    (copy / "token_counts.json").unlink()
+    recount(copy, TEST_FULL, threads=1, log=lambda *_: None)
+    assert (copy / "token_counts.json").read_bytes() == (out / "token_counts.json").read_bytes()
+
+
 def test_same_settings_and_seed_make_the_same_student(distilled):
     out, _, again = distilled
     assert (out / "student.safetensors").read_bytes() == (again / "student.safetensors").read_bytes()

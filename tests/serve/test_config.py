@@ -61,6 +61,8 @@ def test_relative_model_paths_resolve_against_the_file(tmp_path):
     ({"lanes": {"exact": {"num_speculative_tokens_per_batch_size": [[1, 2, 3]]}}}, "set engine: vllm"),
     ({"lanes": {"exact": {"dtype": "auto"}}}, "engine 'fastmode' takes float32, bfloat16 or float16"),
     ({"lanes": {"exact": {"threads": 0}}}, "lanes.exact.threads"),
+    ({"lanes": {"exact": {"draft_vocab": 8}}}, "lanes.exact.draft_vocab"),
+    ({"lanes": {"exact": {"engine": "vllm", "draft_vocab": 1024}}}, "draft_vocab is fastmode's engine's"),
     ({"router": {"auto_threshold": -1}}, "router.auto_threshold"),
     ({"http": {"port": 70000}}, "http.port"),
     ({"models": {"fast": {"id": "fastmode-full", "path": str(TEST_FAST)}}}, "different ids"),

@@ -1,0 +1,119 @@
+"""A draft model's head cut to the tokens it drafts: fewer multiply-adds per draft step, the same output.
+
+Each draft step of a speculative round ends in the draft model's head, ``[V, D]``; on a small draft
+with a large vocabulary that head is a large share of the step (SmolLM2's 49,152 x 576 is half of the
+shipped student's weights). ``prune_head(model, keep)`` replaces the head by its rows ``keep``, the
+token ids the draft may propose, so a draft step multiplies by ``len(keep)`` rows instead of ``V``
+(frequency-ranked drafting: FR-Spec, Zhao et al., 2025).
+
+The target still verifies every draft against its whole vocabulary, so the output does not change.
+Greedy: a draft is kept only when it is the target's argmax. Sampled: the rejection rule yields the
+target's distribution for any draft distribution ``q``; here ``q`` is zero outside ``keep``
+(``expand``: the draft's logits there are ``-inf``), and the residual ``max(p - q, 0)`` holds
+those tokens. Only acceptance can fall: where the target's next token is outside ``keep``, the
+draft cannot propose it.
+
+Which ids: the most frequent tokens in the full model's own answers, as ``fastmode distill``
+counts them in the answers its student is trained on and writes beside the student
+(``TOKEN_COUNTS``: ``{"tokens": N, "counts": [[id, count], ...]}``, most frequent first).
+``keep_ids`` takes the first ``size`` of them, adds the model's end-of-turn ids (so a draft can
+propose the end), and rounds up to whole 16-row blocks (the packed kernel's, ``sharding.packed``)
+with the next-ranked ids.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .errors import InvalidLayout
+
+TOKEN_COUNTS = "token_counts.json"
+"""The file, in a draft model's folder, of its token ids ranked by frequency."""
+
+BLOCK = 16
+"""``keep`` is a whole number of these rows (``sharding.packed.BLOCK``)."""
+
+
+class DraftVocabUnavailable(InvalidLayout):
+    """A pruned draft head was asked for and the draft's folder has no usable token counts."""
+
+    code = "draft_vocab_unavailable"
+
+
+def ranked_ids(folder: str | Path) -> list[int]:
+    """The draft's token ids, most frequent first, from ``folder/token_counts.json``.
+
+    Raises:
+        DraftVocabUnavailable: the file is missing or not in the format above.
+    """
+    path = Path(folder) / TOKEN_COUNTS
+    try:
+        counts = json.loads(path.read_text())["counts"]
+        return [int(i) for i, _ in counts]
+    except FileNotFoundError:
+        raise DraftVocabUnavailable(f"{path} does not exist: a pruned draft head needs the draft's token "
+                                    f"counts (fastmode distill writes them; python -m models.distill.counts "
+                                    f"counts them for a draft made before)") from None
+    except (ValueError, KeyError, TypeError) as e:
+        raise DraftVocabUnavailable(f"{path} is not a token-counts file ({e})") from None
+
+
+def count_tokens(answers: Iterable[Iterable[int]]) -> dict:
+    """The ``TOKEN_COUNTS`` record of ``answers`` (token id sequences): ids most frequent first, ties by id."""
+    counts: dict[int, int] = {}
+    total = 0
+    for ids in answers:
+        for t in ids:
+            counts[int(t)] = counts.get(int(t), 0) + 1
+            total += 1
+    return {"tokens": total, "counts": [[t, n] for t, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]}
+
+
+def keep_ids(ranked: list[int], size: int, vocab_size: int, always: Iterable[int] = ()) -> torch.Tensor:
+    """The ids a pruned head keeps, ascending: ``always``, then ``ranked`` in order, then the rest of
+    the vocabulary by id, until ``size`` rounded up to a multiple of ``BLOCK`` (at most ``vocab_size``).
+
+    Raises:
+        InvalidLayout: ``size`` is not positive, or an id is outside the vocabulary.
+    """
+    if size <= 0:
+        raise InvalidLayout(f"draft_vocab must be a positive number of tokens, got {size}")
+    want = min(-(-max(size, len(set(always))) // BLOCK) * BLOCK, vocab_size)
+    chosen: dict[int, None] = {}
+    for t in (*always, *ranked):
+        if not 0 <= t < vocab_size:
+            raise InvalidLayout(f"token id {t} is outside the draft's vocabulary of {vocab_size}")
+        if len(chosen) >= want:
+            break
+        chosen[t] = None
+    t = 0
+    while len(chosen) < want:
+        chosen.setdefault(t, None)
+        t += 1
+    return torch.tensor(sorted(chosen), dtype=torch.long)
+
+
+def prune_head(model: nn.Module, keep: torch.Tensor) -> None:
+    """Replace ``model.lm_head`` (whole, not tensor-parallel) by its rows ``keep``: the model's logits
+    become ``[..., len(keep)]``, column ``j`` the logit of token ``keep[j]``. A tied embedding keeps
+    its whole table (the head gets its own copy of the kept rows). Apply it before packing or compiling."""
+    head = model.lm_head
+    if type(head) is not nn.Linear or head.bias is not None:
+        raise InvalidLayout("a pruned draft head needs the whole model's plain head (no tensor parallelism, no bias)")
+    pruned = nn.Linear(head.in_features, len(keep), bias=False, device=head.weight.device, dtype=head.weight.dtype)
+    pruned.weight.data.copy_(head.weight.data[keep.to(head.weight.device)])
+    pruned.requires_grad_(False)
+    model.lm_head = pruned
+
+
+def expand(logits: torch.Tensor, keep: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """A pruned head's logits ``[..., len(keep)]`` as float32 logits over the whole vocabulary, ``-inf``
+    outside ``keep``."""
+    full = torch.full((*logits.shape[:-1], vocab_size), float("-inf"), dtype=torch.float32, device=logits.device)
+    full[..., keep.to(logits.device)] = logits.float()
+    return full
