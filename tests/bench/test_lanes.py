@@ -51,6 +51,30 @@ def test_lanes_under_load_quick(quick_run, api):
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
 
 
+def test_the_chat_workload_through_both_front_doors(app):
+    """``bench.targets``' chat requests on fastmode itself: the OpenAI chat API (SSE deltas) and the
+    WebSocket (a message list), every requested token counted, on a full-model and the fast lane."""
+    import asyncio
+
+    import httpx
+
+    from bench.targets import openai_request, websocket_request
+    from clients.sdk import AsyncClient
+
+    a = app()
+
+    async def go():
+        async with httpx.AsyncClient(base_url=a.base, headers={"Authorization": f"Bearer {a.key}"},
+                                     timeout=120) as http:
+            over_http = await openai_request(http, "fastmode-full", None, 6, "chat")
+        async with AsyncClient(a.base, api_key=a.key) as client:
+            over_ws = await websocket_request(client, "fastmode-fast", None, 6, "chat")
+        return over_http, over_ws
+
+    for r in asyncio.run(go()):
+        assert r["output_tokens"] == 6 and r["chunks"] >= 1 and r["first"] >= r["sent"], r
+
+
 def _row(lane, c, agg, user, chip_s, units):
     return {"lane": lane, "concurrency": c, "aggregate_tokens_per_s": agg, "chip_seconds_per_1k_output_tokens": chip_s,
             "per_user_decode_tokens_per_s": {"p50": user}, "cost_units_per_1k_output_tokens": units}

@@ -96,6 +96,48 @@ def test_llama_server_stream_parsed_with_its_timings_and_drafts():
     assert lcs.draft_totals([{"predicted_per_second": 9.0}]) is None  # no draft model: no drafts
 
 
+# the chat endpoint's stream (OpenAI's chat.completion.chunk: text in delta.content)
+LLAMA_CHAT_SSE = [
+    {"choices": [{"delta": {"role": "assistant", "content": None}, "index": 0, "finish_reason": None}],
+     "object": "chat.completion.chunk"},
+    {"choices": [{"delta": {"content": "Here"}, "index": 0, "finish_reason": None}], "object": "chat.completion.chunk"},
+    {"choices": [{"delta": {"content": " is"}, "index": 0, "finish_reason": None}], "object": "chat.completion.chunk"},
+    {"choices": [{"delta": {}, "index": 0, "finish_reason": "length"}], "object": "chat.completion.chunk",
+     "usage": {"completion_tokens": 2, "prompt_tokens": 30, "total_tokens": 32},
+     "timings": {"prompt_n": 30, "predicted_n": 2, "predicted_per_second": 40.0}},
+]
+
+
+def test_the_chat_workload_posts_one_user_message_and_reads_delta_content():
+    from bench.targets import CHAT_PROMPT
+
+    sent: list[tuple[str, dict]] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        sent.append((request.url.path, json.loads(request.content)))
+        body = "".join(f"data: {json.dumps(c)}\n\n" for c in LLAMA_CHAT_SSE) + "data: [DONE]\n\n"
+        return httpx.Response(200, text=body, headers={"content-type": "text/event-stream"})
+
+    async def go():
+        async with httpx.AsyncClient(base_url="http://llama", transport=httpx.MockTransport(handle)) as http:
+            return await openai_request(http, "fastmode-full", None, 2, "chat")
+
+    r = asyncio.run(go())
+    path, body = sent[0]
+    assert path == "/v1/chat/completions" and "prompt" not in body
+    assert body["messages"] == [{"role": "user", "content": CHAT_PROMPT}] and body["ignore_eos"]
+    assert r["output_tokens"] == 2 and r["chunks"] == 2 and r["first"] > r["sent"] and r["finish_reason"] == "length"
+
+
+def test_workload_for_follows_the_full_models_chat_template(tmp_path, smollm2):
+    from bench.targets import workload_for
+    from models import TEST_FULL
+
+    assert workload_for(TEST_FULL) == "completion"  # the test pair has no template
+    assert workload_for(smollm2) == "chat"
+    assert workload_for(tmp_path) == "completion"  # no tokenizer files at all
+
+
 def test_a_model_the_converter_refuses_skips_the_servers_that_need_it():
     why = "GGUFUnsupported (gguf_unsupported): no pre-tokenizer"
     skipped = lcs.skipped_servers(["full", "fast", "full-spec"], {"fast": why})
