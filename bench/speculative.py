@@ -23,7 +23,7 @@ requests through the full model's chat template (an instruct pair's usual input)
 
 Usage: fastmode bench speculative [--tokens 128] [--prompts 4] [--repeats 2] [--ks 1,2,4]
                                   [--full PATH --fast PATH] [--chat] [--draft-vocab N[,N]]
-                                  [--no-packed] [--only-ours] [--no-compile] [--json FILE]
+                                  [--no-packed | --packed-only] [--only-ours] [--no-compile] [--json FILE]
 """
 
 from __future__ import annotations
@@ -157,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ks", default="1,2,4", help="fixed numbers of drafts to try")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--no-packed", action="store_true", help="skip the packed-weights runs")
+    ap.add_argument("--packed-only", action="store_true", help="fastmode's engine with packed weights only "
+                    "(what the lanes run where the kernel builds), not also with float32 weights")
     ap.add_argument("--only-ours", action="store_true", help="skip vLLM's runs")
     ap.add_argument("--no-compile", action="store_true", help="fastmode's executor eager (smoke runs; its "
                     "figures are not the lane's)")
@@ -181,6 +183,10 @@ def main(argv: list[str] | None = None) -> int:
     from sharding.packed import unavailable_reason
 
     ours = ["ours"] + (["packed"] if unavailable_reason() is None and not args.no_packed else [])
+    if args.packed_only:
+        if "packed" not in ours:
+            ap.error(f"--packed-only: the packed kernel cannot run here ({unavailable_reason() or '--no-packed'})")
+        ours = ["packed"]
     workers = ([f"vllm:{k}:fixed:0" for k in [0, *ks]]
                + [w for kind in ours for w in [f"{kind}:{k}:fixed:0" for k in [0, *ks]] + [f"{kind}:{max(ks)}:adaptive:0"]
                   + [f"{kind}:{k}:fixed:{v}" for v in vocabs for k in ks]])
