@@ -122,10 +122,13 @@ def header(suite: dict | None) -> list[str]:
                   f"workers ({n['ray_workers']}: Serve's proxy, the replicas, their vLLM engines), so the load "
                   "generator on the same machine competes with the server it measures on equal terms; vLLM's "
                   "own server, started by its stage, ran at the same niceness.", ""]
-    rows = [[name, f"`{s['command']}`", f"{s['seconds']:.0f}", "ok" if s["exit_code"] == 0 else
-             f"**failed ({s['exit_code']})**"] for name, s in suite["stages"].items()]
+    rows = [[name, f"`{s['command']}`" if s.get("command") else "-", f"{s['seconds']:.0f}",
+             "ok" if s["exit_code"] == 0 else f"**failed ({s.get('error') or s['exit_code']})**"]
+            for name, s in suite["stages"].items()]
     app = suite.get("app") or {}
-    if app.get("started_here"):
+    if app.get("error"):
+        lines += [f"The application did not start: {app['error'].splitlines()[0]}", ""]
+    elif app.get("started_here"):
         alone = ("it started while the stages without an app ran (quick runs only)" if suite.get("quick")
                  else "alone on the machine; stages ran one after another")
         lines += [f"The application: `fastmode up` with the embedded default config, started by the run "

@@ -52,7 +52,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from bench.app import REPO, running_app
+from bench.app import REPO, AppFailed, running_app
 
 NO_APP = ("sharding", "decode", "vllm", "llama-cpp")
 NICE = int(os.environ.get("RAY_worker_niceness", "15"))
@@ -221,6 +221,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"== {name}: {'ok' if rc == 0 else f'FAILED (exit {rc})'} in {time.perf_counter() - t:.0f} s",
               flush=True)
 
+    def run_app_stages(names: list[str]) -> None:
+        # A full run measures the exact lane compiled: it waits for its compile in the background.
+        with running_app(log=out / "app.log", compiled=not args.quick) as app:
+            print(f"== app ready in {app.start_s:.0f} s at {app.url}"
+                  + (f", the exact lane compiled at {app.compiled_s:.0f} s" if app.compiled_s else ""), flush=True)
+            if background:
+                background.join()
+            env["FASTMODE_API_KEY"] = app.key
+            env["FASTMODE_GRPC_TARGET"] = app.grpc or ""
+            record["app"] = {"url": app.url, "started_here": True, "start_s": app.start_s,
+                             "exact_compiled_s": app.compiled_s, "config": "embedded default (serve/fastmode.yaml)"}
+            for name in names:
+                run(name, app.url)
+
     no_app = [s for s in todo if s in NO_APP]
     app_stages = [s for s in todo if s in WITH_APP]
     # --quick overlaps the app's start (about a minute) with the stages that need no app: its
@@ -240,19 +254,18 @@ def main(argv: list[str] | None = None) -> int:
                 run(name, args.url.rstrip("/"))
         else:
             print("\n== starting fastmode up (the embedded default config) ...", flush=True)
-            # A full run measures the exact lane compiled: it waits for its compile in the background.
-            with running_app(log=out / "app.log", compiled=not args.quick) as app:
-                print(f"== app ready in {app.start_s:.0f} s at {app.url}"
-                      + (f", the exact lane compiled at {app.compiled_s:.0f} s" if app.compiled_s else ""), flush=True)
+            try:
+                run_app_stages(app_stages)
+            except AppFailed as e:  # every stage that needed it fails with the reason; the rest still run
+                why = str(e).splitlines()[0]
+                print(f"== the app failed: {why}", flush=True)
+                record["app"] = {"started_here": True, "error": str(e)[-4000:]}
+                for name in app_stages:
+                    record["stages"].setdefault(name, {"command": None, "seconds": 0.0, "exit_code": None,
+                                                       "error": f"the app did not start: {why}"})
+                save()
                 if background:
                     background.join()
-                env["FASTMODE_API_KEY"] = app.key
-                env["FASTMODE_GRPC_TARGET"] = app.grpc or ""
-                record["app"] = {"url": app.url, "started_here": True, "start_s": app.start_s,
-                                 "exact_compiled_s": app.compiled_s,
-                                 "config": "embedded default (serve/fastmode.yaml)"}
-                for name in app_stages:
-                    run(name, app.url)
     for name in [s for s in todo if s in AFTER_APP]:
         run(name, None)
     record["stages"] = {n: record["stages"][n] for n in stages if n in record["stages"]}  # the suite's order

@@ -268,3 +268,34 @@ def test_a_runs_own_results_do_not_make_the_checkout_dirty(tmp_path):
     assert commit(tmp_path)["dirty"] is False
     (tmp_path / "bench/pair.py").write_text("b\n")
     assert commit(tmp_path)["dirty"] is True
+
+
+def test_an_app_that_does_not_start_fails_its_stages_and_the_rest_still_run(tmp_path, monkeypatch):
+    """``fastmode up`` failing (or its exact lane not compiling in time) fails every stage that needed
+    it, with the reason; the stages after it still run and the run is written complete."""
+    import contextlib
+    import types
+
+    import bench.report
+    import bench.suite as suite
+
+    ran: list[str] = []
+    monkeypatch.setattr(suite, "subprocess", types.SimpleNamespace(
+        run=lambda cmd, **kw: ran.append(cmd[2].removeprefix("bench.")) or types.SimpleNamespace(returncode=0)))
+    monkeypatch.setattr(bench.report, "write_report", lambda out, docs: None)
+    monkeypatch.setattr(suite, "commit", lambda: {"sha": "a" * 40, "dirty": False})
+
+    @contextlib.contextmanager
+    def no_app(**kw):
+        raise suite.AppFailed("the exact lane did not run compiled in time:\n(its log)")
+        yield
+
+    monkeypatch.setattr(suite, "running_app", no_app)
+    assert suite.main(["--only", "sharding,lanes,quality,fuzz", "--out", tmp_path]) == 1
+    assert ran == ["sharding", "fuzz"]
+    doc = json.loads((tmp_path / "suite.json").read_text())
+    assert doc["complete"] is True and "did not run compiled" in doc["app"]["error"]
+    for name in ("lanes", "quality"):
+        assert doc["stages"][name]["exit_code"] is None
+        assert doc["stages"][name]["error"] == "the app did not start: the exact lane did not run compiled in time:"
+    assert doc["stages"]["sharding"]["exit_code"] == doc["stages"]["fuzz"]["exit_code"] == 0

@@ -120,7 +120,8 @@ def test_weights_that_do_not_fit_the_machine():
 
 def test_a_pruned_draft_head_needs_the_fast_models_token_counts(tmp_path):
     fast = _copy(TEST_FAST, tmp_path / "fast")
-    config = {"models": {"fast": {"id": "s", "path": str(fast)}}, "lanes": {"exact": {"draft_vocab": 1024}}}
+    config = {"models": {"full": {"id": "f", "path": str(TEST_FULL)}, "fast": {"id": "s", "path": str(fast)}},
+              "lanes": {"exact": {"draft_vocab": 1024}}}
     with pytest.raises(PreflightError, match="lanes.exact.draft_vocab: .*token_counts.json does not exist"):
         preflight(load_config(config), chips=2)
     (fast / "token_counts.json").write_text('{"tokens": 2, "counts": [[5, 2]]}')
