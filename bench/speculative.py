@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         ours = ["packed"]
     workers = ([f"vllm:{k}:fixed:0" for k in [0, *ks]]
                + [w for kind in ours for w in [f"{kind}:{k}:fixed:0" for k in [0, *ks]] + [f"{kind}:{max(ks)}:adaptive:0"]
-                  + [f"{kind}:{k}:fixed:{v}" for v in vocabs for k in ks]])
+                  + [f"{kind}:{k}:fixed:{v}" for v in vocabs for k in ks] + [f"{kind}:{max(ks)}:adaptive:{v}" for v in vocabs]])
     if args.only_ours:
         workers = [w for w in workers if not w.startswith("vllm")]
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())

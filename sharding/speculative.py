@@ -32,7 +32,11 @@ next input is then ``[dk, bonus]``).
 
 ``k`` adapts per round (``adaptive``): from the acceptance rate seen so far and the measured cost
 of a draft step against a verify step, it picks the ``k`` that maximizes expected tokens per
-second, ``(1 - a**(k+1)) / (1 - a) / (t_verify + k * t_draft)``. A seeded sampled request draws
+second, ``(1 - a**(k+1)) / (1 - a) / (t_verify + k * t_draft)``, or ``k = 0``, a plain decode step
+of the target alone (``1 / t_plain``), when drafts are accepted too rarely to pay for themselves.
+While it decodes plainly, every ``PROBE_EVERY``-th round drafts one token, so the acceptance and the
+draft's cost are still measured (the draft first catches up on the tokens it has not seen, in one
+forward). A seeded sampled request draws
 the same tokens again only for the same sequence of ``k``s: with ``adaptive`` (timings decide ``k``)
 its tokens follow the target's distribution but are not reproducible; greedy output is always the
 same.
@@ -67,6 +71,8 @@ from .weights import load_model
 
 K_MAX = 8
 """The most drafts per round ``adaptive`` may choose."""
+PROBE_EVERY = 16
+"""While ``adaptive`` decodes plainly (``k = 0``), one round in this many drafts one token."""
 
 
 class DraftMismatch(InvalidLayout):
@@ -173,16 +179,19 @@ def processed_positions(history: History, logits: torch.Tensor, tokens: list[int
     return out
 
 
-def best_k(per_position: float, t_draft: float, t_verify: float, k_max: int = K_MAX) -> int:
+def best_k(per_position: float, t_draft: float, t_verify: float, k_max: int = K_MAX,
+           t_plain: float | None = None) -> int:
     """The ``k`` in ``1 .. k_max`` that maximizes expected tokens per second of a round, each draft
-    accepted with chance ``per_position`` if the ones before it were. (Never 0: a round without
-    drafts would stop measuring the acceptance.)"""
+    accepted with chance ``per_position`` if the ones before it were; with ``t_plain`` (seconds of a
+    plain decode step of the target), 0 where plain decoding is faster than any ``k``."""
     a = min(max(per_position, 0.0), 0.999)
 
     def rate(k: int) -> float:
+        if k == 0:
+            return 1 / t_plain
         return (1 - a ** (k + 1)) / (1 - a) / (t_verify + k * t_draft)
 
-    return max(range(1, k_max + 1), key=rate)
+    return max(range(0 if t_plain else 1, k_max + 1), key=rate)
 
 
 # -- the engine ----------------------------------------------------------------------------------
@@ -196,7 +205,8 @@ class SpeculativeEngine:
         max_len: tokens per sequence; default: what both models' caches fit (``KVCache.for_model``),
             within the smaller of their contexts. kv_cache_bytes: each model's cache budget.
         k: drafts per round (the start value when ``adaptive``).
-        adaptive: choose ``k`` each round from the acceptance and step costs measured so far.
+        adaptive: choose ``k`` each round from the acceptance and step costs measured so far
+            (0, a plain step, where drafting does not pay).
         compile: run both models under ``torch.compile`` (``sharding.stage``).
         prefix_cache: park finished sequences' slots for prompts that continue them.
         packed_weights: both models read small steps' weights as bfloat16 (``sharding.packed``):
@@ -244,7 +254,8 @@ class SpeculativeEngine:
         self.prefix: PrefixCache | None = PrefixCache() if prefix_cache else None
         self.finished_stats: dict[str, SpecStats] = {}
         """The speculative rounds of the requests that finished in the latest ``step``."""
-        self._t_draft = self._t_verify = None  # seconds per forward, smoothed
+        self._t_draft = self._t_verify = self._t_plain = None  # seconds per forward, smoothed
+        self._plain_rounds = 0  # rounds adaptive has decoded plainly since it last drafted
         self._waiting: list[_Seq] = []
         self._running: dict[str, _Seq] = {}
 
@@ -349,7 +360,11 @@ class SpeculativeEngine:
     def _k_for(self, seqs: list[_Seq]) -> int:
         k = self.k
         if self.adaptive and self._t_draft and self._t_verify and self.stats.drafted >= 16:
-            k = best_k(self.stats.per_position, self._t_draft, self._t_verify)
+            # Until a plain step is timed, a verify step's time stands for it (a slight overestimate).
+            k = best_k(self.stats.per_position, self._t_draft, self._t_verify, t_plain=self._t_plain or self._t_verify)
+            self._plain_rounds = self._plain_rounds + 1 if k == 0 else 0
+            if k == 0 and self._plain_rounds % PROBE_EVERY == 0:
+                k = 1  # a probe: keep measuring the drafts
             self.k = k
         for s in seqs:  # never draft past max_tokens or the context
             k = min(k, s.params.max_tokens - len(s.output) - 1, self.max_len - s.length - 1)
@@ -402,7 +417,10 @@ class SpeculativeEngine:
                     torch.full((B,), k), int(base.max()) + k + 1)
         hidden = self.target.forward([rows])[0]
         logits = self.target.model.compute_logits(hidden)  # [B, k + 1, V]
-        self._t_verify = _smooth(self._t_verify, time.perf_counter() - t0)
+        if k:
+            self._t_verify = _smooth(self._t_verify, time.perf_counter() - t0)
+        else:
+            self._t_plain = _smooth(self._t_plain, time.perf_counter() - t0)
         # 3. accept, per row.
         out = []
         for b, s in enumerate(seqs):
@@ -479,7 +497,8 @@ class SpeculativeEngine:
             while self.prefix:
                 self.slots.free(self.prefix.evict())
             self.prefix.hits = self.prefix.reused_tokens = 0
-        self.stats, self.k, self._t_draft, self._t_verify = SpecStats(), self.k_start, None, None
+        self.stats, self.k, self._t_draft, self._t_verify, self._t_plain = SpecStats(), self.k_start, None, None, None
+        self._plain_rounds = 0
 
     # -- offline -----------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]],

@@ -40,6 +40,7 @@ def test_a_pair_by_path_with_a_pruned_draft_head(tmp_path, run_module):
                "--prompts", 1, "--repeats", 1, "--full", TEST_FULL, "--fast", fast, "--draft-vocab", 64,
                "--json", out)
     results = json.loads(out.read_text())["results"]
-    assert [r["worker"] for r in results] == ["ours:0:fixed:0", "ours:2:fixed:0", "ours:2:adaptive:0", "ours:2:fixed:64"]
+    assert [r["worker"] for r in results] == ["ours:0:fixed:0", "ours:2:fixed:0", "ours:2:adaptive:0", "ours:2:fixed:64",
+                                                "ours:2:adaptive:64"]
     assert all("error" not in r and r["identical_to_plain"] for r in results)
-    assert results[-1]["draft_vocab"] == 64 and results[1]["draft_vocab"] is None
+    assert results[-1]["draft_vocab"] == results[-2]["draft_vocab"] == 64 and results[1]["draft_vocab"] is None

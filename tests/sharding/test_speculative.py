@@ -198,7 +198,28 @@ def test_rejection_rule_keeps_the_targets_distribution():
 def test_best_k_follows_acceptance_and_costs():
     assert best_k(0.95, t_draft=0.1, t_verify=1.0) == 8  # cheap drafts, nearly always right
     assert best_k(0.1, t_draft=0.5, t_verify=1.0) == 1  # mostly wrong: draft as little as allowed
+    assert best_k(0.1, t_draft=0.5, t_verify=1.0, t_plain=1.0) == 0  # ... or not at all, where plain is known
+    assert best_k(0.95, t_draft=0.1, t_verify=1.0, t_plain=0.9) == 8
     assert best_k(0.8, t_draft=0.1, t_verify=1.0) > best_k(0.8, t_draft=0.4, t_verify=1.0)
+
+
+def test_adaptive_decodes_plainly_where_drafts_do_not_pay_and_keeps_probing(pair):
+    """A draft that can propose only 16 tokens the target never picks: ``adaptive`` turns to plain
+    decode steps (k = 0), drafts one token every ``PROBE_EVERY`` rounds, and the output is still
+    transformers' greedy output of the target."""
+    from sharding.speculative import PROBE_EVERY
+
+    full, fast, prompts = pair
+    want = [hf_greedy(full, ids, 60) for ids in prompts]
+    seen = {t for o in want for t in o}
+    never = torch.tensor([t for t in range(4096) if t not in seen][-16:])
+    engine = SpeculativeEngine.from_pretrained(full, fast, num_slots=4, k=2, adaptive=True, draft_vocab=never)
+    assert engine.generate(prompts, SamplingParams(temperature=0, max_tokens=60, ignore_eos=True)) == want
+    stats = engine.stats
+    assert stats.accepted == 0 and engine._t_plain is not None
+    # the first two rounds draft k = 2 for each of the 4 sequences (16 drafts); then probes of one each
+    probes = (stats.drafted - 16) // len(prompts)
+    assert probes >= 1 and stats.rounds >= len(prompts) * PROBE_EVERY * probes  # 15 plain rounds per probe
 
 
 def test_bad_input_gets_typed_errors(pair):
