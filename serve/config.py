@@ -244,16 +244,18 @@ class ExactLaneConfig(VLLMLaneConfig):
         "slot for a later prompt that continues it (sharding/prefix_cache.py), in both models' caches.")
     packed_weights: PackedWeights = Field(default="auto", description="fastmode's engine, both models: "
                                           + _PACKED)
-    draft_vocab: int | None = Field(default=None, ge=16, description="fastmode's engine: the fast model drafts "
-        "from only this many of its tokens, the most frequent in the full model's answers (the fast model "
-        "folder's token_counts.json, which fastmode distill writes): each draft step multiplies by that many "
-        "rows of its head instead of the whole vocabulary's. The output is the same (the full model verifies "
-        "every draft against its whole vocabulary); a draft it cannot propose is only a rejected one. "
-        "null: the whole vocabulary (sharding/draft_vocab.py).")
+    draft_vocab: Annotated[int, Field(ge=16)] | Literal["auto"] | None = Field(default="auto",
+        description="fastmode's engine: the fast model drafts from only this many of its tokens, the most "
+        "frequent in the full model's answers (the fast model folder's token_counts.json, which fastmode "
+        "distill writes): each draft step multiplies by that many rows of its head instead of the whole "
+        "vocabulary's. The output is the same (the full model verifies every draft against its whole "
+        "vocabulary); a draft it cannot propose is only a rejected one. 'auto': 4096 where the fast model "
+        "has token counts and a vocabulary of at least 8192, else the whole vocabulary; null: the whole "
+        "vocabulary (sharding/draft_vocab.py; how the default was measured: docs/decisions/).")
 
     @model_validator(mode="after")
     def _engine_fields(self) -> ExactLaneConfig:
-        if self.engine == "vllm" and self.draft_vocab is not None:
+        if self.engine == "vllm" and self.draft_vocab not in (None, "auto"):
             raise ValueError("draft_vocab is fastmode's engine's: set engine: fastmode, or draft_vocab: null")
         if self.engine == "fastmode":
             from sharding.speculative import K_MAX

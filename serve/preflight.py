@@ -64,7 +64,7 @@ def preflight(config: AppConfig, *, chips: int | None = None, memory_bytes: int 
     if full_cfg is not None and full_cfg.vocab_size != fast_cfg.vocab_size:
         raise PreflightError(f"models.fast.path: its vocabulary ({fast_cfg.vocab_size}) is not the full model's "
                              f"({full_cfg.vocab_size}); the exact lane's drafter needs the same token ids")
-    if exact_ours and config.lanes.exact.draft_vocab is not None:
+    if exact_ours and config.lanes.exact.draft_vocab not in (None, "auto"):
         from sharding.draft_vocab import ranked_ids
 
         try:

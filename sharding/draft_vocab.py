@@ -39,6 +39,19 @@ BLOCK = 16
 """``keep`` is a whole number of these rows (``sharding.packed.BLOCK``)."""
 
 
+AUTO_SIZE = 4096
+"""``draft_vocab: auto``'s size, where the draft has token counts and a vocabulary at least twice as large."""
+
+
+def resolve(setting: int | str | None, folder: str | Path, vocab_size: int) -> int | None:
+    """A config's ``draft_vocab`` as a size for ``SpeculativeEngine.from_pretrained`` (``None``: the
+    whole vocabulary). ``"auto"``: ``AUTO_SIZE`` where ``folder`` has ``TOKEN_COUNTS`` and the
+    vocabulary is at least twice that, else the whole vocabulary; a number: that size."""
+    if setting == "auto":
+        return AUTO_SIZE if (Path(folder) / TOKEN_COUNTS).is_file() and vocab_size >= 2 * AUTO_SIZE else None
+    return setting
+
+
 class DraftVocabUnavailable(InvalidLayout):
     """A pruned draft head was asked for and the draft's folder has no usable token counts."""
 

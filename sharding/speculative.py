@@ -60,6 +60,7 @@ import torch
 
 from .batch import Rows
 from .draft_vocab import expand, keep_ids, prune_head, ranked_ids
+from .draft_vocab import resolve as resolve_draft_vocab
 from .errors import DuplicateRequest, InvalidLayout
 from .kv_cache import SlotPool, fit_max_len
 from .model import Llama
@@ -262,10 +263,12 @@ class SpeculativeEngine:
     @classmethod
     def from_pretrained(cls, target_path: str | Path, draft_path: str | Path, *,
                         dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
-                        draft_vocab_size: int | None = None, **kw) -> SpeculativeEngine:
+                        draft_vocab_size: int | str | None = None, **kw) -> SpeculativeEngine:
         """Both models from their folders. ``draft_vocab_size``: prune the draft's head to that many
-        of its most frequent tokens (``sharding.draft_vocab``; the draft folder's token counts)."""
+        of its most frequent tokens (``sharding.draft_vocab``; the draft folder's token counts), or
+        ``"auto"`` (``sharding.draft_vocab.resolve``)."""
         target, draft = (load_model(p, dtype=dtype, device=device) for p in (target_path, draft_path))
+        draft_vocab_size = resolve_draft_vocab(draft_vocab_size, draft_path, draft.config.vocab_size)
         if draft_vocab_size is not None:
             kw["draft_vocab"] = keep_ids(ranked_ids(draft_path), draft_vocab_size, draft.config.vocab_size,
                                          always=target.config.eos_token_ids)
@@ -378,7 +381,7 @@ class SpeculativeEngine:
         q = [[] for _ in seqs]  # the draft's warped distributions of sampled rows
         # 1. draft: the pending tokens (1 or 2 per row, right-padded), then one token at a time.
         if k:
-            t0 = time.perf_counter()
+            t0, graphs = time.perf_counter(), _graphs()
             width = max(len(s.pending) for s in seqs)
             tokens = torch.tensor([s.pending + [0] * (width - len(s.pending)) for s in seqs])
             start = torch.tensor([s.length - len(s.pending) for s in seqs])
@@ -408,16 +411,19 @@ class SpeculativeEngine:
                     h.append([int(drafts[b, i])])
                 if i + 1 < k:
                     rows = Rows(drafts[:, i:i + 1], (pos + i)[:, None], slots, last, top + i + 1)
-            self._t_draft = _smooth(self._t_draft, (time.perf_counter() - t0) / k)
+            if _graphs() == graphs:  # a step that compiled a graph says nothing of its cost
+                self._t_draft = _smooth(self._t_draft, (time.perf_counter() - t0) / k)
         # 2. verify: [last, d1 .. dk] at the sequence's next k + 1 positions.
-        t0 = time.perf_counter()
+        t0, graphs = time.perf_counter(), _graphs()
         last = torch.tensor([[s.output[-1]] for s in seqs])
         base = torch.tensor([s.length - 1 for s in seqs])
         rows = Rows(torch.cat([last, drafts], dim=1), base[:, None] + torch.arange(k + 1), slots,
                     torch.full((B,), k), int(base.max()) + k + 1)
         hidden = self.target.forward([rows])[0]
         logits = self.target.model.compute_logits(hidden)  # [B, k + 1, V]
-        if k:
+        if _graphs() != graphs:
+            pass  # compiled a graph: not a measure of the step's cost
+        elif k:
             self._t_verify = _smooth(self._t_verify, time.perf_counter() - t0)
         else:
             self._t_plain = _smooth(self._t_plain, time.perf_counter() - t0)
@@ -514,6 +520,13 @@ class SpeculativeEngine:
             for o in self.step():
                 out[o.request_id] += o.token_ids
         return [out[rid] for rid in ids]
+
+
+def _graphs() -> int:
+    """Graphs torch.compile has made in this process so far (a timed step that made one compiled)."""
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
 
 
 def _smooth(old: float | None, new: float, weight: float = 0.2) -> float:

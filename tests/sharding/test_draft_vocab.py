@@ -139,3 +139,13 @@ def test_bad_draft_vocab_is_a_typed_error(pair):
     for bad in ([4096], [3, 3], []):
         with pytest.raises(InvalidLayout, match="distinct token ids"):
             SpeculativeEngine.from_pretrained(full, fast, draft_vocab=torch.tensor(bad, dtype=torch.long))
+
+
+def test_auto_prunes_only_a_large_vocabulary_with_counts(tmp_path):
+    from sharding.draft_vocab import AUTO_SIZE, resolve
+
+    assert resolve("auto", tmp_path, 49152) is None  # no counts: the whole vocabulary
+    (tmp_path / TOKEN_COUNTS).write_text('{"tokens": 1, "counts": [[5, 1]]}')
+    assert resolve("auto", tmp_path, 49152) == AUTO_SIZE
+    assert resolve("auto", tmp_path, 4096) is None  # too small a vocabulary to gain from it
+    assert resolve(1000, tmp_path, 4096) == 1000 and resolve(None, tmp_path, 49152) is None
