@@ -221,15 +221,16 @@ class ExactLaneConfig(VLLMLaneConfig):
     sessions: Literal[False] = Field(default=False, description="Not on this lane: vLLM's streaming input is "
         "not tested with its speculative decoding; fastmode's engine keeps its own prefix cache (prefix_cache).")
     num_speculative_tokens: int = Field(default=3, ge=1, le=16, description="Tokens the fast model drafts "
-        "per verify step (k; at most 8 on fastmode's engine). The default is fastmode bench speculative's "
+        "per verify step (k; at most 8 on fastmode's engine; with adaptive_k the most it drafts). The default is fastmode bench speculative's "
         "pick on both engines (docs/decisions/); rerun it on your hardware.")
     num_speculative_tokens_per_batch_size: list[tuple[int, int, int]] | None = Field(default=None,
         description="vLLM's batch-size schedule of k: [[from, to, k], ...] (inclusive batch-size ranges), "
         "e.g. fewer drafts when a larger batch already fills each step. engine: vllm only.")
-    adaptive_k: bool = Field(default=False, description="fastmode's engine: choose k each round from the "
-        "acceptance and step times measured so far (sharding.speculative.best_k), starting at "
-        "num_speculative_tokens. Off by default: a fixed num_speculative_tokens measured faster "
-        "(fastmode bench speculative; docs/decisions/).")
+    adaptive_k: bool = Field(default=True, description="fastmode's engine: choose k each round, from 0 (a "
+        "plain decode step of the full model, where drafts are accepted too rarely to pay) to "
+        "num_speculative_tokens, from the acceptance and step times measured so far "
+        "(sharding.speculative.best_k). false: always num_speculative_tokens drafts. How the default was "
+        "measured: docs/decisions/.")
     compile: bool = Field(default=True, description="fastmode's engine: torch.compile both models, warmed "
                           "up over every shape the lane meets (see compile_in_background).")
     compile_in_background: bool = Field(default=True, description="fastmode's engine, with compile: the lane "

@@ -71,7 +71,7 @@ from .stage import StageRunner
 from .weights import load_model
 
 K_MAX = 8
-"""The most drafts per round ``adaptive`` may choose."""
+"""The most drafts per round."""
 PROBE_EVERY = 16
 """While ``adaptive`` decodes plainly (``k = 0``), one round in this many drafts one token."""
 
@@ -205,9 +205,9 @@ class SpeculativeEngine:
         num_slots: sequences decoded at once (each holds a KV-cache slot in both models).
         max_len: tokens per sequence; default: what both models' caches fit (``KVCache.for_model``),
             within the smaller of their contexts. kv_cache_bytes: each model's cache budget.
-        k: drafts per round (the start value when ``adaptive``).
-        adaptive: choose ``k`` each round from the acceptance and step costs measured so far
-            (0, a plain step, where drafting does not pay).
+        k: drafts per round (with ``adaptive``, the start value and the most it may choose).
+        adaptive: choose ``k`` in ``0 .. k`` each round from the acceptance and step costs measured
+            so far (0, a plain step, where drafting does not pay).
         compile: run both models under ``torch.compile`` (``sharding.stage``).
         prefix_cache: park finished sequences' slots for prompts that continue them.
         packed_weights: both models read small steps' weights as bfloat16 (``sharding.packed``):
@@ -364,7 +364,8 @@ class SpeculativeEngine:
         k = self.k
         if self.adaptive and self._t_draft and self._t_verify and self.stats.drafted >= 16:
             # Until a plain step is timed, a verify step's time stands for it (a slight overestimate).
-            k = best_k(self.stats.per_position, self._t_draft, self._t_verify, t_plain=self._t_plain or self._t_verify)
+            k = best_k(self.stats.per_position, self._t_draft, self._t_verify, k_max=self.k_start,
+                       t_plain=self._t_plain or self._t_verify)
             self._plain_rounds = self._plain_rounds + 1 if k == 0 else 0
             if k == 0 and self._plain_rounds % PROBE_EVERY == 0:
                 k = 1  # a probe: keep measuring the drafts
@@ -490,7 +491,7 @@ class SpeculativeEngine:
             raise RuntimeError("warm_up() needs an idle engine")
         n = self.slots.num_slots
         rows = sorted({min(b, n) for b in (1, 2, 3, n)})
-        k_top = K_MAX if self.adaptive else self.k_start
+        k_top = self.k_start
         prefill = [3, 5, 9, 17]
         for _ in range(max_passes):
             graphs = counters["stats"]["unique_graphs"]

@@ -44,8 +44,8 @@ def test_exact_tier_is_the_full_models_greedy_output_on_held_out_prompts(app, he
                                         max_output_tokens=TOKENS, ignore_eos=True)
             assert r.lane == "exact" and r.text == want, prompt[-80:]
             s = r.speculative
-            assert s["draft_tokens"] == 3 and s["verify_steps"] >= 1, s
-            assert 0 <= s["accepted"] <= s["drafted"] <= s["draft_tokens"] * s["verify_steps"], s
+            assert 0 <= s["draft_tokens"] <= 3 and s["verify_steps"] >= 1, s  # adaptive k
+            assert 0 <= s["accepted"] <= s["drafted"] <= 3 * s["verify_steps"], s
             assert s["acceptance_rate"] == pytest.approx(s["accepted"] / s["drafted"])
             assert s["tokens_per_step"] == pytest.approx(1 + s["accepted"] / s["verify_steps"])
             # the prefill's token, then each verify step's accepted drafts and its own token (the last

@@ -50,7 +50,7 @@ def test_streams_the_full_models_greedy_output_with_its_drafts(engine):
     assert outs[-1].finish_reason == "length" and all(o.finish_reason is None for o in outs[:-1])
     assert outs[0].queue_s >= 0 and outs[0].batch_size == 1
     s = outs[-1].speculative
-    assert s["draft_tokens"] == 3 and s["verify_steps"] >= 1 and 0 <= s["accepted"] <= s["drafted"]
+    assert 0 <= s["draft_tokens"] <= 3 and s["verify_steps"] >= 1  # adaptive: the k of its latest round and 0 <= s["accepted"] <= s["drafted"]
     assert s["tokens_per_step"] == pytest.approx(1 + s["accepted"] / s["verify_steps"])
     assert engine.num_unfinished() == 0
 

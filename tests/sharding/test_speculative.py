@@ -203,11 +203,19 @@ def test_best_k_follows_acceptance_and_costs():
     assert best_k(0.8, t_draft=0.1, t_verify=1.0) > best_k(0.8, t_draft=0.4, t_verify=1.0)
 
 
-def test_adaptive_decodes_plainly_where_drafts_do_not_pay_and_keeps_probing(pair):
+def test_adaptive_decodes_plainly_where_drafts_do_not_pay_and_keeps_probing(pair, monkeypatch):
     """A draft that can propose only 16 tokens the target never picks: ``adaptive`` turns to plain
     decode steps (k = 0), drafts one token every ``PROBE_EVERY`` rounds, and the output is still
-    transformers' greedy output of the target."""
+    transformers' greedy output of the target. (The engine's clock is one that every timed step
+    finds 1 s long, so the choice does not depend on this machine's timings.)"""
+    import itertools
+    import types
+
+    import sharding.speculative as spec
     from sharding.speculative import PROBE_EVERY
+
+    clock = itertools.count()
+    monkeypatch.setattr(spec, "time", types.SimpleNamespace(perf_counter=lambda: float(next(clock))))
 
     full, fast, prompts = pair
     want = [hf_greedy(full, ids, 60) for ids in prompts]
