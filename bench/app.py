@@ -60,9 +60,9 @@ class AppFailed(RuntimeError):
 def running_app(*args: str, timeout_s: float = 400, log: Path | None = None, compiled: bool = True,
                 compile_timeout_s: float = 3600) -> Iterator[RunningApp]:
     """``compiled``: where the exact lane compiles in the background, wait (up to ``compile_timeout_s``
-    more) until it runs compiled, so that it is measured as it serves from then on. (A first compile
-    of the default pair's exact lane, at its 4,096-token context, took more than 20 minutes on one
-    core of a 2-core machine; later starts read inductor's cache.)"""
+    more) until it runs compiled, so that it is measured as it serves from then on. A first compile
+    on a small CPU can take tens of minutes (every attention span of the lane's context); later starts
+    read inductor's cache."""
     port, grpc_port, key = free_port(), free_port(), "sk-bench-" + secrets.token_urlsafe(12)
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"FASTMODE_API_KEYS": key}
     cmd = [sys.executable, "-m", "clients.cli", "up", "--port", str(port), "--grpc-port", str(grpc_port),
