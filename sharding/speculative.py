@@ -36,10 +36,9 @@ second, ``(1 - a**(k+1)) / (1 - a) / (t_verify + k * t_draft)``, or ``k = 0``, a
 of the target alone (``1 / t_plain``), when drafts are accepted too rarely to pay for themselves.
 While it decodes plainly, every ``PROBE_EVERY``-th round drafts one token, so the acceptance and the
 draft's cost are still measured (the draft first catches up on the tokens it has not seen, in one
-forward). A seeded sampled request draws
-the same tokens again only for the same sequence of ``k``s: with ``adaptive`` (timings decide ``k``)
-its tokens follow the target's distribution but are not reproducible; greedy output is always the
-same.
+forward). A seeded sampled request draws the same tokens again only for the same sequence of
+``k``s, so while one is in the batch ``k`` stays at its start value (timings never decide it): its
+tokens are reproducible; greedy output is always the same.
 
 With ``draft_vocab``, the draft's head is cut to the tokens it drafts most (``sharding.draft_vocab``):
 cheaper draft steps, the same output.
@@ -362,7 +361,9 @@ class SpeculativeEngine:
 
     def _k_for(self, seqs: list[_Seq]) -> int:
         k = self.k
-        if self.adaptive and self._t_draft and self._t_verify and self.stats.drafted >= 16:
+        if any(not s.params.greedy and s.params.seed is not None for s in seqs):
+            k = self.k_start  # a seeded sampled request's tokens depend on the ks: keep them fixed
+        elif self.adaptive and self._t_draft and self._t_verify and self.stats.drafted >= 16:
             # Until a plain step is timed, a verify step's time stands for it (a slight overestimate).
             k = best_k(self.stats.per_position, self._t_draft, self._t_verify, k_max=self.k_start,
                        t_plain=self._t_plain or self._t_verify)

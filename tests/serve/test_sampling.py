@@ -352,7 +352,8 @@ def test_chat_logprobs_are_transformers_log_softmax(app):
         assert c.bytes == list(c.token.encode())
     streamed = chat(app, logprobs=True, top_logprobs=3, stream=True)
     entries = [e for ch in streamed if ch.choices and ch.choices[0].logprobs for e in ch.choices[0].logprobs.content]
-    assert [(e.token, round(e.logprob, 4)) for e in entries] == [(c.token, round(c.logprob, 4)) for c in content]
+    assert [e.token for e in entries] == [c.token for c in content]  # the same tokens; the adaptive k may differ,
+    assert max(abs(e.logprob - c.logprob) for e, c in zip(entries, content)) < 1e-4  # so float noise may too
     assert chat(app).choices[0].logprobs is None
 
 

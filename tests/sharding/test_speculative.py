@@ -230,6 +230,31 @@ def test_adaptive_decodes_plainly_where_drafts_do_not_pay_and_keeps_probing(pair
     assert probes >= 1 and stats.rounds >= len(prompts) * PROBE_EVERY * probes  # 15 plain rounds per probe
 
 
+def test_a_seeded_sampled_request_keeps_k_fixed_and_repeats(pair, monkeypatch):
+    """Where ``adaptive`` would decode plainly (the draft proposes only tokens the target never picks,
+    every step 1 s long on a fake clock), a seeded sampled request runs at the start ``k`` throughout:
+    its tokens do not depend on timings, so the same seed draws them again; another seed does not."""
+    import itertools
+    import types
+
+    import sharding.speculative as spec
+
+    clock = itertools.count()
+    monkeypatch.setattr(spec, "time", types.SimpleNamespace(perf_counter=lambda: float(next(clock))))
+    full, fast, prompts = pair
+    seen = {t for ids in prompts for t in hf_greedy(full, ids, 60)}
+    never = torch.tensor([t for t in range(4096) if t not in seen][-16:])
+
+    def sample(seed: int) -> list[list[int]]:
+        engine = SpeculativeEngine.from_pretrained(full, fast, num_slots=4, k=2, adaptive=True, draft_vocab=never)
+        out = engine.generate(prompts, SamplingParams(temperature=1.0, seed=seed, max_tokens=40, ignore_eos=True))
+        stats = engine.stats  # k = 2 each round but each sequence's last two (never past max_tokens)
+        assert stats.drafted >= 2 * (stats.rounds - 2 * len(prompts)) > 0, stats
+        return out
+
+    assert sample(1) == sample(1) != sample(2)
+
+
 def test_bad_input_gets_typed_errors(pair):
     full, fast, prompts = pair
     engine = SpeculativeEngine.from_pretrained(full, fast, num_slots=1, k=2)
