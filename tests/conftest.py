@@ -88,13 +88,10 @@ def with_test_pair(yaml_text: str) -> str:
 
 
 SHARED_APP_CONFIG = with_test_pair("lanes:\n  exact: {compile: false}\n")
-"""The shared app's config: the embedded default, but the exact lane eager; its fast lane stays
-compiled. With the fast lane eager too (commit f0586f3) the clean-clone CI run of cae54e4
-(2026-11-26 12:01 UTC) took 47.3 min of tests (no faster than the 41.2 of 55af56e with it compiled:
-the same graphs were then compiled cold by the in-process engines of ``bench gateway`` and
-``tests/sharding`` instead, inductor's cache being shared by every process of the checkout) and failed ``tests/serve/test_lanes.py::test_closing_a_stream_frees_its_engine_sequence[fast]``
-(``cancelled`` stayed at 9: the closed stream was not counted as cancelled); not yet diagnosed, so
-the configuration that passed is kept."""
+"""The shared app's config: the embedded default, but the exact lane eager (its compile is what the
+exact-lane tests that start their own engine measure); the fast lane stays compiled, since inductor's
+cache is shared by every process of the checkout: the in-process engines of ``bench gateway`` and
+``tests/sharding`` then find its graphs compiled (an eager fast lane made the suite no faster)."""
 
 
 @pytest.fixture(scope="session")
