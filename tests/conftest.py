@@ -47,11 +47,8 @@ def eager_lanes(fast: str = "") -> str:
     settings, e.g. ``"tp: 2, pp: 2"``), for the apps tests start: what they test (the front doors,
     spans, metrics, TLS, a start-up error) is not speed, and compiling those lanes is most of a cold
     start. A checkout at a new path compiles every graph again (inductor's C++ kernels are keyed by
-    their compile command, which names the virtual environment's torch): in clean-clone CI runs on
-    this 2-core VM (2026-11-26) the first test to use the shared app waited 809 s with both lanes
-    compiled and 589-667 s with the fast lane alone compiled; that wait is the app's start (about
-    220 s at eef3f34, 13:42-13:46 UTC) and then ``fastmode bench all --quick`` (386 s,
-    ``tests/bench/conftest.py``). The tests' own apps, eager, took 94-166 s. The compiled
+    their compile command, which names the virtual environment's torch), so in a clean-clone run an
+    app with both lanes compiled starts minutes later than an eager one. The compiled
     executor, the speculative engine and their warm-ups are tested in process (``tests/sharding``:
     ``test_engine``, ``test_pipeline``'s compiled rings, ``test_packed``, ``test_speculative``), and
     the compiled lanes served by ``fastmode up`` are what ``make bench`` runs."""

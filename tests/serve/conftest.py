@@ -26,10 +26,9 @@ from tests.pause import Paused, chip_processes, paused, title
 
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 900
-"""How long ``fastmode up`` may take to become ready. With inductor's cache cold (a checkout at a new
-path compiles every graph again) the shared app, its fast lane compiled, took about 220 s on this
-2-core VM (clean-clone CI, 2026-11-26 13:42-13:46 UTC); the tests' own apps run the fast and exact
-lanes eager (``eager_lanes``) and took 94-166 s."""
+"""How long ``fastmode up`` may take to become ready: with inductor's cache cold (a checkout at a new
+path compiles every graph again), the shared app compiles its fast lane on a 2-core machine in a few
+minutes; the tests' own apps run the fast and exact lanes eager (``eager_lanes``) and start sooner."""
 API_KEY = "sk-fastmode-test"
 """The shared app requires this key (FASTMODE_API_KEYS), so authentication is on in every test."""
 

@@ -176,8 +176,8 @@ async def _put(conn, message: str | bytes, **kw) -> None:
     """Send one message while the connection is open; once the server has closed it, raise
     ``ConnectionClosed`` without sending (the reader has the close code). Sending on a closed
     connection makes websockets abort its transport, which Python 3.11's asyncio fails with an
-    ``AttributeError`` when the transport closed itself after flushing its buffer (make bench,
-    2026-11-29 10:35 UTC). No loop turn between this check and websockets' own."""
+    ``AttributeError`` when the transport closed itself after flushing its buffer (seen under
+    ``make bench``). No loop turn between this check and websockets' own."""
     if conn.protocol.state is not State.OPEN:
         raise ConnectionClosed(None, None)
     await conn.send(message, **kw)

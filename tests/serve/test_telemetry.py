@@ -148,8 +148,7 @@ def test_http_headers_and_grpc_metadata_continue_the_callers_trace(traced):
                               "max_tokens": 4})
     assert r.status_code == 200, r.text
     with GrpcClient(app.grpc_target, api_key=app.key, ca_file=str(app.ca_file)) as client:
-        # ignore_eos: sampled (gRPC's default temperature is 1), the fast model ended after 1 token in
-        # the clean-clone CI run of 2026-11-26 15:03 UTC
+        # ignore_eos: sampled (gRPC's default temperature is 1), the fast model may end after 1 token
         assert client.generate("fastmode-fast", "x = 1\n", max_output_tokens=4, ignore_eos=True,
                                traceparent=f"00-{grpc_trace}-{CALLER_SPAN}-01")["usage"]["output_tokens"] == 4
     for trace_id, op in ((http_trace, "chat fastmode-full"), (grpc_trace, "text_completion fastmode-fast")):
