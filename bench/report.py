@@ -2,7 +2,7 @@
 ``fastmode bench all``): nothing in it is typed by hand; every figure comes from a JSON file of
 that run, and the header names the command, date, machine and commit.
 
-Usage: python -m bench.report [--results bench/results] [--out docs/benchmarks.md]
+Usage: python -m bench.report [--results bench/results] [--out docs/benchmarks.md] [--readme README.md]
 """
 
 from __future__ import annotations
@@ -13,10 +13,13 @@ import math
 import os
 import re
 import statistics
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
 from bench.app import REPO
+from bench import headline
+from bench.headline import llama_cpp_ratios
 from bench.lanes import PUBLISHED, PUBLISHED_BY
 from models.eval.stats import diff_text, pct_ci
 
@@ -696,8 +699,6 @@ def paired_section(paired: dict | None) -> list[str]:
 def llama_cpp_section(doc: dict | None, suite: dict | None, ws: dict | None, openai: dict | None) -> list[str]:
     """llama.cpp's ``llama-server`` on the same checkpoints (``bench.llama_cpp_serve``), and fastmode's
     lanes against it (``bench.targets.LLAMA_CPP_GOALS``)."""
-    from bench.targets import FIGURES, LLAMA_CPP_GOALS
-
     out = ["### llama.cpp's server on the same models", ""]
     if doc is None:
         if suite is not None and "llama-cpp" not in suite.get("stages", {}):
@@ -737,24 +738,21 @@ def llama_cpp_section(doc: dict | None, suite: dict | None, ws: dict | None, ope
               for r in levels if r["errors"]]
     if failed:
         out += ["Failed attempts, sent again (not in the figures): " + "; ".join(failed) + ".", ""]
-    fronts = {"websocket": (ws, "WebSocket"), "openai": (openai, "OpenAI API")}
-    goal_rows = []
-    for g in LLAMA_CPP_GOALS:
-        ours_doc, front = fronts[g.api]
-        figure = FIGURES[g.figure][1]
-        ours = next((r for r in ((ours_doc or {}).get("lanes") or {}).get(g.lane, []) if r["concurrency"] == g.streams),
-                    None)
-        theirs = next((r for r in doc["lanes"].get(g.theirs, []) if r["concurrency"] == g.streams), None)
-        a, b = ours and figure(ours), theirs and figure(theirs)
-        ratio = a / b if a and b else None
-        met = "-" if ratio is None else ("yes" if ratio >= g.at_least else "**no**")
-        goal_rows.append([g.name, f"{g.lane} over the {front}", g.theirs, _f(a), _f(b), _f(ratio, "{:.2f}x"),
-                          f">= {g.at_least:g}x", met])
+    front = {"websocket": "WebSocket", "openai": "OpenAI API"}
+    goal_rows = [[g.name, f"{g.lane} over the {front[g.api]}", g.theirs, _f(a), _f(b), _f(ratio, "{:.2f}x"),
+                  f">= {g.at_least:g}x", "-" if ratio is None else ("yes" if ratio >= g.at_least else "**no**")]
+                 for g, a, b, ratio in llama_cpp_ratios(doc, ws, openai)]
     out += ["fastmode against llama-server on the same model (per-user: end to end, p50; aggregate: the level's "
             "output tokens over its wall time), fastmode's figures from this run's lanes stages:", ""]
     out += _table(["ratio", "fastmode", "llama.cpp", "fastmode tok/s", "llama-server tok/s", "ratio", "target",
                    "met"], goal_rows) + [""]
     return out
+
+
+def headline_section(results: Path) -> list[str]:
+    """The run's headline ratios against their targets (``bench.headline``; the README shows the same table)."""
+    rows = headline.rows(results)
+    return ["## Headline", "", *headline.table(rows), ""] if rows else []
 
 
 def write_report(results: Path, docs: Path) -> str:
@@ -765,6 +763,7 @@ def write_report(results: Path, docs: Path) -> str:
     lines += header(suite)
     lines += ["Figures are ratios within this one run: this machine's absolute speed drifts by up to 2x over a "
               "day. Each JSON file in the results directory has every raw figure and its settings.", ""]
+    lines += headline_section(results)
     lines += lanes_section(_load(results, "lanes_load.json"), results, docs)
     lines += quality_section(_load(results, "quality.json"), results, docs)
     lines += gateway_section(_load(results, "gateway.json"))
@@ -787,9 +786,18 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--results", type=Path, default=REPO / "bench/results")
     ap.add_argument("--out", type=Path, default=REPO / "docs/benchmarks.md")
+    ap.add_argument("--readme", type=Path, help="also rewrite this README's headline table (between its "
+                    "bench.headline markers) from the same results: how a published run reaches the README")
     args = ap.parse_args(argv)
     write_report(args.results, args.out)
     print(f"wrote {args.out}")
+    if args.readme:
+        try:
+            headline.update_readme(args.readme, headline.table(headline.rows(args.results)))
+        except headline.MarkersMissing as e:
+            print(f"bench.report: {e}", file=sys.stderr)
+            return 2
+        print(f"wrote the headline table of {args.readme}")
     return 0
 
 

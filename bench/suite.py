@@ -96,8 +96,9 @@ def machine() -> dict:
             "python": platform.python_version(), "gpu": None}
 
 
-RESULTS_PATHS = ("bench/results", "docs/benchmarks.md")
-"""What a run itself writes into the checkout: changes there do not make the code it measures dirty
+RESULTS_PATHS = ("bench/results", "docs/benchmarks.md", "README.md")
+"""What a run itself writes into the checkout (the published run also the README's headline table,
+``bench.headline``): changes there do not make the code it measures dirty
 (else a run cut short would find its own results and refuse to ``--resume``)."""
 
 
@@ -271,9 +272,12 @@ def main(argv: list[str] | None = None) -> int:
     record["stages"] = {n: record["stages"][n] for n in stages if n in record["stages"]}  # the suite's order
     record["complete"] = True
     save()
+    from bench import headline
     from bench.report import write_report
 
     write_report(out, docs)
+    if docs == REPO / "docs/benchmarks.md":  # the published run: the README's headline table is its
+        headline.update_readme(REPO / "README.md", headline.table(headline.rows(out)))
     failed = [n for n, s in record["stages"].items() if s["exit_code"] != 0]
     print(f"\nfastmode bench all: {len(stages) - len(failed)}/{len(stages)} stages ok in "
           f"{record['elapsed_s'] / 60:.1f} min; report {docs}" + (f"; FAILED: {', '.join(failed)}" if failed else ""))
