@@ -76,13 +76,13 @@ def llama_cpp_ratios(llama: dict | None, ws: dict | None, openai: dict | None) -
 def rows(results: Path) -> list[Row]:
     results = Path(results)
     lanes, openai = _load(results, "lanes_load.json"), _load(results, "lanes_load_openai.json")
-    llama = {g.name: (g, ratio) for g, _, _, ratio in
-             llama_cpp_ratios(_load(results, "llama_cpp.json"), lanes, openai)}
+    llama = [(g, ratio) for g, _, _, ratio in llama_cpp_ratios(_load(results, "llama_cpp.json"), lanes, openai)]
+    lane_goal = lambda lane: next(((g, r) for g, r in llama if g.lane == lane), None)  # noqa: E731
     out: list[Row] = []
     h = (lanes or {}).get("headline") or {}
     fast1 = _level(((lanes or {}).get("lanes") or {}).get("fast"), 1)
     if fast1:
-        vs = [(g, ratio) for g, ratio in llama.values() if g.lane == "fast"]
+        vs = [(g, ratio) for g, ratio in llama if g.lane == "fast"]
         out.append(Row("fast lane, one user over the WebSocket",
                        f"{fast1['per_user_decode_tokens_per_s']['p50']:.0f} tokens/s per user, first token "
                        f"{1e3 * fast1['ttft_s']['p50']:.0f} ms" + "".join(
@@ -104,7 +104,7 @@ def rows(results: Path) -> list[Row]:
     if h.get("exact_per_user_speed_vs_priority") is not None:
         r = h["exact_per_user_speed_vs_priority"]
         parts, goals = [f"{_x(r)} priority's speed per user"], [f"2x priority{_met(r, 2.0)}"]
-        spec = llama.get("exact tier per user, 1 stream")
+        spec = lane_goal("exact")
         if spec:
             g, ratio = spec
             parts.append(f"{_x(ratio)} llama-server's speculative decoding with the same pair")
@@ -134,7 +134,7 @@ def rows(results: Path) -> list[Row]:
                        f"{1e3 * s['mean_latency_s']:.0f} ms" if keeps is not None else "?",
                        f">= 95% of the score at <= 0.5x the latency{met}"))
     paired = _load(results, "paired.json")
-    std32 = llama.get("standard lane aggregate, 32 streams")
+    std32 = lane_goal("standard")
     if paired or std32:
         parts, goals = [], []
         top = max(paired["ratios"], key=int) if paired else None
