@@ -108,8 +108,11 @@ def header(suite: dict | None) -> list[str]:
     lines = [f"Generated from one run of `{suite['command'].strip()}` (`make bench`) on {suite['date']} "
              f"({suite['elapsed_s'] / 60:.1f} min), commit `{(c.get('sha') or '?')[:12]}`"
              f"{' (with uncommitted changes)' if c.get('dirty') else ''}"
-             + (f", in {len(suite['sittings'])} sittings (`--resume`: started {', '.join(suite['sittings'])}; "
-                "each stage ran whole in one of them, every one at this commit)" if len(suite.get("sittings", ())) > 1
+             + (f", in {len(suite['sittings'])} sittings (`--resume`: started {', '.join(suite['sittings'])}"
+                + (f", at commits {', '.join('`' + (c or '?')[:12] + '`' for c in suite['sitting_commits'])} of the same "
+                   "measured code (they differ only in docs, tests and results)"
+                   if len(set(suite.get("sitting_commits", ()))) > 1 else ", every one at this commit")
+                + "; each stage ran whole in one of them)" if len(suite.get("sittings", ())) > 1
                 else "") + ".", "",
              f"Machine: {m.get('cpu') or '?'}, {m['cpu_count']} cores, {mem} memory, no GPU "
              f"({m['platform']}, Python {m['python']}).", ""]

@@ -28,10 +28,16 @@ and nothing else runs beside a stage; only ``--quick`` starts the app while stag
 
 ``suite.json`` records the command, date, machine, commit and each stage's time and exit code; it is
 rewritten after every stage (``"complete": false`` until the last), so a run cut short says how far
-it got. ``--resume`` continues such a run in ``OUT``: the stages it finished (exit 0) are kept, the
+it got. A full run writes into ``bench/unpublished/`` (``UNPUBLISHED``), which git keeps: a run
+longer than one sitting commits its finished stages there, and only a complete run is published
+(its files copied into ``bench/results``, then ``docs/benchmarks.md`` and the README's headline
+table written from them), so the published figures are never half one run and half another.
+``--resume`` continues a run cut short in ``OUT``: the stages it finished (exit 0) are kept, the
 rest run, and the report is written at the end as for one run. It resumes only a run of the same
-commit without uncommitted changes and the same settings (``ResumeRefused`` otherwise), so the
-published figures are one commit's; the report says in how many sittings they were taken.
+measured code (``measured_code``: every tracked file but the docs, the tests, the results and the
+report's generator, so a commit of a sitting's results or of a doc leaves it resumable), without
+uncommitted changes to it, and of the same settings (``ResumeRefused`` otherwise); the report names
+every sitting's commit.
 
 Usage: fastmode bench all [--quick] [--url http://HOST:PORT --api-key K] [--only a,b] [--skip a,b]
                           [--out DIR] [--docs FILE] [--resume]
@@ -41,10 +47,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import os
 import platform
 import shlex
+import shutil
 import subprocess
 import sys
 import threading
@@ -96,10 +104,27 @@ def machine() -> dict:
             "python": platform.python_version(), "gpu": None}
 
 
-RESULTS_PATHS = ("bench/results", "docs/benchmarks.md", "README.md")
-"""What a run itself writes into the checkout (the published run also the README's headline table,
-``bench.headline``): changes there do not make the code it measures dirty
-(else a run cut short would find its own results and refuse to ``--resume``)."""
+UNPUBLISHED = REPO / "bench/unpublished"
+"""Where a full run writes until it is complete (then ``publish``)."""
+PUBLISHED = ("suite.json", "sharding.json", "decode.json", "vllm_serve.json", "llama_cpp.json", "lanes_load.json",
+             "lanes_load.png", "lanes_load_openai.json", "paired.json", "quality.json", "quality.png",
+             "quality_samples.jsonl", "gateway.json", "turns.json", "soak.json", "fuzz.json")
+"""A run's files that ``bench/results`` keeps (what ``bench/report.py`` and ``bench.auto_policy``
+read; ``.gitignore`` lets exactly these through there); anything else a stage writes is scratch."""
+NOT_MEASURED = ("bench/results/", "bench/unpublished/", "docs/", "tests/", "bench/report.py", "bench/headline.py",
+                "README.md", "CHANGELOG.md")
+"""Tracked paths (prefixes) that do not change what a run measures: a run's own results, the docs,
+the tests and the report's generator. A change there neither makes the checkout dirty for
+``--resume`` nor changes ``measured_code``, so a sitting's results can be committed and resumed."""
+
+
+def measured_code(repo: Path = REPO) -> str | None:
+    """A hash of every tracked file at ``HEAD`` that a run measures (all but ``NOT_MEASURED``)."""
+    r = subprocess.run(["git", "ls-tree", "-r", "HEAD"], cwd=repo, capture_output=True, text=True)
+    if r.returncode:
+        return None
+    lines = [line for line in r.stdout.splitlines() if not line.split("\t", 1)[-1].startswith(NOT_MEASURED)]
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()
 
 
 def commit(repo: Path = REPO) -> dict:
@@ -107,8 +132,26 @@ def commit(repo: Path = REPO) -> dict:
         r = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True)
         return r.stdout.strip() if r.returncode == 0 else ""
 
-    dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".", *(f":(exclude){p}" for p in RESULTS_PATHS))
-    return {"sha": git("rev-parse", "HEAD") or None, "dirty": bool(dirty)}
+    excluded = (f":(exclude){p.rstrip('/')}" for p in NOT_MEASURED)
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".", *excluded)
+    return {"sha": git("rev-parse", "HEAD") or None, "dirty": bool(dirty), "code": measured_code(repo)}
+
+
+def publish(out: Path, results: Path, docs: Path, readme: Path) -> None:
+    """Make the complete run in ``out`` the published one: its ``PUBLISHED`` files replace
+    ``results``' (one it lacks is removed there), then the report and the README's headline table
+    are written from them, and ``out`` is removed (git history keeps its sittings)."""
+    from bench import headline
+    from bench.report import write_report
+
+    results.mkdir(parents=True, exist_ok=True)
+    for name in PUBLISHED:
+        (results / name).unlink(missing_ok=True)
+        if (out / name).exists():
+            shutil.copy2(out / name, results / name)
+    write_report(results, docs)
+    headline.update_readme(readme, headline.table(headline.rows(results)))
+    shutil.rmtree(out)
 
 
 def _read(path: str) -> str:
@@ -131,33 +174,39 @@ class ResumeRefused(ValueError):
 
 
 def resumable(out: Path, record: dict) -> dict:
-    """The record in ``out/suite.json`` that ``--resume`` may continue: an incomplete run of this
-    commit (``record``'s, with no uncommitted changes) and settings."""
+    """The record in ``out/suite.json`` that ``--resume`` may continue: an incomplete run of the same
+    measured code as ``record``'s (with no uncommitted changes to it) and the same settings."""
     path = out / "suite.json"
     if not path.exists():
         raise ResumeRefused(f"--resume: no {path} to resume (run without --resume)")
     old = json.loads(path.read_text())
     if old.get("complete", True):
         raise ResumeRefused(f"--resume: the run in {path} is complete (run without --resume to start over)")
-    sha, was = record["commit"].get("sha"), old.get("commit") or {}
-    if record["commit"].get("dirty") or sha is None:
-        raise ResumeRefused("--resume: the checkout has uncommitted changes (or is not a git checkout): a "
-                            "resumed run's figures must be one commit's")
-    if was.get("sha") != sha or was.get("dirty"):
-        raise ResumeRefused(f"--resume: the run in {path} is from commit {was.get('sha')}, "
-                            f"this checkout is {sha}: start over without --resume")
+    now, was = record["commit"], old.get("commit") or {}
+    if now.get("dirty") or now.get("sha") is None:
+        raise ResumeRefused("--resume: the checkout has uncommitted changes to the code a run measures (or is "
+                            "not a git checkout): a resumed run's figures must be one version's")
+    same = (was.get("code") == now.get("code")) if was.get("code") else was.get("sha") == now.get("sha")
+    if not same or was.get("dirty"):
+        raise ResumeRefused(f"--resume: the run in {path} measured other code (commit {was.get('sha')}; this "
+                            f"checkout is {now.get('sha')}, and changes more than docs, tests and results): "
+                            "start over without --resume")
     for key in ("command", "quick"):
         if old.get(key) != record[key]:
             raise ResumeRefused(f"--resume: the run in {path} has {key} {old.get(key)!r}, this one {record[key]!r}")
     return old
 
 
+def full_run(args: argparse.Namespace) -> bool:
+    """Every stage, not ``--quick``, into the default directory: the run that gets published."""
+    return not (args.quick or args.out or args.only or args.skip)
+
+
 def report_path(args: argparse.Namespace, out: Path) -> Path:
     """Where the report goes by default: the published ``docs/benchmarks.md`` only from a full run
-    (every stage, not ``--quick``, into ``bench/results``); any other run reports beside its results
-    (``out``), so that it never replaces the published report with a partial one."""
-    full = not (args.quick or args.out or args.only or args.skip)
-    return REPO / "docs/benchmarks.md" if full else out / "benchmarks.md"
+    (written once it is complete and published); any other run reports beside its results (``out``),
+    so that it never replaces the published report with a partial one."""
+    return REPO / "docs/benchmarks.md" if full_run(args) else out / "benchmarks.md"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -168,13 +217,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--api-key", default=os.environ.get("FASTMODE_API_KEY"), help="its API key")
     ap.add_argument("--only", type=_names, help=f"run only these stages ({', '.join(STAGES)})")
     ap.add_argument("--skip", type=_names, default=[], help="skip these stages")
-    ap.add_argument("--out", type=Path, help="results directory (default bench/results, --quick bench/results/quick)")
+    ap.add_argument("--out", type=Path, help="results directory (default bench/unpublished, published into "
+                    "bench/results once complete; --quick: bench/results/quick)")
     ap.add_argument("--docs", type=Path, help="the report (default docs/benchmarks.md for a full run into "
                     "bench/results; with --quick, --out, --only or --skip: OUT/benchmarks.md)")
     ap.add_argument("--resume", action="store_true", help="continue the run cut short in OUT: keep the stages it "
-                    "finished, run the rest (same commit, clean tree, same command otherwise)")
+                    "finished, run the rest (same measured code, no uncommitted changes to it, same command)")
     args = ap.parse_args(argv)
-    out = args.out or (REPO / "bench/results" / ("quick" if args.quick else ""))
+    out = args.out or (REPO / "bench/results/quick" if args.quick else UNPUBLISHED)
     docs = args.docs or report_path(args, out)
     out.mkdir(parents=True, exist_ok=True)
     stages = [s for s in (args.only or STAGES) if s not in args.skip]
@@ -185,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
               "niceness": {"measuring_stages": NICE, "ray_workers": NICE,
                            "why": "the load generator runs on the same machine as the server it measures"},
               "complete": False, "sittings": [started.strftime("%Y-%m-%d %H:%M UTC")]}
+    record["sitting_commits"] = [record["commit"]["sha"]]
     earlier = 0.0
     if args.resume:
         try:
@@ -193,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"fastmode bench all: {e}", file=sys.stderr)
             return 2
         record["date"], record["sittings"] = old["date"], [*old.get("sittings", [old["date"]]), record["sittings"][0]]
+        record["sitting_commits"] = [*old.get("sitting_commits", [old["commit"].get("sha")]), record["commit"]["sha"]]
         # the stages that finished are kept; a failed one runs again
         record["stages"] = {n: st for n, st in old.get("stages", {}).items() if st.get("exit_code") == 0 and n in stages}
         earlier = float(old.get("elapsed_s") or 0.0)
@@ -272,12 +324,12 @@ def main(argv: list[str] | None = None) -> int:
     record["stages"] = {n: record["stages"][n] for n in stages if n in record["stages"]}  # the suite's order
     record["complete"] = True
     save()
-    from bench import headline
-    from bench.report import write_report
+    if full_run(args) and out == UNPUBLISHED and docs == REPO / "docs/benchmarks.md":
+        publish(out, REPO / "bench/results", docs, REPO / "README.md")
+    else:
+        from bench.report import write_report
 
-    write_report(out, docs)
-    if docs == REPO / "docs/benchmarks.md":  # the published run: the README's headline table is its
-        headline.update_readme(REPO / "README.md", headline.table(headline.rows(out)))
+        write_report(out, docs)
     failed = [n for n, s in record["stages"].items() if s["exit_code"] != 0]
     print(f"\nfastmode bench all: {len(stages) - len(failed)}/{len(stages)} stages ok in "
           f"{record['elapsed_s'] / 60:.1f} min; report {docs}" + (f"; FAILED: {', '.join(failed)}" if failed else ""))

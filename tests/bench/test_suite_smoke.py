@@ -9,6 +9,7 @@ import os
 
 import pytest
 
+from bench.app import REPO
 from bench.netem import can_emulate
 from bench.report import write_report
 from bench.suite import STAGES, main
@@ -206,7 +207,7 @@ def test_resume_keeps_finished_stages_and_refuses_another_commit(tmp_path, monke
 
     monkeypatch.setattr(suite, "subprocess", types.SimpleNamespace(run=fake_run))
     monkeypatch.setattr(bench.report, "write_report", lambda out, docs: None)
-    head = {"sha": "a" * 40, "dirty": False}
+    head = {"sha": "a" * 40, "dirty": False, "code": "c1"}
     monkeypatch.setattr(suite, "commit", lambda: dict(head))
     args = ["--only", "sharding,decode", "--out", tmp_path]
 
@@ -233,15 +234,101 @@ def test_resume_keeps_finished_stages_and_refuses_another_commit(tmp_path, monke
     assert "is complete" in capsys.readouterr().err
     second["complete"] = False
     (tmp_path / "suite.json").write_text(json.dumps(second))
+    head["code"] = "c2"  # another commit whose measured code differs
     head["sha"] = "b" * 40
     assert suite.main(["--resume", *args]) == 2
-    assert "from commit " + "a" * 40 in capsys.readouterr().err
-    head.update(sha="a" * 40, dirty=True)
+    assert "measured other code (commit " + "a" * 40 in capsys.readouterr().err
+    head.update(sha="a" * 40, code="c1", dirty=True)
     assert suite.main(["--resume", *args]) == 2
     assert "uncommitted changes" in capsys.readouterr().err
     head["dirty"] = False
     assert suite.main(["--resume", "--only", "sharding", "--out", tmp_path]) == 2  # other settings
     assert "has command" in capsys.readouterr().err
+
+
+def test_resume_continues_on_a_later_commit_of_the_same_measured_code(tmp_path, monkeypatch):
+    """A sitting's results committed (a new commit, the same measured code) leave the run resumable;
+    the report names both sittings' commits."""
+    import types
+
+    import bench.report
+    import bench.suite as suite
+
+    ran: list[str] = []
+    monkeypatch.setattr(suite, "subprocess", types.SimpleNamespace(
+        run=lambda cmd, **kw: ran.append(cmd[2]) or types.SimpleNamespace(returncode=0)))
+    monkeypatch.setattr(bench.report, "write_report", lambda out, docs: None)
+    head = {"sha": "a" * 40, "dirty": False, "code": "same"}
+    monkeypatch.setattr(suite, "commit", lambda: dict(head))
+    args = ["--only", "sharding,decode", "--out", tmp_path]
+    assert suite.main(args) == 0
+    first = json.loads((tmp_path / "suite.json").read_text())
+    first["complete"] = False
+    del first["stages"]["decode"]  # cut short after sharding
+    (tmp_path / "suite.json").write_text(json.dumps(first))
+    ran.clear()
+    head["sha"] = "b" * 40
+    assert suite.main(["--resume", *args]) == 0 and ran == ["bench.decode"]
+    second = json.loads((tmp_path / "suite.json").read_text())
+    assert second["sitting_commits"] == ["a" * 40, "b" * 40]
+    assert "at commits `aaaaaaaaaaaa`, `bbbbbbbbbbbb` of the same measured code" in "\n".join(bench.report.header(second))
+
+
+def test_measured_code_ignores_docs_tests_and_results(tmp_path):
+    """``measured_code`` is the same across commits that change only docs, tests, results or the
+    report, and differs once the code a run measures changes."""
+    import subprocess
+
+    from bench.suite import commit
+
+    def git(*a):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *a], cwd=tmp_path, check=True,
+                       capture_output=True)
+
+    for f in ("bench/unpublished/suite.json", "docs/a.md", "tests/test_a.py", "bench/pair.py", "bench/report.py"):
+        (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / f).write_text("a\n")
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-qm", "x")
+    first = commit(tmp_path)
+    for f in ("bench/unpublished/suite.json", "docs/a.md", "tests/test_a.py", "bench/report.py"):
+        (tmp_path / f).write_text("b\n")
+    assert commit(tmp_path)["dirty"] is False
+    git("commit", "-qam", "results and docs")
+    second = commit(tmp_path)
+    assert second["sha"] != first["sha"] and second["code"] == first["code"]
+    (tmp_path / "bench/pair.py").write_text("b\n")
+    assert commit(tmp_path)["dirty"] is True
+    git("commit", "-qam", "code")
+    assert commit(tmp_path)["code"] != first["code"]
+
+
+def test_publish_replaces_the_published_files_and_writes_the_report(tmp_path, monkeypatch):
+    """A complete run is published whole: its files replace bench/results' (a stale one it lacks is
+    removed), the report and the README's table are written from them, scratch is left behind."""
+    import bench.report
+    from bench import headline
+    from bench.suite import PUBLISHED, publish
+
+    out, results = tmp_path / "unpublished", tmp_path / "results"
+    out.mkdir()
+    results.mkdir()
+    (out / "suite.json").write_text("{}")
+    (out / "app.log").write_text("scratch")
+    (results / "suite.json").write_text("old")
+    (results / "fuzz.json").write_text("old")
+    written = []
+    monkeypatch.setattr(bench.report, "write_report", lambda r, d: written.append(("report", r, d)))
+    monkeypatch.setattr(headline, "rows", lambda r: [])
+    monkeypatch.setattr(headline, "update_readme", lambda readme, table: written.append(("readme", readme)))
+    publish(out, results, tmp_path / "benchmarks.md", tmp_path / "README.md")
+    assert (results / "suite.json").read_text() == "{}" and not (results / "fuzz.json").exists()
+    assert not (results / "app.log").exists() and not out.exists()
+    assert written == [("report", results, tmp_path / "benchmarks.md"), ("readme", tmp_path / "README.md")]
+    kept = {line[len("!bench/results/"):] for line in (REPO / ".gitignore").read_text().splitlines()
+            if line.startswith("!bench/results/")}
+    assert kept == set(PUBLISHED)  # git keeps exactly what a publish copies
 
 
 def test_a_runs_own_results_do_not_make_the_checkout_dirty(tmp_path):
