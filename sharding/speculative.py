@@ -227,9 +227,6 @@ class SpeculativeEngine:
             raise InvalidLayout(f"k must be in [0, {K_MAX}], got {k}")
         if max_len is None:
             max_len = min(_fit(m, num_slots, kv_cache_bytes) for m in (target, draft))
-        if compile:
-            # Both models share Llama.forward's code object, whose graphs dynamo counts together.
-            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 32)
         self.config = target.config
         self.draft_vocab = None if draft_vocab is None else torch.as_tensor(draft_vocab, dtype=torch.long)
         """The ids the draft's pruned head proposes (its logit ``j`` is token ``draft_vocab[j]``), or

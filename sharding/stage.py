@@ -8,6 +8,9 @@ samples, keyed by KV-cache slot. ``LocalExecutor`` drives one runner over the wh
 
 from __future__ import annotations
 
+import itertools
+import types
+
 import torch
 
 from .batch import Rows, StepBatch
@@ -60,8 +63,7 @@ class StageRunner:
         self._forward = compile_forward(model) if compile else model
         self._logits = model.compute_logits
         if compile and model.has_head:
-            self._logits = torch.compile(model.compute_logits, dynamic=None,
-                                         options={"cpp_wrapper": not is_tensor_parallel(model)})
+            self._logits = compile_method(model.compute_logits, cpp_wrapper=not is_tensor_parallel(model))
 
     def forward(self, parts: list[Rows], inputs: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
         """Hidden states ``[B, S, D]`` per part; ``inputs`` are the previous stage's, else the tokens."""
@@ -179,8 +181,7 @@ def warm_up(model, max_passes: int = 3) -> None:
 
     Which graphs a shape ends up on depends on the order shapes arrive in (a graph compiled once a
     size turned symbolic guards against the values seen special before it), so the sequence runs
-    again until a pass compiles nothing (at most ``max_passes``; the speculative engine, whose two
-    models share one code object, needs two).
+    again until a pass compiles nothing (at most ``max_passes``).
     """
     from torch._dynamo.utils import counters
 
@@ -243,12 +244,48 @@ def compile_forward(model: Llama):
       (``InductorError: arg type Any is not yet supported by custom_op_wrapper``, torch 2.13), so a
       TP rank keeps the Python launcher.
 
-    One engine settles on about seven graphs (prefill and decode, static then dynamic). Dynamo
-    counts them per code object (``Llama.forward``) against ``torch._dynamo.config.recompile_limit``
-    (8), across every compiled model in the process; past it, calls fall back to eager (correct,
-    slower).
+    One engine settles on about seven graphs (prefill and decode, static then dynamic), counted
+    against ``torch._dynamo.config.recompile_limit`` (8) for this model alone (``compile_method``).
     """
-    return torch.compile(model.forward, dynamic=None, options={"cpp_wrapper": not is_tensor_parallel(model)})
+    return compile_method(model.forward, cpp_wrapper=not is_tensor_parallel(model))
+
+
+_code_objects = itertools.count()
+BACKEND = "inductor"
+"""``torch.compile``'s backend for every model (tests set ``"eager"`` to check Dynamo's side quickly)."""
+
+
+def compile_method(method, *, cpp_wrapper: bool):
+    """``method`` (a bound method of a model) under ``torch.compile``, with a code object of its own
+    and without guards on the model's modules.
+
+    Dynamo keeps compiled graphs per code object, and checks a call's guards against them: with the
+    code shared by every ``Llama``, a draft and its target (or two engines in one process) shared
+    one list of graphs, one recompile budget, and guards on each module's structure and parameters
+    to tell them apart (about 8,000 guards a call on a 30-layer model, evaluated every step). Here
+    each model's method gets a copy of the code (``own_code``), so its graphs are its own, and its
+    guards skip the model's modules (``torch.compiler.skip_guard_on_all_nn_modules_unsafe``; a few
+    hundred remain, on the inputs). That is sound because nothing changes a model's modules once it
+    is compiled: packing (``sharding.packed``), a pruned draft head (``sharding.draft_vocab``) and
+    tensor-parallel splitting (``sharding.tp``) all happen before, and a rebuilt chip builds a new
+    model. ``tests/sharding/test_speculative.py`` checks that a draft and its target, compiled in one
+    process, each keep their own output.
+    """
+    options = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
+    if BACKEND == "inductor":
+        options["cpp_wrapper"] = cpp_wrapper
+    return torch.compile(own_code(method), backend=BACKEND, dynamic=None, options=options)
+
+
+def own_code(method):
+    """``method`` (bound) as a new function over a copy of its code object (renamed ``NAME_N``), so
+    that Dynamo's per-code caches are this object's alone."""
+    f = method.__func__
+    name = f"{f.__name__}_{next(_code_objects)}"
+    code = f.__code__.replace(co_name=name, co_qualname=f"{f.__qualname__}_{name.rsplit('_', 1)[1]}")
+    g = types.FunctionType(code, f.__globals__, name, f.__defaults__, f.__closure__)
+    g.__kwdefaults__ = f.__kwdefaults__
+    return types.MethodType(g, method.__self__)
 
 
 def is_tensor_parallel(model: torch.nn.Module) -> bool:

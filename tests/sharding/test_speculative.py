@@ -357,3 +357,27 @@ def test_after_the_warm_up_no_batch_compiles_again(tiny_dir):
     engine.generate([long[0] + prompt_ids(full, 3 + r, seed=r) for r in range(3)], params)
     engine.generate([prompt_ids(full, 6, seed=1)] * 2, SamplingParams(temperature=0.9, seed=1, max_tokens=9))
     assert counters["stats"]["unique_graphs"] == warmed
+
+
+def test_compiled_draft_and_target_in_one_process_keep_their_own_outputs(tiny_dir, monkeypatch):
+    """Compiled models' guards skip their modules (``sharding.stage.compile_method``), so each model's
+    methods need a code object of their own: a draft (here with a pruned head), its target and a
+    second target engine, compiled in one process and called in turns, each give its eager output."""
+    from sharding import stage
+    from sharding.engine import Engine
+
+    monkeypatch.setattr(stage, "BACKEND", "eager")  # Dynamo's guards and caches, without inductor's build
+    torch._dynamo.reset()
+    full, fast = tiny_dir / "full", tiny_dir / "fast"
+    prompts = [[1, 2, 3, 4, 5], [7, 8, 9]]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    eager = {p: Engine.from_pretrained(p, num_slots=2).generate(prompts, params) for p in (full, fast)}
+    assert eager[full] != eager[fast]
+    compiled = {p: Engine.from_pretrained(p, num_slots=2, compile=True) for p in (full, fast)}
+    keep = torch.arange(0, load_model(fast).config.vocab_size, 2)  # a pruned draft head: every other id
+    spec = SpeculativeEngine.from_pretrained(full, fast, num_slots=2, k=3, adaptive=False, compile=True,
+                                             draft_vocab=keep)
+    for _ in range(2):
+        for p in (full, fast):
+            assert compiled[p].generate(prompts, params) == eager[p]
+        assert spec.generate(prompts, params) == eager[full]
