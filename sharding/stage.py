@@ -244,13 +244,18 @@ def compile_forward(model: Llama):
       (``InductorError: arg type Any is not yet supported by custom_op_wrapper``, torch 2.13), so a
       TP rank keeps the Python launcher.
 
-    One engine settles on about seven graphs (prefill and decode, static then dynamic), counted
-    against ``torch._dynamo.config.recompile_limit`` (8) for this model alone (``compile_method``).
+    One engine settles on about seven graphs (prefill and decode, static then dynamic); the exact
+    engine's target and draft more each (verify widths, prefix-cache prefills). Dynamo counts them
+    per code object against ``torch._dynamo.config.recompile_limit`` and, past it, runs that model
+    eager (correct, slower): ``compile_method`` raises the limit to ``RECOMPILE_LIMIT``.
     """
     return compile_method(model.forward, cpp_wrapper=not is_tensor_parallel(model))
 
 
 _code_objects = itertools.count()
+RECOMPILE_LIMIT = 32
+"""Graphs one compiled model may have before Dynamo runs it eager (its default is 8: the exact
+engine's models need more, and passing it silently leaves shapes uncompiled)."""
 BACKEND = "inductor"
 """``torch.compile``'s backend for every model (tests set ``"eager"`` to check Dynamo's side quickly)."""
 
@@ -271,6 +276,7 @@ def compile_method(method, *, cpp_wrapper: bool):
     model. ``tests/sharding/test_speculative.py`` checks that a draft and its target, compiled in one
     process, each keep their own output.
     """
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     options = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
     if BACKEND == "inductor":
         options["cpp_wrapper"] = cpp_wrapper

@@ -381,3 +381,20 @@ def test_compiled_draft_and_target_in_one_process_keep_their_own_outputs(tiny_di
         for p in (full, fast):
             assert compiled[p].generate(prompts, params) == eager[p]
         assert spec.generate(prompts, params) == eager[full]
+
+
+def test_the_exact_engines_warm_up_stays_within_each_models_recompile_limit(tiny_dir, monkeypatch, caplog):
+    """Each compiled model counts its own graphs against Dynamo's recompile limit; past it Dynamo runs
+    that model eager without failing, so the warm-up must not reach it (``sharding.stage.RECOMPILE_LIMIT``)."""
+    import logging
+
+    from sharding import stage
+
+    monkeypatch.setattr(stage, "BACKEND", "eager")
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(recompile_limit=8), caplog.at_level(logging.WARNING, logger="torch._dynamo"):
+        # Dynamo's default limit, whatever ran before: compiling raises it
+        engine = SpeculativeEngine.from_pretrained(tiny_dir / "full", tiny_dir / "fast", num_slots=2, k=3,
+                                                   adaptive=True, compile=True, prefix_cache=True)
+        engine.warm_up()
+    assert not [r for r in caplog.records if "recompile_limit" in r.getMessage()]
