@@ -286,9 +286,9 @@ def compile_method(method, *, cpp_wrapper: bool):
 def own_code(method):
     """``method`` (bound) as a new function over a copy of its code object (renamed ``NAME_N``), so
     that Dynamo's per-code caches are this object's alone."""
-    f = method.__func__
-    name = f"{f.__name__}_{next(_code_objects)}"
-    code = f.__code__.replace(co_name=name, co_qualname=f"{f.__qualname__}_{name.rsplit('_', 1)[1]}")
+    f, n = method.__func__, next(_code_objects)
+    name = f"{f.__name__}_{n}"
+    code = f.__code__.replace(co_name=name, co_qualname=f"{f.__qualname__}_{n}")
     g = types.FunctionType(code, f.__globals__, name, f.__defaults__, f.__closure__)
     g.__kwdefaults__ = f.__kwdefaults__
     return types.MethodType(g, method.__self__)
