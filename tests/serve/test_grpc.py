@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import filecmp
 import json
+import re
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 import grpc
@@ -15,6 +17,7 @@ import pytest
 from google.protobuf import descriptor_pool
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+from packaging.requirements import Requirement
 
 from bench.soak import cancelled
 from clients.grpc_client import GrpcClient, error_code, retry_after
@@ -29,6 +32,21 @@ def test_committed_stubs_match_the_proto(tmp_path):
     generate(tmp_path)
     for name in ("inference_pb2.py", "inference_pb2.pyi", "inference_pb2_grpc.py"):
         assert filecmp.cmp(tmp_path / "serve" / "rpc" / name, REPO / "serve" / "rpc" / name, shallow=False), name
+
+
+def test_the_stubs_version_stamps_are_the_declared_floors():
+    """The stubs raise at import under an older grpcio or protobuf than made them, so pyproject's floors
+    must be those versions, and the pinned generator the one that made them."""
+    rpc = REPO / "serve" / "rpc"
+    grpc_stamp = re.search(r"GRPC_GENERATED_VERSION = '([\d.]+)'", (rpc / "inference_pb2_grpc.py").read_text())[1]
+    proto_stamp = re.search(r"# Protobuf Python Version: ([\d.]+)", (rpc / "inference_pb2.py").read_text())[1]
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    declared = {Requirement(r).name: str(Requirement(r).specifier) for r in project["dependencies"]}
+    for name in ("grpcio", "grpcio-health-checking", "grpcio-reflection"):
+        assert declared[name] == f">={grpc_stamp}", name
+    assert declared["protobuf"] == f">={proto_stamp}"
+    tools = [Requirement(r) for r in project["optional-dependencies"]["test"] if Requirement(r).name == "grpcio-tools"]
+    assert [str(r.specifier) for r in tools] == [f"=={grpc_stamp}"]
 
 
 class OneEvent:
