@@ -125,7 +125,8 @@ class Speculative(_Event):
     """The exact lane's speculative decoding of one response: the fast model drafted, the full model
     verified."""
 
-    draft_tokens: int = Field(ge=1, description="Tokens drafted per verify step (k).")
+    draft_tokens: int = Field(ge=1, description="The most tokens a verify step's draft holds (the "
+                              "configured k; adaptive k drafts 0 to k each step).")
     verify_steps: int = Field(ge=0, description="Forward passes of the full model that verified drafts.")
     drafted: int = Field(ge=0, description="Draft tokens proposed in all.")
     accepted: int = Field(ge=0, description="Draft tokens the full model kept.")

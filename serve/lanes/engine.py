@@ -90,7 +90,8 @@ class EngineOutput:
     logprobs: list[Logprobs] | None = None
     """One ``sharding.sampling.Logprobs`` per token of ``token_ids``, when the request asked for them."""
     speculative: dict[str, Any] | None = None
-    """On the last output of a speculative engine (the exact lane's): ``draft_tokens`` (k),
+    """On the last output of a speculative engine (the exact lane's): ``draft_tokens`` (the configured k,
+    the most a round drafts),
     ``verify_steps``, ``drafted``, ``accepted``, ``acceptance_rate`` (accepted / drafted) and
     ``tokens_per_step`` (tokens each verify step produced, the bonus token included)."""
 

@@ -52,7 +52,10 @@ compile and warm up) both models."""
 
 
 def speculative_summary(stats: SpecStats, k: int) -> dict:
-    """``EngineOutput.speculative`` of one request (the fields vLLM's exact lane reports)."""
+    """``EngineOutput.speculative`` of one request (the fields vLLM's exact lane reports). ``k`` is
+    the engine's configured drafts per round, the most adaptive ``k`` may choose (vLLM's
+    ``num_spec_tokens``), not the ``k`` of the engine's latest round: that one follows measured step
+    times and may be below what this request's rounds drafted."""
     steps = stats.rounds
     return {"draft_tokens": k, "verify_steps": steps, "drafted": stats.drafted, "accepted": stats.accepted,
             "acceptance_rate": stats.acceptance if stats.drafted else 0.0,
@@ -177,7 +180,7 @@ class SpeculativeLaneEngine:
         outs = engine.step()
         first = {o.request_id: (start - added.pop(o.request_id), engine.num_running)
                  for o in outs if o.request_id in added}
-        spec = {rid: speculative_summary(s, engine.k) for rid, s in engine.finished_stats.items()}
+        spec = {rid: speculative_summary(s, engine.k_start) for rid, s in engine.finished_stats.items()}
         for o in outs:
             self._put(o.request_id, (o, first.get(o.request_id), spec.get(o.request_id)))
 

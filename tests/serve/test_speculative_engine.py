@@ -50,9 +50,23 @@ def test_streams_the_full_models_greedy_output_with_its_drafts(engine):
     assert outs[-1].finish_reason == "length" and all(o.finish_reason is None for o in outs[:-1])
     assert outs[0].queue_s >= 0 and outs[0].batch_size == 1
     s = outs[-1].speculative
-    assert 0 <= s["draft_tokens"] <= 3 and s["verify_steps"] >= 1  # adaptive: the k of its latest round and 0 <= s["accepted"] <= s["drafted"]
+    assert s["draft_tokens"] == ExactLaneConfig().num_speculative_tokens and s["verify_steps"] >= 1
+    assert 0 <= s["accepted"] <= s["drafted"] <= s["draft_tokens"] * s["verify_steps"]
     assert s["tokens_per_step"] == pytest.approx(1 + s["accepted"] / s["verify_steps"])
     assert engine.num_unfinished() == 0
+
+
+def test_the_reported_k_is_the_configured_one_while_adaptive_k_changes_mid_request(engine, monkeypatch):
+    """Adaptive k follows measured step times; a request's report must not take the engine's latest k
+    (forced here to 0, with its probe rounds of 1), which is below what the request's rounds drafted."""
+    import sharding.speculative
+
+    monkeypatch.setattr(sharding.speculative, "best_k", lambda *args, **kwargs: 0)
+    outs = asyncio.run(collect(engine, EngineRequest("k", ids(PROMPT), max_tokens=60, temperature=0, ignore_eos=True)))
+    s = outs[-1].speculative
+    assert engine._engine.k < s["draft_tokens"] == ExactLaneConfig().num_speculative_tokens  # k dropped in this request
+    assert s["drafted"] <= s["draft_tokens"] * s["verify_steps"]
+    assert 1 <= s["tokens_per_step"] <= 1 + s["draft_tokens"]
 
 
 def test_a_conversations_next_turn_reuses_its_history(engine):
