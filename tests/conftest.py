@@ -140,7 +140,8 @@ def pytest_collection_modifyitems(config, items):
     Run the tests that use ``secure_app`` one after the other (it stops after the last of them),
     and ``tests/serve/test_up.py`` (whose last test stops the shared app with Ctrl-C) after every
     other test in ``tests/serve``, and so after every test that uses the app (``tests/clients``
-    sorts first); the sharding tests after it start a Ray of their own."""
+    sorts first), then ``tests/serve/test_default_pair.py`` with an app of its own; the sharding
+    tests after them start a Ray of their own."""
     for item in items:
         bench_run = item.nodeid.startswith("tests/bench/") and item.get_closest_marker("slow") is not None
         if bench_run or FULL_FIXTURES & set(getattr(item, "fixturenames", ())):
@@ -152,7 +153,10 @@ def pytest_collection_modifyitems(config, items):
         at = items.index(secure[0])
         rest = [i for i in items if i not in secure]
         items[:] = rest[:at] + secure + rest[at:]
-    last = [i for i in items if i.nodeid.startswith("tests/serve/test_up.py")]
+    # test_default_pair.py's app of the real pair starts after the shared app stopped: beside it, its
+    # start took 2.5 times as long here (memory and CPUs shared with the shared app's idle engines)
+    last = ([i for i in items if i.nodeid.startswith("tests/serve/test_up.py")]
+            + [i for i in items if i.nodeid.startswith("tests/serve/test_default_pair.py")])
     rest = [i for i in items if i not in last]
     serve = [n for n, i in enumerate(rest) if i.nodeid.startswith("tests/serve/")]
     at = serve[-1] + 1 if serve else len(rest)

@@ -146,7 +146,8 @@ def test_a_model_the_converter_refuses_skips_the_servers_that_need_it():
 
 
 def test_no_build_here_is_a_typed_message_in_the_results_not_a_failure(tmp_path, monkeypatch):
-    monkeypatch.setenv("FASTMODE_CACHE", str(tmp_path / "cache"))  # an empty cache: no build
+    # no build in llama.cpp's cache folder (the rest of the cache stays: the default pair is not converted again)
+    monkeypatch.setattr(llama_cpp, "cache_dir", lambda: tmp_path / "cache" / "llama.cpp")
     assert llama_cpp.bin_dir() is None
     monkeypatch.setattr(llama_cpp.shutil, "which", lambda tool: None)
     with pytest.raises(llama_cpp.LlamaCppUnavailable, match="needs cmake on PATH"):

@@ -188,11 +188,12 @@ def test_a_gguf_model_path_in_the_config_serves_its_converted_checkpoint(tiny_gg
     from sharding.weights import check_checkpoint
 
     _, path = tiny_gguf
-    config = load_config({"models": {"fast": {"id": "g", "path": str(path)}}})
+    full = {"id": "f", "path": str(TEST_FULL)}  # named: the default would be converted into this test's empty cache
+    config = load_config({"models": {"fast": {"id": "g", "path": str(path)}, "full": full}})
     converted = Path(config.models.fast.path)
     assert converted.parent == cache / "gguf" and (converted / "config.json").is_file()
     assert check_checkpoint(converted).model_type == "llama"
     not_gguf = tmp_path / "weights.bin"
     not_gguf.write_bytes(b"not a gguf file")
     with pytest.raises(ConfigError, match="models.fast.path: .* is a file but not GGUF"):
-        load_config({"models": {"fast": {"id": "g", "path": str(not_gguf)}}})
+        load_config({"models": {"fast": {"id": "g", "path": str(not_gguf)}, "full": full}})
