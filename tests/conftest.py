@@ -153,8 +153,8 @@ def pytest_collection_modifyitems(config, items):
         at = items.index(secure[0])
         rest = [i for i in items if i not in secure]
         items[:] = rest[:at] + secure + rest[at:]
-    # test_default_pair.py's app of the real pair starts after the shared app stopped: beside it, its
-    # start took 2.5 times as long here (memory and CPUs shared with the shared app's idle engines)
+    # test_default_pair.py's app of the real pair starts after the shared app stopped, not beside its
+    # idle engines (which share this machine's memory and CPUs)
     last = ([i for i in items if i.nodeid.startswith("tests/serve/test_up.py")]
             + [i for i in items if i.nodeid.startswith("tests/serve/test_default_pair.py")])
     rest = [i for i in items if i not in last]
