@@ -111,7 +111,9 @@ def rows(results: Path) -> list[Row]:
             goals.append(f"{g.at_least:g}x llama-server's{_met(ratio, g.at_least)}")
         agree = ((quality or {}).get("agreement_with_standard") or {}).get("exact vs standard")
         if agree is not None:
-            parts.append(f"the standard lane's answer on {agree:.0%} of {quality['samples']} eval questions")
+            n = quality["samples"]
+            same = round(agree * n)  # a count: a percentage would round 3 differing answers of 1044 to "100%"
+            parts.append(f"the standard lane's answer on {same} of {n} eval questions")
             goals.append(f"every answer the full model's{' (met)' if agree == 1.0 else ' (**missed**)'}")
         out.append(Row(f"exact tier (the full model's own output), {h.get('exact_concurrency_for_speed', 1)} stream",
                        "; ".join(parts), ", ".join(goals)))
