@@ -203,14 +203,16 @@ def validate_request(config: ModelConfig, max_len: int, request_id: str, prompt:
                             f"{params.max_tokens} exceeds the context of {max_len} tokens")
 
 
-def prefill_rows(seqs: list[_Sequence], max_len: int) -> Rows:
+def prefill_rows(seqs: list[_Sequence], max_len: int, cached: list[int] | None = None) -> Rows:
     """Each prompt past its cached prefix (all of it without one), at its own positions,
     right-padded with token 0 (see ``sharding.model`` on why that is safe). A padding position
-    past the context is clamped to its last position: the row's own, overwritten before read."""
-    new = [s.prompt[s.cached:] for s in seqs]
+    past the context is clamped to its last position: the row's own, overwritten before read.
+    ``cached``: per sequence, the prefix to skip (default: each one's ``cached``)."""
+    cached = [s.cached for s in seqs] if cached is None else cached
+    new = [s.prompt[c:] for s, c in zip(seqs, cached)]
     width = max(len(n) for n in new)
     tokens = torch.tensor([n + [0] * (width - len(n)) for n in new])  # [B, width]
-    starts = torch.tensor([s.cached for s in seqs])
+    starts = torch.tensor(cached)
     positions = (starts[:, None] + torch.arange(width)).clamp_(max=max_len - 1)
     return Rows(tokens=tokens, positions=positions, slots=torch.tensor([s.slot for s in seqs]),
                 last=torch.tensor([len(n) for n in new]) - 1, context=max(len(s.prompt) for s in seqs))

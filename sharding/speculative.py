@@ -26,9 +26,9 @@ rejection sampler.
 A round therefore makes between 1 and ``k + 1`` tokens for one target forward and ``k`` draft
 forwards. Nothing is rolled back in the KV caches: positions past a sequence's accepted tokens are
 overwritten before they are read (``sharding.kv_cache``). Invariant between rounds: the target's
-cache holds every token of the sequence but the last; the draft's holds the same, except after a
-round that accepted all ``k`` drafts, when ``dk`` is still to be written (``pending``: the draft's
-next input is then ``[dk, bonus]``).
+cache holds every token of the sequence but the last; the draft's holds all but ``pending``: the
+last one, or ``[dk, bonus]`` after a round that accepted all ``k`` drafts, or every token of the
+plain rounds since it last drafted.
 
 ``k`` adapts per round (``adaptive``): from the acceptance rate seen so far and the measured cost
 of a draft step against a verify step, it picks the ``k`` that maximizes expected tokens per
@@ -43,9 +43,10 @@ tokens are reproducible; greedy output is always the same.
 With ``draft_vocab``, the draft's head is cut to the tokens it drafts most (``sharding.draft_vocab``):
 cheaper draft steps, the same output.
 
-With ``prefix_cache`` on, a finished sequence's slot is parked with the tokens both models' caches
-hold (``sharding.prefix_cache``), and a later prompt that continues them (a conversation's next
-turn) prefills only the rest, in both models.
+With ``prefix_cache`` on, a finished sequence's slot is parked with the tokens the target's cache
+holds (``sharding.prefix_cache``), and a later prompt that continues them (a conversation's next
+turn) prefills only the rest: in the target, past what it held; in the draft, past what the draft
+held (less, when the sequence ended in plain rounds).
 """
 
 from __future__ import annotations
@@ -130,8 +131,12 @@ class _Seq:
     stats: SpecStats = field(default_factory=SpecStats)
     cached: int = 0
     """Prompt tokens whose keys and values the slot already held (a prefix-cache hit)."""
+    draft_cached: int = 0
+    """Of those, the ones the draft's cache held too (fewer after plain rounds, ``pending``)."""
     valid: int = 0
-    """Leading tokens of the sequence whose keys and values both models' caches hold."""
+    """Leading tokens of the sequence whose keys and values the target's cache holds."""
+    draft_valid: int = 0
+    """The same in the draft's cache (``valid`` minus what is ``pending`` beyond the last token)."""
 
     @property
     def length(self) -> int:
@@ -249,6 +254,7 @@ class SpeculativeEngine:
         self.k, self.adaptive, self.k_start = k, adaptive, k
         self.stats = SpecStats()
         self.prefix: PrefixCache | None = PrefixCache() if prefix_cache else None
+        self._draft_held: dict[int, int] = {}  # parked slot -> leading tokens its draft cache holds
         self.finished_stats: dict[str, SpecStats] = {}
         """The speculative rounds of the requests that finished in the latest ``step``."""
         self._t_draft = self._t_verify = self._t_plain = None  # seconds per forward, smoothed
@@ -307,7 +313,10 @@ class SpeculativeEngine:
 
     def _release(self, seq: _Seq) -> None:
         tokens = seq.prompt + seq.output
-        release(self.prefix, self.slots, seq.slot, tokens[:min(seq.valid, len(tokens))])
+        n = min(seq.valid, len(tokens))
+        if self.prefix is not None:
+            self._draft_held[seq.slot] = min(seq.draft_valid, n)
+        release(self.prefix, self.slots, seq.slot, tokens[:n])
 
     def prefix_stats(self) -> dict[str, int] | None:
         """The prefix cache's ``parked`` slots, ``hits`` and ``reused_tokens`` (``None``: off)."""
@@ -332,6 +341,7 @@ class SpeculativeEngine:
         while self._waiting and (self.slots.num_free or self.prefix):
             seq = self._waiting.pop(0)
             seq.slot, seq.cached = place(self.prefix, self.slots, seq.prompt)
+            seq.draft_cached = min(seq.cached, self._draft_held.pop(seq.slot, 0))
             admitted.append(seq)
         if admitted:
             return self._prefill(admitted)
@@ -339,7 +349,8 @@ class SpeculativeEngine:
 
     def _prefill(self, seqs: list[_Seq]) -> list[StepOutput]:
         rows = prefill_rows(seqs, self.max_len)  # each prompt past its cached prefix
-        self.draft.forward([rows])  # the draft caches the prompt; its logits are not needed
+        # The draft caches the prompt past what its own cache held; its logits are not needed.
+        self.draft.forward([prefill_rows(seqs, self.max_len, [s.draft_cached for s in seqs])])
         hidden = self.target.forward([rows])[0]
         # The target's head runs uncompiled here as in a verify step: the compiled head is the
         # draft's, and one prompt token left to feed (a prefix-cache hit) would otherwise compile it
@@ -348,7 +359,7 @@ class SpeculativeEngine:
         out = []
         for i, seq in enumerate(seqs):
             self._running[seq.request_id] = seq
-            seq.valid = len(seq.prompt)
+            seq.valid = seq.draft_valid = len(seq.prompt)
             row = logits[i] if seq.history is None else seq.history.apply(logits[i].float().clone())
             token = int(row.argmax()) if seq.params.greedy else int(
                 torch.multinomial(warp(row, seq.params), 1, generator=seq.gen))
@@ -443,8 +454,9 @@ class SpeculativeEngine:
                 s.pending = s.pending + [nxt]
             else:
                 s.pending = [int(drafts[b, k - 1]), nxt] if a == k else [nxt]
-            # The draft has fed all but ``pending``; the target, all but the last (and more).
-            s.valid = s.length + len(new) - len(s.pending)
+            # The target has fed all but the last (and rejected drafts past it); the draft, all but ``pending``.
+            s.valid = s.length + len(new) - 1
+            s.draft_valid = s.length + len(new) - len(s.pending)
             out.append(self._emit(s, new, drafted=k, accepted=a, logprobs=lps))
         return out
 
@@ -501,6 +513,7 @@ class SpeculativeEngine:
         if self.prefix is not None:  # the warm-up's prompts are nobody's history
             while self.prefix:
                 self.slots.free(self.prefix.evict())
+            self._draft_held.clear()
             self.prefix.hits = self.prefix.reused_tokens = 0
         self.stats, self.k, self._t_draft, self._t_verify, self._t_plain = SpecStats(), self.k_start, None, None, None
         self._plain_rounds = 0

@@ -314,11 +314,9 @@ def test_prefix_cache_reuses_a_conversations_history_in_both_models(pair):
     assert got == want  # the draft's and the target's kept keys and values are the right ones
     assert none == [0] * 4 and cached[0] == 0
     prompt = prompts[3]
-    for i in range(1, 4):  # every later turn reuses the history but its last few output tokens: the last
-        # is never fed; the draft may not have fed up to two more (its last draft when all were
-        # accepted, and a final round that drafts nothing because max_tokens is one away)
+    for i in range(1, 4):  # every later turn reuses the target's history but the last output token (never fed)
         n = len(prompt) + len(want[i - 1])
-        assert n - 3 <= cached[i] <= n - 1
+        assert cached[i] == n - 1
         prompt = prompt + want[i - 1] + extra[i - 1]
     last = prompt
     assert want[3] == hf_greedy(full, last, 12)
@@ -330,6 +328,29 @@ def test_prefix_cache_reuses_a_conversations_history_in_both_models(pair):
     assert warm.abort("x")
     assert warm.generate([last + [5, 6]], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)) == [
         hf_greedy(full, last + [5, 6], 8)]
+
+
+def _draft_keys(engine: SpeculativeEngine, slot: int, n: int) -> list[torch.Tensor]:
+    return [k[slot, :n].clone() for k in engine.draft.cache.k]
+
+
+def test_a_turn_that_ended_in_plain_rounds_reuses_the_targets_history_and_catches_the_draft_up(pair):
+    """Plain rounds (k = 0, adaptive's choice when drafts do not pay) feed the target alone: the
+    draft's cache falls behind. The next turn still skips all the target held, and the draft
+    prefills what it missed: its cache then holds what a fresh prefill of the prompt writes."""
+    full, fast, prompts = pair
+    warm = SpeculativeEngine.from_pretrained(full, fast, num_slots=2, k=0, adaptive=False, prefix_cache=True)
+    first = warm.generate([prompts[0]], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))[0]
+    history = prompts[0] + first + prompts[1]
+    warm.k = 3  # the next turn drafts again
+    got, hit = _turns(warm, history, 1, [[]])
+    assert hit == [len(prompts[0]) + 20 - 1]  # all the target held, not only what the draft had seen
+    assert got == [hf_greedy(full, history, 12)]
+    cold = SpeculativeEngine.from_pretrained(full, fast, num_slots=2, k=3, adaptive=False, prefix_cache=True)
+    assert _turns(cold, history, 1, [[]]) == (got, [0])
+    (w_slot,), (c_slot,) = warm.prefix._slots, cold.prefix._slots  # each engine's one conversation, parked
+    for w, c in zip(_draft_keys(warm, w_slot, len(history)), _draft_keys(cold, c_slot, len(history))):
+        torch.testing.assert_close(w, c, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.full  # a cold compile of every warm-up shape (minutes); the shared app compiles its fast lane in make test
