@@ -63,6 +63,10 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.scale = cfg.attn_scale if cfg.attn_scale is not None else cfg.head_dim ** -0.5
         self.sliding = cfg.layer_type(layer) == SLIDING
+        self.window = cfg.sliding_window if self.sliding else 0
+        self.kernel = None
+        """``fastmode::cached_attention`` where set (``sharding.cached_attention``): the cache is read in
+        place and no mask is needed; otherwise each row's span is gathered and SDPA attends."""
         d, hd = cfg.hidden_size, cfg.head_dim
         self.q_proj = nn.Linear(d, cfg.num_heads * hd, bias=cfg.qkv_bias)
         self.k_proj = nn.Linear(d, cfg.num_kv_heads * hd, bias=cfg.qkv_bias)
@@ -70,23 +74,29 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(cfg.num_heads * hd, d, bias=cfg.o_bias)
         self.q_norm = _norm(cfg, hd) if cfg.qk_norm else None
         self.k_norm = _norm(cfg, hd) if cfg.qk_norm else None
+        self.qkv = None
+        """q, k and v in one call where set (``sharding.packed.FusedLinears``); else three."""
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
                 slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                mask: torch.Tensor) -> torch.Tensor:
+                mask: torch.Tensor | None, span: int) -> torch.Tensor:
         # x: [B, S, D]; k_cache, v_cache: [num_slots, max_len, kv_heads, head_dim]; mask: [B, 1, S, span],
-        # or None for SDPA's causal path
+        # or None for SDPA's causal path or the kernel (which needs none); span: cache positions read
         B, S, _ = x.shape
-        span = span_of(mask, S)
-        q = self.q_proj(x).view(B, S, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(B, S, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(B, S, self.num_kv_heads, self.head_dim)
+        q, k, v = self.qkv(x) if self.qkv is not None else (self.q_proj(x), self.k_proj(x), self.v_proj(x))
+        q = q.view(B, S, self.num_heads, self.head_dim)
+        k = k.view(B, S, self.num_kv_heads, self.head_dim)
+        v = v.view(B, S, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         row_slots = slots[:, None].expand(B, S)
         k_cache.index_put_((row_slots, positions), k)
         v_cache.index_put_((row_slots, positions), v)
+        if self.kernel is not None:
+            out = self.kernel(q, k_cache, v_cache, slots, positions, span, self.window, self.scale)  # [B, S, H, hd]
+            return self.o_proj(out.view(B, S, self.num_heads * self.head_dim))
+        span = span_of(mask, S)
         # Only the first `span` positions can be attended; index_select copies far less than
         # indexing the whole slot (and is much faster than advanced indexing on CPU).
         keys = k_cache[:, :span].index_select(0, slots)  # [B, span, kv_heads, head_dim]
@@ -113,9 +123,12 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
         self.act = F.silu if cfg.hidden_act == "silu" else _gelu_tanh
+        self.gate_up = None
+        """gate and up in one call where set (``sharding.packed.FusedLinears``); else two."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up(x) if self.gate_up is not None else (self.gate_proj(x), self.up_proj(x))
+        return self.down_proj(self.act(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -133,8 +146,8 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
                 slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                mask: torch.Tensor) -> torch.Tensor:
-        a = self.self_attn(self.input_layernorm(x), cos, sin, positions, slots, k_cache, v_cache, mask)
+                mask: torch.Tensor | None, span: int) -> torch.Tensor:
+        a = self.self_attn(self.input_layernorm(x), cos, sin, positions, slots, k_cache, v_cache, mask, span)
         if self.pre_feedforward_layernorm is None:
             x = x + a
             return x + self.mlp(self.post_attention_layernorm(x))
@@ -229,7 +242,8 @@ class Llama(nn.Module):
         # (and, in a sliding layer, j > p - sliding_window). Additive, in the activations' dtype: SDPA
         # would convert a boolean mask in every layer.
         mask = window = None
-        if not causal or self.has_sliding:
+        kernel = all(layer.self_attn.kernel is not None for layer in self.model.layers.values())
+        if not kernel and (not causal or self.has_sliding):
             keys = torch.arange(span, device=positions.device)
             visible = keys <= positions[:, :, None]  # [B, S, span]
             if not causal:
@@ -240,9 +254,9 @@ class Llama(nn.Module):
             window = mask
         for j, layer in enumerate(self.model.layers.values()):
             if layer.self_attn.sliding:
-                h = layer(h, *local, positions, slots, cache.k[j], cache.v[j], window)
+                h = layer(h, *local, positions, slots, cache.k[j], cache.v[j], window, span)
             else:
-                h = layer(h, cos, sin, positions, slots, cache.k[j], cache.v[j], mask)
+                h = layer(h, cos, sin, positions, slots, cache.k[j], cache.v[j], mask, span)
         return self.model.norm(h) if self.has_head else h
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -12,14 +12,18 @@ the float32 sums differs from MKL's (as it differs between MKL's own kernels). A
 not exactly representable is never packed (``packable``), so packing is lossless by construction.
 
 ``apply_packed_weights`` swaps each ``nn.Linear`` for a ``PackedLinear`` and gives each
-tensor-parallel linear (``sharding.tp``) a ``packed`` buffer. Both keep the float32 weight: a step
+tensor-parallel linear (``sharding.tp``) a ``packed`` buffer. Linears that read the same input (an
+attention layer's q, k and v; an MLP's gate and up) become one ``FusedLinears``: one kernel call
+whose output is split, instead of one call per linear (a decode step's calls are short, so their
+fixed cost counts), with the linears' parameters turned into views of the fused weight. Both keep the float32 weight: a step
 of more than 64 rows (the kernel's ``MAX_ROWS``; a long prefill) runs MKL's ``F.linear`` as before.
 Up to 64 rows the kernel is also the faster one for prefills (a conversation's next turn): 0.60x
 MKL's time at 20 rows, 0.80x at 64 (``python -m bench.packed_rows``; docs/sharding.md).
 
 The kernel is compiled on first use (about 15 s, ``torch.utils.cpp_extension``; cached under
 ``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``) and needs x86-64 with AVX2 and
-FMA, a C++ compiler and ninja. ``unavailable_reason()`` says what is missing.
+FMA, a C++ compiler and ninja. ``unavailable_reason()`` says what is missing. The same library holds
+``fastmode::cached_attention`` (``sharding.cached_attention``), which packing switches on with it.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from torch import nn
 
 from .errors import ShardingError
 
-__all__ = ["PackedLinear", "PackedWeightsUnavailable", "apply_packed_weights", "linear",
+__all__ = ["FusedLinears", "PackedLinear", "PackedWeightsUnavailable", "apply_packed_weights", "linear",
            "load_kernel", "pack", "packable", "resolve", "unavailable_reason"]
 
 log = logging.getLogger(__name__)
@@ -45,7 +49,8 @@ log = logging.getLogger(__name__)
 BLOCK = 16
 """Output columns per packed block: a weight's output size must be a multiple of it."""
 
-_SOURCE = Path(__file__).parent / "csrc" / "linear_bf16w.cpp"
+_SOURCES = [Path(__file__).parent / "csrc" / name for name in ("linear_bf16w.cpp", "cached_attention.cpp")]
+"""fastmode's CPU kernels, built into one library (``load_kernel``)."""
 _lock = threading.Lock()
 _loaded = False
 
@@ -76,7 +81,8 @@ def unavailable_reason(device: torch.device | str = "cpu") -> str | None:
 
 
 def load_kernel() -> None:
-    """Build (first time on this machine) and load ``fastmode::linear_bf16w`` into this process.
+    """Build (first time on this machine) and load ``fastmode::linear_bf16w`` and
+    ``fastmode::cached_attention`` into this process.
 
     Raises:
         PackedWeightsUnavailable: the kernel cannot run here, or its build failed (with the reason).
@@ -90,18 +96,24 @@ def load_kernel() -> None:
             raise PackedWeightsUnavailable(reason)
         from torch.utils import cpp_extension
         flags = ["-O3", "-mavx2", "-mfma", "-fopenmp"]  # -fopenmp: at::parallel_for splits blocks over threads
-        tag = hashlib.sha256(_SOURCE.read_bytes() + torch.__version__.encode() + " ".join(flags).encode()).hexdigest()[:12]
+        code = b"".join(source.read_bytes() for source in _SOURCES)
+        tag = hashlib.sha256(code + torch.__version__.encode() + " ".join(flags).encode()).hexdigest()[:12]
         try:  # cpp_extension locks its build folder: concurrent processes build once
-            cpp_extension.load(name=f"fastmode_linear_bf16w_{tag}", sources=[str(_SOURCE)],
+            cpp_extension.load(name=f"fastmode_cpu_kernels_{tag}", sources=[str(s) for s in _SOURCES],
                                extra_cflags=flags, is_python_module=False, verbose=False)
         except Exception as e:  # noqa: BLE001 - the compiler's own message is the useful part
             raise PackedWeightsUnavailable(f"building the packed kernel failed: {e}") from e
         torch.library.register_fake("fastmode::linear_bf16w")(_linear_bf16w_shape)
+        torch.library.register_fake("fastmode::cached_attention")(_cached_attention_shape)
         _loaded = True
 
 
 def _linear_bf16w_shape(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return x.new_empty(*x.shape[:-1], weight.shape[0])
+
+
+def _cached_attention_shape(q: torch.Tensor, *args) -> torch.Tensor:
+    return q.new_empty(q.shape)
 
 
 def resolve(setting: bool | str, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> bool:
@@ -166,6 +178,46 @@ class PackedLinear(nn.Module):
         return f"in_features={self.weight.shape[1]}, out_features={self.weight.shape[0]}, packed=bfloat16"
 
 
+class FusedLinears(nn.Module):
+    """Bias-free linears of one input as one packed call: ``x @ cat(weights).T``, split per linear.
+
+    The linears keep their parameters (checkpoint names and loading are unchanged) as views of the
+    fused weight, so nothing is stored twice; the model calls this module instead of them.
+    """
+
+    def __init__(self, linears: list[nn.Linear]) -> None:
+        super().__init__()
+        fused = torch.cat([m.weight.data for m in linears])
+        self.sizes = [m.weight.shape[0] for m in linears]
+        for m, part in zip(linears, fused.split(self.sizes), strict=True):
+            m.weight.data = part
+        self.register_buffer("weight", fused, persistent=False)
+        self.register_buffer("packed", pack(fused), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return linear(x, self.weight, self.packed).split(self.sizes, dim=-1)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.weight.shape[1]}, out_features={self.sizes}, packed=bfloat16"
+
+
+FUSED = {"qkv": ("q_proj", "k_proj", "v_proj"), "gate_up": ("gate_proj", "up_proj")}
+"""A model module's attribute that runs fused, and the linears it fuses (``sharding.model``)."""
+
+
+def _fuse(model: nn.Module) -> set[int]:
+    """Fuse every group of ``FUSED`` whose linears are all plain, bias-free and packable; the ids of those linears."""
+    fused: set[int] = set()
+    for module in model.modules():
+        for attr, names in FUSED.items():
+            linears = [getattr(module, name, None) for name in names]
+            if hasattr(module, attr) and all(type(m) is nn.Linear and m.bias is None and packable(m.weight.data)
+                                             for m in linears):
+                setattr(module, attr, FusedLinears(linears))
+                fused.update(id(m) for m in linears)
+    return fused
+
+
 def apply_packed_weights(model: nn.Module) -> int:
     """Pack every packable linear of ``model`` in place; returns how many were packed.
 
@@ -176,9 +228,12 @@ def apply_packed_weights(model: nn.Module) -> int:
         PackedWeightsUnavailable: the kernel cannot run here (``load_kernel``).
     """
     load_kernel()
-    count = 0
+    fused = _fuse(model)
+    count = len(fused)
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
+            if id(child) in fused or isinstance(child, FusedLinears):
+                continue
             if type(child) is nn.Linear and child.bias is None and packable(child.weight.data):
                 setattr(parent, name, PackedLinear(child.weight))
                 count += 1

@@ -16,6 +16,7 @@ import torch
 from .batch import Rows, StepBatch
 from .kv_cache import KVCache
 from .model import Llama
+from .cached_attention import use_cached_attention
 from .packed import apply_packed_weights
 from .sampling import History, Logprobs, SamplingParams, generator_for_seed, sample, token_logprobs
 
@@ -41,14 +42,17 @@ class StageRunner:
         num_slots, max_len, kv_cache_bytes: of the ``KVCache`` built for it (``KVCache.for_model``).
         compile: run the model's forward through ``torch.compile`` (see ``compile_forward``);
             the first steps of each new shape compile (seconds), later ones run the compiled code.
-        packed_weights: first read small steps' weights as bfloat16 (``sharding.packed``; lossless
-            for bfloat16 checkpoints). Raises ``PackedWeightsUnavailable`` where it cannot run.
+        packed_weights: fastmode's CPU kernels: small steps read their weights as bfloat16
+            (``sharding.packed``; lossless for bfloat16 checkpoints) and attention reads the cache in
+            place (``sharding.cached_attention``). Raises ``PackedWeightsUnavailable`` where they cannot run.
     """
 
     def __init__(self, model: Llama, *, num_slots: int, max_len: int | None = None,
                  compile: bool = False, packed_weights: bool = False, kv_cache_bytes: int | None = None) -> None:
         self.packed_linears = apply_packed_weights(model) if packed_weights else 0
         """How many of the model's linears run from packed bfloat16 weights (0: packing off)."""
+        self.cached_attention_layers = use_cached_attention(model) if packed_weights else 0
+        """How many of the model's attention layers read the cache in place (0: the kernels are off)."""
         # (before compile: the graphs capture the packed kernel)
         self.model = model
         # One spare bucket: no span equals the cache's length, so the last bucket needs no graphs of its own.

@@ -120,9 +120,17 @@ def test_resolve_explains_where_the_kernel_cannot_run():
 def test_apply_packs_every_linear_and_keeps_ties(bf16_pair, tmp_path):
     full, fast = (load_model(p) for p in bf16_pair)
     keys = set(full.state_dict())
+    weights = {k: v.clone() for k, v in full.state_dict().items()}
     assert packed.apply_packed_weights(full) == 3 * 7 + 1  # q k v o gate up down per layer, the head
     assert set(full.state_dict()) == keys  # the packed copies are not checkpoint tensors
-    assert not any(type(m) is nn.Linear for m in full.modules())
+    for k, v in full.state_dict().items():  # q/k/v and gate/up are views of their fused weights now
+        assert torch.equal(v, weights[k]), k
+    for layer in full.model.layers.values():  # one call for q k v, one for gate up, o and down packed
+        attn, mlp = layer.self_attn, layer.mlp
+        assert isinstance(attn.qkv, packed.FusedLinears) and isinstance(mlp.gate_up, packed.FusedLinears)
+        assert attn.q_proj.weight.data_ptr() == attn.qkv.weight.data_ptr()
+        assert mlp.up_proj.weight.data_ptr() == mlp.gate_up.weight[mlp.gate_proj.weight.shape[0]:].data_ptr()
+        assert type(attn.o_proj) is packed.PackedLinear and type(mlp.down_proj) is packed.PackedLinear
     packed.apply_packed_weights(fast)
     assert fast.lm_head.weight is fast.model.embed_tokens.weight  # tied stays tied
     unrounded = load_model(save_random_llama(tmp_path / "fp32"))  # float32 values, not bfloat16 ones
