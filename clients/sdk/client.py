@@ -86,7 +86,7 @@ class Response:
     route: dict[str, Any] | None = None
     input_tokens: int | None = None
     speculative: dict[str, Any] | None = None
-    """The exact lane's drafts: ``draft_tokens`` (k), ``verify_steps``, ``drafted``, ``accepted``,
+    """The exact lane's drafts: ``draft_tokens`` (the configured k), ``verify_steps``, ``drafted``, ``accepted``,
     ``acceptance_rate``, ``tokens_per_step`` (docs/protocol.md)."""
     hops: list[dict[str, Any]] | None = None
     """The fast lane's chip-to-chip hops, one entry per (sender, receiver) chip pair: ``src``, ``dst``,
