@@ -23,6 +23,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -140,9 +141,9 @@ at::Tensor cached_attention(const at::Tensor& q, const at::Tensor& k_cache, cons
     std::vector<float> p(span);
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t h = t % H, bs = t / H, b = bs / S;
-      const int64_t at = pos[bs];
-      const int64_t hi = std::min(at, span - 1);
-      const int64_t lo = window > 0 ? std::max<int64_t>(0, at - window + 1) : 0;
+      const int64_t query_pos = pos[bs];
+      const int64_t hi = std::min(query_pos, span - 1);
+      const int64_t lo = window > 0 ? std::max<int64_t>(0, query_pos - window + 1) : 0;
       float* o = op + t * D;
       std::fill(o, o + D, 0.0f);
       if (hi < lo) continue;  // nothing visible (a position past the span): zeros, not NaN
