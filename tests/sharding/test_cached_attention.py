@@ -109,10 +109,10 @@ def test_engines_with_the_kernel_are_transformers_greedy(family_dir, family):
     These random float32 weights are not bfloat16 values, so no linear packs: only attention changes."""
     full, draft = family_dir / family, family_dir / f"{family}-draft"
     prompts = [ids_of(12, seed=1), ids_of(30, seed=2), ids_of(3, seed=3)]
-    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     engine = Engine.from_pretrained(full, num_slots=3, packed_weights=True)
     assert engine.executor.runner.cached_attention_layers == engine.executor.runner.model.config.num_layers
-    expected = [hf_greedy(full, p, 40) for p in prompts]
+    expected = [hf_greedy(full, p, 24) for p in prompts]  # within Phi-3's original context (64)
     assert engine.generate(prompts, params) == expected
     exact = SpeculativeEngine.from_pretrained(full, draft, num_slots=3, k=3, adaptive=False, packed_weights=True)
     assert exact.generate(prompts, params) == expected
