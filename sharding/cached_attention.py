@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .model import Attention
+from .model import Attention, Llama
 from .packed import load_kernel
 
 __all__ = ["cached_attention", "use_cached_attention"]
@@ -57,4 +57,6 @@ def use_cached_attention(model: nn.Module) -> int:
     layers = [m for m in model.modules() if isinstance(m, Attention)]
     for attention in layers:
         attention.kernel = cached_attention
+    for llama in (m for m in model.modules() if isinstance(m, Llama)):
+        llama.needs_masks = False  # every layer of it now attends through the kernel
     return len(layers)

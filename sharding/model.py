@@ -205,6 +205,9 @@ class Llama(nn.Module):
         self.rotary = RotaryEmbedding(config).to(device)
         sliding = [layer.self_attn.sliding for layer in self.model.layers.values()]
         self.has_sliding = any(sliding)
+        self.needs_masks = True
+        """Whether a step builds attention masks: not once every layer attends through
+        ``sharding.cached_attention`` (which reads positions and windows itself)."""
         self.local_rotary = (RotaryEmbedding(config, local=True).to(device)
                              if self.has_sliding and config.local_rope_theta is not None else None)
 
@@ -242,8 +245,7 @@ class Llama(nn.Module):
         # (and, in a sliding layer, j > p - sliding_window). Additive, in the activations' dtype: SDPA
         # would convert a boolean mask in every layer.
         mask = window = None
-        kernel = all(layer.self_attn.kernel is not None for layer in self.model.layers.values())
-        if not kernel and (not causal or self.has_sliding):
+        if self.needs_masks and (not causal or self.has_sliding):
             keys = torch.arange(span, device=positions.device)
             visible = keys <= positions[:, :, None]  # [B, S, span]
             if not causal:
