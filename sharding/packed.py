@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import mmap
 import platform
 import shutil
 import threading
@@ -47,6 +48,8 @@ __all__ = ["FusedLinears", "PackedLinear", "PackedWeightsUnavailable", "apply_pa
 log = logging.getLogger(__name__)
 
 BLOCK = 16
+HUGE_PAGE = 2 << 20
+"""Linux's transparent huge page (x86-64): the arena of packed weights starts on one (``arena``)."""
 """Output columns per packed block: a weight's output size must be a multiple of it."""
 
 _SOURCES = [Path(__file__).parent / "csrc" / name for name in ("linear_bf16w.cpp", "cached_attention.cpp")]
@@ -230,6 +233,13 @@ def apply_packed_weights(model: nn.Module) -> int:
     load_kernel()
     fused = _fuse(model)
     count = len(fused)
+    count += _pack_unfused(model, fused)
+    _into_one_arena(model)
+    return count
+
+
+def _pack_unfused(model: nn.Module, fused: set[int]) -> int:
+    count = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if id(child) in fused or isinstance(child, FusedLinears):
@@ -241,3 +251,38 @@ def apply_packed_weights(model: nn.Module) -> int:
                 child.register_buffer("packed", pack(child.weight), persistent=False)
                 count += 1
     return count
+
+
+def arena(nbytes: int) -> torch.Tensor:
+    """``nbytes`` of zeroed memory as a uint8 tensor, starting on a 2 MiB boundary and advised for
+    transparent huge pages (Linux; elsewhere plain memory).
+
+    A decode step streams every packed weight once: from 4 KiB pages that is a TLB miss every
+    4 KiB, from 2 MiB pages one every 2 MiB (docs/decisions/030-packed-weights-on-huge-pages.md).
+    Only 2 MiB-aligned extents of a mapping can be huge pages, hence one arena for all of a model's
+    weights, not one each. Where THP is ``never`` the advice does nothing and the memory is ordinary."""
+    advise = getattr(mmap, "MADV_HUGEPAGE", None)
+    if advise is None or nbytes == 0:
+        return torch.zeros(nbytes, dtype=torch.uint8)
+    m = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    m.madvise(advise)  # before first touch: the pages are allocated as huge ones when written
+    buf = torch.frombuffer(m, dtype=torch.uint8)  # keeps the mapping alive as long as any view of it
+    start = -buf.data_ptr() % HUGE_PAGE
+    return buf[start:start + nbytes]
+
+
+def _into_one_arena(model: nn.Module) -> None:
+    """Move every ``packed`` buffer of ``model`` into one ``arena``, in module order (the order a
+    step reads them in), each on a 64-byte boundary (a cache line)."""
+    owners = [m for m in model.modules() if isinstance(getattr(m, "packed", None), torch.Tensor)
+              and m.packed.device.type == "cpu"]
+    if not owners:
+        return
+    sizes = [-(-m.packed.numel() * m.packed.element_size() // 64) * 64 for m in owners]
+    memory, offset = arena(sum(sizes)), 0
+    for m, size in zip(owners, sizes, strict=True):
+        old = m.packed
+        new = memory[offset:offset + old.numel() * old.element_size()].view(old.dtype).view(old.shape)
+        new.copy_(old)
+        m.register_buffer("packed", new, persistent=False)
+        offset += size

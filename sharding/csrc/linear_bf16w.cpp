@@ -34,7 +34,7 @@ constexpr int NB = 16;        // output columns per packed block
 #define FASTMODE_MAX_ROWS 64
 #endif
 constexpr int64_t MAX_ROWS = FASTMODE_MAX_ROWS;
-constexpr int64_t PREFETCH = 1024;  // bytes ahead (python -m bench.kernel_decode measures the effect)
+constexpr int64_t PREFETCH = 1024;  // bytes ahead of the stream
 
 inline __m256 load8(const uint16_t* p) {  // 8 bfloat16 -> 8 float32 (shift into the high half)
   __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));

@@ -6,7 +6,12 @@ import json
 import os
 import sys
 
-from bench.probes import startup_cpu, threads
+import pytest
+
+from bench.probes import huge_pages, startup_cpu, threads
+from models import TEST_FULL
+from sharding import packed
+from tests.conftest import shipped
 
 BUSY_THEN_READY = ("import time\nt = time.process_time()\nwhile time.process_time() - t < 0.4: pass\n"
                    "print('ready in 0 s', flush=True)\ntime.sleep(120)")
@@ -40,3 +45,15 @@ def test_startup_cpu_reports_a_command_that_exits_before_ready(tmp_path):
     out = tmp_path / "startup.json"
     assert startup_cpu.main(["--window", "0.1", "--json", out, "--", sys.executable, "-c", "raise SystemExit(3)"]) == 1
     assert json.loads(out.read_text())["state"] == "exited (3)"
+
+
+@pytest.mark.skipif(packed.unavailable_reason() is not None, reason=str(packed.unavailable_reason()))
+def test_huge_pages_times_the_arena_against_ordinary_pages(tmp_path):
+    out = tmp_path / "huge.json"
+    assert huge_pages.main(["--model", shipped(TEST_FULL), "--repeats", "2", "--threads", "1", "--json", out]) == 0
+    doc = json.loads(out.read_text())
+    layers = json.loads((shipped(TEST_FULL) / "config.json").read_text())["num_hidden_layers"]
+    assert doc["linears"] == 4 * layers + 1  # qkv, o, gate_up and down per layer, the head
+    assert doc["arena_ms"] > 0 and doc["plain_ms"] > 0
+    assert doc["arena_over_plain"] == pytest.approx(doc["arena_ms"] / doc["plain_ms"])
+    assert doc["arena_gb_per_s"] == pytest.approx(doc["weight_bytes"] / doc["arena_ms"] / 1e6)

@@ -6,6 +6,7 @@ Skipped where the kernel cannot run (not x86-64 with AVX2, no compiler): ``unava
 
 from __future__ import annotations
 
+import mmap
 from pathlib import Path
 
 import pytest
@@ -136,6 +137,26 @@ def test_apply_packs_every_linear_and_keeps_ties(bf16_pair, tmp_path):
     unrounded = load_model(save_random_llama(tmp_path / "fp32"))  # float32 values, not bfloat16 ones
     assert packed.apply_packed_weights(unrounded) == 0
     assert sum(type(m) is nn.Linear for m in unrounded.modules()) == 2 * 7 + 1  # untouched
+
+
+@needs_kernel
+def test_packed_weights_lie_in_one_arena_in_the_order_a_step_reads_them(bf16_pair):
+    model = load_model(bf16_pair[0])
+    packed.apply_packed_weights(model)
+    buffers = [m.packed for m in model.modules() if isinstance(getattr(m, "packed", None), torch.Tensor)]
+    starts = [b.data_ptr() for b in buffers]
+    assert starts == sorted(starts) and all(p % 64 == 0 for p in starts)  # module order, cache-line aligned
+    for b, nxt in zip(buffers, starts[1:]):  # back to back: one stream, no gaps past the alignment
+        assert b.data_ptr() + b.numel() * b.element_size() <= nxt < b.data_ptr() + b.numel() * b.element_size() + 64
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        assert starts[0] % packed.HUGE_PAGE == 0
+    assert all(b.is_contiguous() and b.dtype == torch.bfloat16 for b in buffers)
+
+
+def test_an_arena_is_zeroed_memory_of_the_size_asked():
+    for n in (0, 100, packed.HUGE_PAGE + 3):
+        a = packed.arena(n)
+        assert a.dtype == torch.uint8 and a.numel() == n and int(a.sum()) == 0
 
 
 @needs_kernel
