@@ -99,7 +99,7 @@ def test_a_browser_may_send_the_key_as_a_subprotocol(app):
 @pytest.fixture(scope="module")
 def browser():
     if CHROMIUM is None:
-        pytest.skip("no Chromium on PATH (Debian: apt-get install chromium; see the README's Quick start)")
+        pytest.skip("no Chromium on PATH (Debian: apt-get install chromium; make test-all installs it: docs/operating.md#tests)")
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is in the test extra")
     with sync_api.sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, headless=True)
