@@ -402,7 +402,10 @@ def test_responses_include_logprobs_over_http_and_the_websocket(app):
         assert max(abs(x.logprob - v) for x, v in zip(lp.top_logprobs, values.tolist(), strict=True)) < 1e-3
     events = list(client.responses.create(**params, stream=True))
     streamed = [lp for e in events if e.type == "response.output_text.delta" for lp in e.logprobs]
-    assert [(lp.token, round(lp.logprob, 4)) for lp in streamed] == [(lp.token, round(lp.logprob, 4)) for lp in logprobs]
+    # The same tokens; the values within float noise (a second request may reuse the first's cached
+    # keys and values and verify with another k: other sums; rounding both would fail at a boundary).
+    assert [lp.token for lp in streamed] == [lp.token for lp in logprobs]
+    assert max(abs(a.logprob - b.logprob) for a, b in zip(streamed, logprobs, strict=True)) < 1e-4
     with http.websocket_connect("/v1/responses") as ws:
         ws.send_text(json.dumps({"type": "response.create", "id": "w", "model": "s-full", "service_tier": "exact",
                                  "input": QUESTION, "max_output_tokens": 8, "temperature": 0, "repetition_penalty": 1.0,
