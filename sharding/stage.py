@@ -210,9 +210,13 @@ def warm_up(model, max_passes: int = 3) -> None:
 
 
 def _fresh(rows: Rows) -> bool:
-    """Whether every row of a prefill is a prompt from position 0 (no cached prefix)."""
+    """Whether every row of a prefill is a prompt from position 0 (no cached prefix).
+
+    A step as wide as its context is not enough: a fresh prompt at least as long as a continuing
+    one (a prefix-cache hit, starting past 0) makes one so, and SDPA's causal path would then let
+    the continuing row's queries see only as many keys as their index in the step."""
     width = rows.positions.shape[1]
-    return width > 1 and rows.context == width
+    return width > 1 and rows.context == width and not bool(rows.positions[:, 0].any())
 
 
 def _own_storage(t: torch.Tensor, device: torch.device) -> torch.Tensor:

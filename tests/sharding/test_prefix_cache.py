@@ -64,6 +64,20 @@ def test_reuse_beside_fresh_prompts_in_one_batch(path):
     assert engine.scheduler.prefix.reused_tokens == len(first) + len(out) - 1
 
 
+@pytest.mark.parametrize("longer", [0, 6])
+def test_reuse_beside_a_fresh_prompt_at_least_as_long(path, longer):
+    """The same, with a fresh prompt as long as the continuing one or longer: the step is as wide as
+    its context, yet one row starts past position 0, so it must not take SDPA's causal path (which
+    would let that row's queries see only as many keys as their index)."""
+    engine = Engine.from_pretrained(path, num_slots=3, prefix_cache=True)
+    first = prompt_ids(path, 30, seed=1)
+    out = engine.generate([first], GREEDY)[0]
+    cont = first + out + prompt_ids(path, 4, seed=2)[1:]
+    fresh = prompt_ids(path, len(cont) + longer, seed=3)
+    assert engine.generate([cont, fresh], GREEDY) == [hf_greedy(path, p, 12) for p in (cont, fresh)]
+    assert engine.scheduler.prefix.reused_tokens == len(first) + len(out) - 1
+
+
 def test_parked_slots_count_as_free_and_are_evicted_oldest_first(tiny_dir):
     path = resolve("tiny-full", tiny_dir)
     engine = Engine.from_pretrained(path, num_slots=2, prefix_cache=True)

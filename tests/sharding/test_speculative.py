@@ -330,6 +330,21 @@ def test_prefix_cache_reuses_a_conversations_history_in_both_models(pair):
         hf_greedy(full, last + [5, 6], 8)]
 
 
+def test_a_continuing_prompt_prefilled_beside_a_longer_fresh_one_is_the_targets_greedy(pair):
+    """A prefix-cache hit admitted in the same step as a fresh prompt at least as long: the hit's row
+    starts past position 0 in a step as wide as its context (sharding.stage's causal path must not
+    take it; it did, and the exact lane answered 3 of 1044 eval questions wrongly)."""
+    full, fast, prompts = pair
+    engine = SpeculativeEngine.from_pretrained(full, fast, num_slots=2, k=3, adaptive=False, prefix_cache=True)
+    first = prompts[3] + prompts[0]
+    out = engine.generate([first], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0]
+    cont = first + out + prompts[2]
+    fresh = (prompts[1] * 8)[:len(cont) + 2]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    assert engine.generate([cont, fresh], params) == [hf_greedy(full, p, 12) for p in (cont, fresh)]
+    assert engine.prefix_stats()["reused_tokens"] == len(first) + len(out) - 1
+
+
 def _draft_keys(engine: SpeculativeEngine, slot: int, n: int) -> list[torch.Tensor]:
     return [k[slot, :n].clone() for k in engine.draft.cache.k]
 
