@@ -48,9 +48,9 @@ __all__ = ["FusedLinears", "PackedLinear", "PackedWeightsUnavailable", "apply_pa
 log = logging.getLogger(__name__)
 
 BLOCK = 16
+"""Output columns per packed block: a weight's output size must be a multiple of it."""
 HUGE_PAGE = 2 << 20
 """Linux's transparent huge page (x86-64): the arena of packed weights starts on one (``arena``)."""
-"""Output columns per packed block: a weight's output size must be a multiple of it."""
 
 _SOURCES = [Path(__file__).parent / "csrc" / name for name in ("linear_bf16w.cpp", "cached_attention.cpp")]
 """fastmode's CPU kernels, built into one library (``load_kernel``)."""
@@ -232,8 +232,7 @@ def apply_packed_weights(model: nn.Module) -> int:
     """
     load_kernel()
     fused = _fuse(model)
-    count = len(fused)
-    count += _pack_unfused(model, fused)
+    count = len(fused) + _pack_unfused(model, fused)
     _into_one_arena(model)
     return count
 

@@ -350,7 +350,8 @@ class SpeculativeEngine:
     def _prefill(self, seqs: list[_Seq]) -> list[StepOutput]:
         rows = prefill_rows(seqs, self.max_len)  # each prompt past its cached prefix
         # The draft caches the prompt past what its own cache held; its logits are not needed.
-        self.draft.forward([prefill_rows(seqs, self.max_len, [s.draft_cached for s in seqs])])
+        behind = any(s.draft_cached < s.cached for s in seqs)
+        self.draft.forward([prefill_rows(seqs, self.max_len, [s.draft_cached for s in seqs]) if behind else rows])
         hidden = self.target.forward([rows])[0]
         # The target's head runs uncompiled here as in a verify step: the compiled head is the
         # draft's, and one prompt token left to feed (a prefix-cache hit) would otherwise compile it

@@ -14,9 +14,9 @@ import types
 import torch
 
 from .batch import Rows, StepBatch
+from .cached_attention import use_cached_attention
 from .kv_cache import KVCache
 from .model import Llama
-from .cached_attention import use_cached_attention
 from .packed import apply_packed_weights
 from .sampling import History, Logprobs, SamplingParams, generator_for_seed, sample, token_logprobs
 

@@ -332,8 +332,8 @@ def test_prefix_cache_reuses_a_conversations_history_in_both_models(pair):
 
 def test_a_continuing_prompt_prefilled_beside_a_longer_fresh_one_is_the_targets_greedy(pair):
     """A prefix-cache hit admitted in the same step as a fresh prompt at least as long: the hit's row
-    starts past position 0 in a step as wide as its context (sharding.stage's causal path must not
-    take it; it did, and the exact lane answered 3 of 1044 eval questions wrongly)."""
+    starts past position 0 in a step as wide as its context, which sharding.stage's causal path
+    must not take (on it, that row's queries would see only as many keys as their index)."""
     full, fast, prompts = pair
     engine = SpeculativeEngine.from_pretrained(full, fast, num_slots=2, k=3, adaptive=False, prefix_cache=True)
     first = prompts[3] + prompts[0]
