@@ -53,7 +53,7 @@ class LocalExecutor:
     def execute(self, batch: StepBatch) -> StepResult:
         """Forward every part, sample each row's next token (no hops: nothing travels)."""
         parts = batch.parts()
-        logits = self.runner.logits(parts, self.runner.forward(parts))
+        logits = self.runner.logits(parts)
         self.runner.admit(batch)
         tokens, logprobs = self.runner.sample(parts, logits)
         return StepResult.of_parts(batch, tokens, logprobs=logprobs)

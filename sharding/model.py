@@ -261,6 +261,13 @@ class Llama(nn.Module):
                 h = layer(h, cos, sin, positions, slots, cache.k[j], cache.v[j], mask, span)
         return self.model.norm(h) if self.has_head else h
 
+    def decode_logits(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                      cache: KVCache, span: int | None = None, causal: bool = False) -> torch.Tensor:
+        """``forward`` and ``compute_logits`` of a step with one token per row (``x``: ``[B, 1]``
+        ids or ``[B, 1, D]`` hidden states): logits ``[B, vocab]``. One call, so a compiled model
+        enters one graph per decode step, not two (last stage only)."""
+        return self.compute_logits(self.forward(x, positions, slots, cache, span, causal)[:, 0])
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits ``[..., vocab]`` of normed hidden states ``[..., D]`` (last stage only)."""
         if self.lm_head is None:

@@ -163,15 +163,14 @@ class Chip:
                 if role.stage == 0:  # a TP peer of the head: token ids
                     for r, x in zip(parts, xs, strict=True):
                         r.tokens = x
-                    hidden = self.runner.forward(parts)
-                else:
-                    hidden = self.runner.forward(parts, xs)
+                    xs = None
                 if not role.is_last:
+                    hidden = self.runner.forward(parts, xs)
                     onward = {**meta, "hops": hops, "secs": meta["secs"] + [time.perf_counter() - start],
                               "sent_at": time.time_ns(), "src": role.chip, "src_stage": role.stage}
                     self.links["next"].send(onward, tensors[:len(desc)] + hidden)
                     continue
-                logits = self.runner.logits(parts, hidden)  # every rank: the head all-gathers
+                logits = self.runner.logits(parts, xs)  # every rank: the head all-gathers
                 tokens, logprobs = None, {}
                 if role.tp_rank == 0:
                     self.runner.admit(StepBatch(admit=meta["admit"], freed=meta["freed"], prompts=meta["prompts"]))
@@ -423,13 +422,13 @@ class Head(Chip):
         for peer in self._list("peers"):
             peer.send(meta, rows + tokens)
         start = time.perf_counter()
-        hidden = self.runner.forward(parts)
         if role.pp > 1:
+            hidden = self.runner.forward(parts)
             meta = {**meta, "secs": [time.perf_counter() - start], "sent_at": time.time_ns()}
             self.links["next"].send(meta, rows + hidden)
             sampled, logprobs, hops, secs = None, {}, [], []
         else:
-            logits = self.runner.logits(parts, hidden)
+            logits = self.runner.logits(parts)
             self.runner.admit(batch)
             (sampled, logprobs), hops, secs = self.runner.sample(parts, logits), [], [time.perf_counter() - start]
         for link in self._list("returns"):

@@ -351,12 +351,8 @@ class SpeculativeEngine:
         rows = prefill_rows(seqs, self.max_len)  # each prompt past its cached prefix
         # The draft caches the prompt past what its own cache held; its logits are not needed.
         behind = any(s.draft_cached < s.cached for s in seqs)
-        self.draft.forward([prefill_rows(seqs, self.max_len, [s.draft_cached for s in seqs]) if behind else rows])
-        hidden = self.target.forward([rows])[0]
-        # The target's head runs uncompiled here as in a verify step: the compiled head is the
-        # draft's, and one prompt token left to feed (a prefix-cache hit) would otherwise compile it
-        # again for the target's width on a user's request.
-        logits = self.target.model.compute_logits(hidden[torch.arange(len(seqs)), rows.last])  # [B, V]
+        self.draft.feed([prefill_rows(seqs, self.max_len, [s.draft_cached for s in seqs]) if behind else rows])
+        logits = self.target.logits([rows])[0]  # [B, V]
         out = []
         for i, seq in enumerate(seqs):
             self._running[seq.request_id] = seq
@@ -405,7 +401,7 @@ class SpeculativeEngine:
             drafting = {b: s.history.copy() for b, s in enumerate(seqs) if s.history is not None}
             keep, vocab = self.draft_vocab, self.config.vocab_size
             for i in range(k):
-                logits = self.draft.logits([rows], self.draft.forward([rows]))[0]  # [B, V] (pruned: [B, len(keep)])
+                logits = self.draft.logits([rows])[0]  # [B, V] (pruned: [B, len(keep)])
                 best = logits.argmax(dim=-1).to(drafts.device)  # the greedy rows' drafts (one op)
                 drafts[:, i] = best if keep is None else keep[best]
                 if keep is not None and (drafting or sampled):  # their processing reads the whole vocabulary
@@ -430,8 +426,10 @@ class SpeculativeEngine:
         base = torch.tensor([s.length - 1 for s in seqs])
         rows = Rows(torch.cat([last, drafts], dim=1), base[:, None] + torch.arange(k + 1), slots,
                     torch.full((B,), k), int(base.max()) + k + 1)
-        hidden = self.target.forward([rows])[0]
-        logits = self.target.model.compute_logits(hidden)  # [B, k + 1, V]
+        if k:
+            logits = self.target.model.compute_logits(self.target.forward([rows])[0])  # [B, k + 1, V]
+        else:  # plain decoding: one token a row, forward and head in one call (compiled: one graph)
+            logits = self.target.logits([rows])[0][:, None]  # [B, 1, V]
         if _graphs() != graphs:
             pass  # compiled a graph: not a measure of the step's cost
         elif k:

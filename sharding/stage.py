@@ -65,39 +65,55 @@ class StageRunner:
         self.histories: dict[int, History] = {}
         """Slot -> the token history of a request whose sampling looks at one (``SamplingParams.uses_history``)."""
         self._forward = compile_forward(model) if compile else model
-        self._logits = model.compute_logits
+        self._decode = model.decode_logits if model.has_head else None
         if compile and model.has_head:
-            self._logits = compile_method(model.compute_logits, cpp_wrapper=not is_tensor_parallel(model))
+            self._decode = compile_method(model.decode_logits, cpp_wrapper=not is_tensor_parallel(model))
 
-    def forward(self, parts: list[Rows], inputs: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
-        """Hidden states ``[B, S, D]`` per part; ``inputs`` are the previous stage's, else the tokens."""
-        xs = inputs if inputs is not None else [r.tokens for r in parts]
-        dev, max_len = self.device, self.cache.max_len
+    def _args(self, r: Rows, x: torch.Tensor) -> tuple:
+        dev = self.device
         # A part whose longest row ends at its width starts every row at position 0 (fresh prompts):
         # SDPA's causal path, no mask (Llama.forward's ``causal``).
-        return [self._forward(_own_storage(x, dev), _own_storage(r.positions, dev),
-                              _own_storage(r.slots, dev), self.cache,
-                              *((r.context, True) if _fresh(r) else (span_for(r.context, max_len),)))
-                for r, x in zip(parts, xs, strict=True)]
+        return (_own_storage(x, dev), _own_storage(r.positions, dev), _own_storage(r.slots, dev), self.cache,
+                *((r.context, True) if _fresh(r) else (span_for(r.context, self.cache.max_len),)))
 
-    def logits(self, parts: list[Rows], hidden: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Logits ``[B, V]`` at each row's last real token.
+    def forward(self, parts: list[Rows], inputs: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+        """Hidden states ``[B, S, D]`` per part; ``inputs`` are the previous stage's, else the tokens.
+
+        On the stage with the head, a part of one token per row goes through ``logits`` or ``feed``
+        instead: their decode graph is the only one ``sweep`` compiles for that width there."""
+        xs = inputs if inputs is not None else [r.tokens for r in parts]
+        return [self._forward(*self._args(r, x)) for r, x in zip(parts, xs, strict=True)]
+
+    def feed(self, parts: list[Rows]) -> None:
+        """Run the parts' tokens into the cache; their outputs are not needed (a draft's prefill)."""
+        for r in parts:
+            if self.model.has_head and r.positions.shape[1] == 1:
+                self.logits([r])
+            else:
+                self.forward([r])
+
+    def logits(self, parts: list[Rows], inputs: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+        """Forward (as ``forward``) and the head: logits ``[B, V]`` at each row's last real token, per
+        part (the stage with the head). A decode part (one token per row) runs both as one call
+        (``Llama.decode_logits``): under ``compile`` one graph entered per step.
 
         Under tensor parallelism every rank must call this (the head all-gathers).
         """
+        xs = inputs if inputs is not None else [r.tokens for r in parts]
         out = []
-        for r, h in zip(parts, hidden, strict=True):
-            if h.shape[1] == 1:  # decode: the one token is the last (a view)
-                out.append(self._logits(h[:, 0]))  # [B, V]
+        for r, x in zip(parts, xs, strict=True):
+            if r.positions.shape[1] == 1:
+                out.append(self._decode(*self._args(r, x)))  # [B, V]
                 continue
+            h = self._forward(*self._args(r, x))
             rows = torch.arange(r.num_rows, device=self.device)
             out.append(self.model.compute_logits(h[rows, r.last.to(self.device)]))  # [B, V]
         return out
 
     @torch.inference_mode()
     def sweep(self, rows: list[int], widths: list[int]) -> None:
-        """Run ``rows x widths`` inputs (dummy tokens in the first slots) at every attention span, and
-        the compiled head after each one-token forward, so that compiling happens now. Only before
+        """Run ``rows x widths`` inputs (dummy tokens in the first slots) at every attention span (with
+        the head, one-token inputs as ``logits`` runs them), so that compiling happens now. Only before
         serving: it overwrites those slots' caches. (The shapes an engine meets, enumerated, where
         running requests would reach some only by chance: ``SpeculativeEngine.warm_up``.)"""
         max_len = self.cache.max_len
@@ -109,9 +125,10 @@ class StageRunner:
                         continue
                     r = Rows(torch.ones(B, S, dtype=torch.long), (span - S + torch.arange(S)).repeat(B, 1),
                              torch.arange(B), torch.full((B,), S - 1), span)
-                    h = self.forward([r])
                     if S == 1 and self.model.has_head:
-                        self.logits([r], h)
+                        self.logits([r])
+                    else:
+                        self.forward([r])
 
     def admit(self, batch: StepBatch) -> None:
         """Forget the parameters of freed slots; keep those of newly admitted requests (and make
