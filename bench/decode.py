@@ -109,7 +109,7 @@ def profile(engine, tokens: int) -> dict:
         if name == "fastmode::linear_bf16w" or name in ("aten::linear", "aten::mm", "aten::addmm"):
             shapes = e.input_shapes or []
             out_dim = next((s[0] for s in shapes[1:] if len(s) == 2), None) if name != "fastmode::linear_bf16w" \
-                else (shapes[2][0] if len(shapes) > 2 and shapes[2] else None)
+                else (shapes[1][0] * shapes[1][2] if len(shapes) > 1 and len(shapes[1]) == 3 else None)  # [N/16, K, 16]
             groups["head (vocab x hidden)" if out_dim == vocab else "layers' linears"] += us
         elif name.startswith("## Call CompiledFxGraph"):
             groups["compiled graph's own kernels (norms, RoPE, attention, activations)"] += us

@@ -72,14 +72,14 @@ def measure(rows: list[int], passes: int) -> list[dict]:
 
         def kernel_pass():
             for w, p in zip(weights, packed, strict=True):
-                kernel(xs[w.shape[1]], p, w)
+                kernel(xs[w.shape[1]], p)
 
         def mkl_pass():
             for w in weights:
                 F.linear(xs[w.shape[1]], w)
 
         x = xs[weights[0].shape[1]]
-        torch.testing.assert_close(kernel(x, packed[0], weights[0]), F.linear(x, weights[0]), rtol=1e-5, atol=1e-4)
+        torch.testing.assert_close(kernel(x, packed[0]), F.linear(x, weights[0]), rtol=1e-5, atol=1e-4)
         times: dict[str, list[float]] = {"kernel": [], "mkl": []}
         for i in range(passes + 2):
             for name, run in (("kernel", kernel_pass), ("mkl", mkl_pass)) if i % 2 == 0 else \

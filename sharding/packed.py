@@ -111,8 +111,8 @@ def load_kernel() -> None:
         _loaded = True
 
 
-def _linear_bf16w_shape(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    return x.new_empty(*x.shape[:-1], weight.shape[0])
+def _linear_bf16w_shape(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(*x.shape[:-1], packed.shape[0] * packed.shape[2])
 
 
 def _cached_attention_shape(q: torch.Tensor, *args) -> torch.Tensor:
@@ -155,7 +155,9 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor | None) -> torch.Tensor:
-    """``x @ weight.T``: from ``packed`` for a step of at most 64 rows, else MKL.
+    """``x @ weight.T``: from ``packed`` alone where it is set (``weight`` is not passed: one graph
+    input fewer per linear in a compiled step), the kernel's own loop for a step of at most 64 rows,
+    else MKL on the weights unpacked for the call.
 
     The kernel makes that choice itself: a branch on the row count here would make
     ``torch.compile`` guard on it and compile each dynamic graph twice (34 graphs against 24 for the
@@ -163,7 +165,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor | None) -
     """
     if packed is None:
         return F.linear(x, weight)
-    return torch.ops.fastmode.linear_bf16w(x, packed, weight)
+    return torch.ops.fastmode.linear_bf16w(x, packed)
 
 
 class PackedLinear(nn.Module):

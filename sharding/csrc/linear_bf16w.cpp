@@ -1,6 +1,8 @@
 // fastmode::linear_bf16w: y[M, N] = x[M, K] @ W[N, K]^T with x float32 and W stored as bfloat16,
 // packed [N/16, K, 16] (sharding/packed.py packs it); a step of more than MAX_ROWS (64) rows runs
-// at::linear on the float32 `weight` instead. Arithmetic is float32 (FMA); only the weights
+// at::linear on the weights unpacked to float32 for the call (N x K conversions against M x N x K
+// multiply-adds). The packed tensor is the op's only weight input: a compiled step passes each
+// graph input through Python, so the float32 copy is not one of them. Arithmetic is float32 (FMA); only the weights
 // are narrow, so a weight that is exactly a bfloat16 value (every checkpoint fastmode ships) gives
 // the same products as float32 weights and half the bytes to stream per decode step.
 //
@@ -98,10 +100,8 @@ void blocks(const float* x, int64_t M, int64_t K, const uint16_t* w, int64_t b0,
   }
 }
 
-at::Tensor linear_bf16w(const at::Tensor& x, const at::Tensor& w, const at::Tensor& weight) {
+at::Tensor linear_bf16w(const at::Tensor& x, const at::Tensor& w) {
   TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu(), "linear_bf16w: CPU tensors only");
-  TORCH_CHECK(weight.dim() == 2 && weight.size(0) == w.size(0) * NB && weight.size(1) == w.size(1),
-              "linear_bf16w: weight ", weight.sizes(), " is not the packed one's [N, K]");
   TORCH_CHECK(x.scalar_type() == at::kFloat, "linear_bf16w: x must be float32, got ", x.scalar_type());
   TORCH_CHECK(w.scalar_type() == at::kBFloat16 && w.dim() == 3 && w.size(2) == NB && w.is_contiguous(),
               "linear_bf16w: w must be contiguous bfloat16 packed [N/16, K, 16], got ", w.sizes());
@@ -111,7 +111,7 @@ at::Tensor linear_bf16w(const at::Tensor& x, const at::Tensor& w, const at::Tens
   const int64_t M = K ? x.numel() / K : 0;
   // The choice is made here, not in Python: a branch on the row count there would make
   // torch.compile guard on it and compile every dynamic graph twice.
-  if (M > MAX_ROWS) return at::linear(x, weight);
+  if (M > MAX_ROWS) return at::linear(x, w.to(at::kFloat).transpose(1, 2).reshape({N, K}));
   const at::Tensor xc = x.contiguous();
   auto sizes = xc.sizes().vec();
   sizes.back() = N;
@@ -125,5 +125,5 @@ at::Tensor linear_bf16w(const at::Tensor& x, const at::Tensor& w, const at::Tens
 }
 }  // namespace
 
-TORCH_LIBRARY(fastmode, m) { m.def("linear_bf16w(Tensor x, Tensor packed, Tensor weight) -> Tensor"); }
+TORCH_LIBRARY(fastmode, m) { m.def("linear_bf16w(Tensor x, Tensor packed) -> Tensor"); }
 TORCH_LIBRARY_IMPL(fastmode, CPU, m) { m.impl("linear_bf16w", &linear_bf16w); }

@@ -54,7 +54,7 @@ def test_kernel_matches_a_float64_matmul(shape, out_features):
     w = torch.randn(out_features, shape[-1], generator=g).bfloat16().float()
     x = torch.randn(*shape, generator=g)
     packed.load_kernel()
-    y = torch.ops.fastmode.linear_bf16w(x, packed.pack(w), w)
+    y = torch.ops.fastmode.linear_bf16w(x, packed.pack(w))
     ref = x.double() @ w.double().T
     assert y.dtype == torch.float32 and y.shape == (*shape[:-1], out_features)
     torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-4)
@@ -73,9 +73,9 @@ def test_kernel_splits_blocks_over_threads_with_the_same_bits(out_features):
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = torch.ops.fastmode.linear_bf16w(x, packed.pack(w), w)
+        one = torch.ops.fastmode.linear_bf16w(x, packed.pack(w))
         torch.set_num_threads(2)
-        two = torch.ops.fastmode.linear_bf16w(x, packed.pack(w), w)
+        two = torch.ops.fastmode.linear_bf16w(x, packed.pack(w))
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(one, two)
@@ -85,16 +85,13 @@ def test_kernel_splits_blocks_over_threads_with_the_same_bits(out_features):
 @needs_kernel
 def test_kernel_refuses_bad_operands():
     packed.load_kernel()
-    weight = torch.zeros(32, 8)
-    w = packed.pack(weight)
+    w = packed.pack(torch.zeros(32, 8))
     with pytest.raises(RuntimeError, match="last dim"):
-        torch.ops.fastmode.linear_bf16w(torch.zeros(2, 9), w, weight)
+        torch.ops.fastmode.linear_bf16w(torch.zeros(2, 9), w)
     with pytest.raises(RuntimeError, match="float32"):
-        torch.ops.fastmode.linear_bf16w(torch.zeros(2, 8, dtype=torch.float64), w, weight)
+        torch.ops.fastmode.linear_bf16w(torch.zeros(2, 8, dtype=torch.float64), w)
     with pytest.raises(RuntimeError, match="packed"):
-        torch.ops.fastmode.linear_bf16w(torch.zeros(2, 8), torch.zeros(32, 8, dtype=torch.bfloat16), weight)
-    with pytest.raises(RuntimeError, match="not the packed one"):
-        torch.ops.fastmode.linear_bf16w(torch.zeros(2, 8), w, torch.zeros(16, 8))
+        torch.ops.fastmode.linear_bf16w(torch.zeros(2, 8), torch.zeros(32, 8, dtype=torch.bfloat16))
 
 
 def test_only_lossless_weights_pack():
