@@ -222,8 +222,17 @@ def test_compiled_engine_matches_eager(tiny_dir):
     def run(engine: Engine) -> list[list[list[int]]]:
         return [engine.generate(prompts[:1], long), engine.generate(prompts, short)]
 
-    compiled = run(Engine.from_pretrained(path, num_slots=2, compile=True))
+    engine = Engine.from_pretrained(path, num_slots=2, compile=True)
+    compiled = run(engine)
     assert compiled == run(Engine.from_pretrained(path, num_slots=2))
+    # A decode step enters one compiled region: the forward and the head are one call
+    # (Llama.decode_logits), not a compiled forward and then a compiled head.
+    engine.add("one", prompts[2], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    engine.step()  # the prefill
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        assert [len(o.token_ids) for o in engine.step()] == [1]  # one decode step, one row
+    entered = [e.name for e in prof.events() if e.name.startswith("Torch-Compiled Region")]
+    assert len(entered) == 1, entered
 
 
 def logprobs_run(engine, rid: str, ids: list[int], params: SamplingParams) -> tuple[list[int], list]:
