@@ -426,10 +426,7 @@ class SpeculativeEngine:
         base = torch.tensor([s.length - 1 for s in seqs])
         rows = Rows(torch.cat([last, drafts], dim=1), base[:, None] + torch.arange(k + 1), slots,
                     torch.full((B,), k), int(base.max()) + k + 1)
-        if k:
-            logits = self.target.model.compute_logits(self.target.forward([rows])[0])  # [B, k + 1, V]
-        else:  # plain decoding: one token a row, forward and head in one call (compiled: one graph)
-            logits = self.target.logits([rows])[0][:, None]  # [B, 1, V]
+        logits = self.target.all_logits(rows)  # [B, k + 1, V]
         if _graphs() != graphs:
             pass  # compiled a graph: not a measure of the step's cost
         elif k:

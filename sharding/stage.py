@@ -70,6 +70,8 @@ class StageRunner:
             self._decode = compile_method(model.decode_logits, cpp_wrapper=not is_tensor_parallel(model))
 
     def _args(self, r: Rows, x: torch.Tensor) -> tuple:
+        """The model's arguments for part ``r`` with input ``x`` (tokens, or the previous stage's
+        hidden states), each in storage of its own on this runner's device."""
         dev = self.device
         # A part whose longest row ends at its width starts every row at position 0 (fresh prompts):
         # SDPA's causal path, no mask (Llama.forward's ``causal``).
@@ -110,6 +112,13 @@ class StageRunner:
             out.append(self.model.compute_logits(h[rows, r.last.to(self.device)]))  # [B, V]
         return out
 
+    def all_logits(self, r: Rows) -> torch.Tensor:
+        """Logits ``[B, S, V]`` at every position of part ``r`` (the stage with the head; a
+        speculative verify). A part of one token per row runs as ``logits`` runs it: one call."""
+        if r.positions.shape[1] == 1:
+            return self.logits([r])[0][:, None]
+        return self.model.compute_logits(self.forward([r])[0])
+
     @torch.inference_mode()
     def sweep(self, rows: list[int], widths: list[int]) -> None:
         """Run ``rows x widths`` inputs (dummy tokens in the first slots) at every attention span (with
@@ -125,10 +134,7 @@ class StageRunner:
                         continue
                     r = Rows(torch.ones(B, S, dtype=torch.long), (span - S + torch.arange(S)).repeat(B, 1),
                              torch.arange(B), torch.full((B,), S - 1), span)
-                    if S == 1 and self.model.has_head:
-                        self.logits([r])
-                    else:
-                        self.forward([r])
+                    self.feed([r])
 
     def admit(self, batch: StepBatch) -> None:
         """Forget the parameters of freed slots; keep those of newly admitted requests (and make

@@ -2,9 +2,10 @@
 // packed [N/16, K, 16] (sharding/packed.py packs it); a step of more than MAX_ROWS (64) rows runs
 // at::linear on the weights unpacked to float32 for the call (N x K conversions against M x N x K
 // multiply-adds). The packed tensor is the op's only weight input: a compiled step passes each
-// graph input through Python, so the float32 copy is not one of them. Arithmetic is float32 (FMA); only the weights
-// are narrow, so a weight that is exactly a bfloat16 value (every checkpoint fastmode ships) gives
-// the same products as float32 weights and half the bytes to stream per decode step.
+// graph input through Python, so the float32 copy is not one of them. Arithmetic is float32
+// (FMA); only the weights are narrow, so a weight that is exactly a bfloat16 value (every
+// checkpoint fastmode ships) gives the same products as float32 weights and half the bytes to
+// stream per decode step.
 //
 // Why: a decode or verify step multiplies a few rows by every weight of the model once, so on
 // CPU it is bound by memory bandwidth, not FMAs; the full model's float32 weights (30 MiB) do not
@@ -29,9 +30,10 @@ constexpr int NB = 16;        // output columns per packed block
 // Steps of more rows run MKL's float32 GEMM. Up to here the kernel is faster on an AVX2 core even
 // where a step is compute-bound: on this repo's 2-core VM (Zen 3, 1 thread, both shipped models'
 // linears, weights out of cache) 0.55x MKL's time at 16 rows, 0.60x at 20, 0.80x at 64, 0.95x at
-// 512 (python -m bench.packed_rows, bench/results/packed_rows.json). 64 covers a conversation turn's prefill (10-40 new tokens) and
-// leaves long prompts to MKL, whose AVX-512 kernels may win on other CPUs. A build may set it
-// (-DFASTMODE_MAX_ROWS=N; bench.packed_rows builds a copy without a limit).
+// 512 (python -m bench.packed_rows, bench/results/packed_rows.json). 64 covers a conversation
+// turn's prefill (10-40 new tokens) and leaves long prompts to MKL, whose AVX-512 kernels may
+// win on other CPUs. A build may set it (-DFASTMODE_MAX_ROWS=N; bench.packed_rows builds a copy
+// without a limit).
 #ifndef FASTMODE_MAX_ROWS
 #define FASTMODE_MAX_ROWS 64
 #endif
