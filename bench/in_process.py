@@ -169,7 +169,7 @@ def fast_ring(compile: bool = True, **config: Any) -> Iterator[FastRing]:
     FAST = pair.fast()
     cfg = FastLaneConfig(**config)
     tp, pp, _ = resolve_layout(FAST, cfg, os.cpu_count() or 1)
-    options = ring_options(cfg) | {"compile": cfg.compile and compile}
+    options = ring_options(cfg, FAST, tp) | {"compile": cfg.compile and compile}
     tokenizer = Tokenizer.from_file(str(FAST / "tokenizer.json"))
     ray.init(address="local", resources={"chip": tp * pp}, include_dashboard=False, log_to_driver=False)
     try:

@@ -110,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(
             {"date": started, "command": "python -m bench.ttft_layers " + " ".join(argv),
-             "layout": ring.layout, "options": {k: str(v) for k, v in ring.options.items()},
+             "layout": ring.layout,
+             "options": {k: f"{len(v)} ids" if k == "vocab" and v else str(v) for k, v in ring.options.items()},
              "tokens": args.tokens, "rounds": args.rounds, "per_block": args.per_block, "p50_ms": p50,
              "samples_s": samples}, indent=2) + "\n")
     return 0

@@ -61,16 +61,21 @@ def preflight(config: AppConfig, *, chips: int | None = None, memory_bytes: int 
         if chips is not None and tp * pp * lane.replicas > chips:
             raise PreflightError(f"lanes.fast: tp={tp} x pp={pp} x replicas={lane.replicas} needs "
                                  f"{tp * pp * lane.replicas} chips; --chips gives {chips}")
+        if lane.vocab not in (None, "auto") and tp > 1:
+            raise PreflightError(f"lanes.fast.vocab: a cut vocabulary needs the head on one chip (tp: 1), "
+                                 f"got tp: {tp} (or set lanes.fast.vocab: null)")
     if full_cfg is not None and full_cfg.vocab_size != fast_cfg.vocab_size:
         raise PreflightError(f"models.fast.path: its vocabulary ({fast_cfg.vocab_size}) is not the full model's "
                              f"({full_cfg.vocab_size}); the exact lane's drafter needs the same token ids")
-    if exact_ours and config.lanes.exact.draft_vocab not in (None, "auto"):
-        from sharding.draft_vocab import ranked_ids
+    for field, setting in (("lanes.fast.vocab", lane.vocab),
+                           ("lanes.exact.draft_vocab", config.lanes.exact.draft_vocab if exact_ours else None)):
+        if setting not in (None, "auto"):
+            from sharding.draft_vocab import ranked_ids
 
-        try:
-            ranked_ids(fast.path)
-        except ShardingError as e:
-            raise PreflightError(f"lanes.exact.draft_vocab: {e} (or set lanes.exact.draft_vocab: null)") from None
+            try:
+                ranked_ids(fast.path)
+            except ShardingError as e:
+                raise PreflightError(f"{field}: {e} (or set {field}: null)") from None
     _same_tokenizer(full.path, fast.path)
     _fits_memory(config, memory_bytes)
 

@@ -1,4 +1,4 @@
-"""A draft model's head cut to the tokens it drafts: fewer multiply-adds per draft step, the same output.
+"""A small model's head cut to its most frequent tokens: a draft's (the same output) or the fast lane's.
 
 Each draft step of a speculative round ends in the draft model's head, ``[V, D]``; on a small draft
 with a large vocabulary that head is a large share of the step (SmolLM2's 49,152 x 576 is half of the
@@ -12,6 +12,11 @@ target's distribution for any draft distribution ``q``; here ``q`` is zero outsi
 (``expand``: the draft's logits there are ``-inf``), and the residual ``max(p - q, 0)`` holds
 those tokens. Only acceptance can fall: where the target's next token is outside ``keep``, the
 draft cannot propose it.
+
+The fast lane may cut its model's head the same way (``lanes.fast.vocab``; ``StageRunner``'s
+``vocab``). There nothing verifies: the lane produces only the kept ids (every other one's logit
+is ``-inf``, whatever the sampling parameters), a cut of the fast model's output that the quality
+eval measures, for a step that streams ``len(keep)`` rows of the head instead of ``V``.
 
 Which ids: the most frequent tokens in the full model's own answers, as ``fastmode distill``
 counts them in the answers its student is trained on and writes beside the student
@@ -43,13 +48,30 @@ AUTO_SIZE = 4096
 """``draft_vocab: auto``'s size, where the draft has token counts and a vocabulary at least twice as large."""
 
 
-def resolve(setting: int | str | None, folder: str | Path, vocab_size: int) -> int | None:
-    """A config's ``draft_vocab`` as a size for ``SpeculativeEngine.from_pretrained`` (``None``: the
-    whole vocabulary). ``"auto"``: ``AUTO_SIZE`` where ``folder`` has ``TOKEN_COUNTS`` and the
-    vocabulary is at least twice that, else the whole vocabulary; a number: that size."""
+def resolve(setting: int | str | None, folder: str | Path, vocab_size: int,
+            auto_size: int = AUTO_SIZE) -> int | None:
+    """A config's ``draft_vocab`` (or fast lane's ``vocab``) as a size (``None``: the whole
+    vocabulary). ``"auto"``: ``auto_size`` where ``folder`` has ``TOKEN_COUNTS`` and the vocabulary
+    is at least twice that, else the whole vocabulary; a number: that size."""
     if setting == "auto":
-        return AUTO_SIZE if (Path(folder) / TOKEN_COUNTS).is_file() and vocab_size >= 2 * AUTO_SIZE else None
+        return auto_size if (Path(folder) / TOKEN_COUNTS).is_file() and vocab_size >= 2 * auto_size else None
     return setting
+
+
+def vocab_ids(setting: int | str | None, folder: str | Path, vocab_size: int, eos_token_ids: Iterable[int],
+              auto_size: int = AUTO_SIZE) -> list[int] | None:
+    """A config's cut vocabulary as the ids a head keeps (``keep_ids``: the model's end ids, then its
+    most frequent tokens in ``folder``'s ``TOKEN_COUNTS``), or ``None`` for the whole vocabulary
+    (``setting`` as ``resolve`` reads it).
+
+    Raises:
+        DraftVocabUnavailable: a size was set and ``folder`` has no usable token counts.
+        InvalidLayout: the size is not positive.
+    """
+    size = resolve(setting, folder, vocab_size, auto_size)
+    if size is None:
+        return None
+    return keep_ids(ranked_ids(folder), size, vocab_size, always=eos_token_ids).tolist()
 
 
 class DraftVocabUnavailable(InvalidLayout):
@@ -111,13 +133,29 @@ def keep_ids(ranked: list[int], size: int, vocab_size: int, always: Iterable[int
     return torch.tensor(sorted(chosen), dtype=torch.long)
 
 
+def checked_ids(ids, vocab_size: int) -> torch.Tensor:
+    """``ids`` (token ids, as ``keep_ids`` makes them) as a ``long`` tensor, once checked.
+
+    Raises:
+        InvalidLayout: ``ids`` is empty, not ascending without repeats, or outside the vocabulary.
+    """
+    keep = torch.as_tensor(list(ids) if not isinstance(ids, torch.Tensor) else ids, dtype=torch.long).flatten()
+    if keep.numel() == 0:
+        raise InvalidLayout("a cut vocabulary needs at least one token id")
+    if bool((keep[1:] <= keep[:-1]).any()):
+        raise InvalidLayout("a cut vocabulary's token ids must be ascending, without repeats")
+    if int(keep[0]) < 0 or int(keep[-1]) >= vocab_size:
+        raise InvalidLayout(f"a cut vocabulary's token ids must lie in the model's vocabulary of {vocab_size}")
+    return keep
+
+
 def prune_head(model: nn.Module, keep: torch.Tensor) -> None:
     """Replace ``model.lm_head`` (whole, not tensor-parallel) by its rows ``keep``: the model's logits
     become ``[..., len(keep)]``, column ``j`` the logit of token ``keep[j]``. A tied embedding keeps
     its whole table (the head gets its own copy of the kept rows). Apply it before packing or compiling."""
     head = model.lm_head
     if type(head) is not nn.Linear or head.bias is not None:
-        raise InvalidLayout("a pruned draft head needs the whole model's plain head (no tensor parallelism, no bias)")
+        raise InvalidLayout("a cut vocabulary needs the whole model's plain head (no tensor parallelism, no bias)")
     pruned = nn.Linear(head.in_features, len(keep), bias=False, device=head.weight.device, dtype=head.weight.dtype)
     pruned.weight.data.copy_(head.weight.data[keep.to(head.weight.device)])
     pruned.requires_grad_(False)

@@ -37,15 +37,17 @@ class LocalExecutor:
             default the context, at most ``DEFAULT_MAX_LEN``, at most what the budget holds).
         compile: run the model under ``torch.compile`` (``sharding.stage.compile_forward``).
         packed_weights: bfloat16-packed weights for small steps (``sharding.packed``).
+        vocab: the only token ids the model may produce (``StageRunner``'s ``vocab``); ``None``: all.
     """
 
     def __init__(self, model: Llama, *, num_slots: int = 8, max_len: int | None = None,
-                 compile: bool = False, packed_weights: bool = False, kv_cache_bytes: int | None = None) -> None:
+                 compile: bool = False, packed_weights: bool = False, kv_cache_bytes: int | None = None,
+                 vocab: Seq[int] | None = None) -> None:
         if not (model.has_embedding and model.has_head):
             raise InvalidLayout("Engine needs a whole model (embedding and head); got a pipeline stage")
         self.config = model.config
         self.runner = StageRunner(model, num_slots=num_slots, max_len=max_len, compile=compile,
-                                  packed_weights=packed_weights, kv_cache_bytes=kv_cache_bytes)
+                                  packed_weights=packed_weights, kv_cache_bytes=kv_cache_bytes, vocab=vocab)
         self.cache: KVCache = self.runner.cache
         self.num_slots, self.max_len = num_slots, self.cache.max_len
 
@@ -87,16 +89,19 @@ class Engine:
             (``sharding.prefix_cache``).
         packed_weights: with ``model``: decode from bfloat16-packed weights (``sharding.packed``):
             the same tokens, about 3x faster on the full model on this CPU.
+        vocab: with ``model``: the only token ids it may produce, ascending (its head keeps their
+            rows alone: ``sharding.stage.StageRunner``); ``None``: the whole vocabulary.
     """
 
     def __init__(self, model: Llama | None = None, *, num_slots: int = 8, max_len: int | None = None,
                  compile: bool = False, executor: Executor | None = None, prefix_cache: bool = False,
-                 packed_weights: bool = False, kv_cache_bytes: int | None = None) -> None:
+                 packed_weights: bool = False, kv_cache_bytes: int | None = None,
+                 vocab: Seq[int] | None = None) -> None:
         if (model is None) == (executor is None):
             raise ValueError("Engine needs exactly one of a model or an executor")
         if executor is None:
             executor = LocalExecutor(model, num_slots=num_slots, max_len=max_len, compile=compile,
-                                     packed_weights=packed_weights, kv_cache_bytes=kv_cache_bytes)
+                                     packed_weights=packed_weights, kv_cache_bytes=kv_cache_bytes, vocab=vocab)
             # In process the executor's cache is the slot pool, so `engine.cache` is the real thing.
             slots = executor.cache
         else:
@@ -114,11 +119,12 @@ class Engine:
     def from_pretrained(cls, path: str | Path, *, num_slots: int = 8, max_len: int | None = None,
                         dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
                         compile: bool = False, prefix_cache: bool = False,
-                        packed_weights: bool = False, kv_cache_bytes: int | None = None) -> Engine:
+                        packed_weights: bool = False, kv_cache_bytes: int | None = None,
+                        vocab: Seq[int] | None = None) -> Engine:
         """An engine over the checkpoint at ``path`` (single process, no parallelism)."""
         return cls(load_model(path, dtype=dtype, device=device), num_slots=num_slots, max_len=max_len,
                    compile=compile, prefix_cache=prefix_cache, packed_weights=packed_weights,
-                   kv_cache_bytes=kv_cache_bytes)
+                   kv_cache_bytes=kv_cache_bytes, vocab=vocab)
 
     @property
     def has_work(self) -> bool:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import secrets
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Self
 
@@ -26,6 +27,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from .batch import Hop
 from .config import ModelConfig
+from .draft_vocab import checked_ids
 from .errors import DuplicateRequest, InvalidLayout, ShardingError
 from .kv_cache import fit_max_len
 from .placement import CHIP, ChipPlacement, ensure_ray, release, require_chips, reserve_stages, stage_layers
@@ -74,15 +76,21 @@ class ShardedModel:
             (``packed_weights``, ``sharding.packed``; 0: off on that chip).
         door_address: ``(host, port)`` of the front door the head serves in its loop (option
             ``door``: what opens it there, ``serve.lanes.door.DoorSpec``), or ``None``.
+        vocab: the only token ids the model produces (option ``vocab``, ascending: the head chip's
+            head keeps their rows alone, ``sharding.stage.StageRunner``; tp 1 only), or ``None``.
     """
 
     def __init__(self, path: str | Path, *, tp: int = 1, pp: int = 1, num_slots: int = 8,
                  max_len: int | None = None, dtype: torch.dtype = torch.float32, device: str = "cpu",
                  compile: bool = False, threads_per_chip: int = 1, spin_s: float = SPIN_S,
                  placement_timeout_s: float = 60.0, prefix_cache: bool = False,
-                 packed_weights: bool | str = False, door=None, kv_cache_bytes: int | None = None) -> None:
+                 packed_weights: bool | str = False, door=None, kv_cache_bytes: int | None = None,
+                 vocab: Sequence[int] | None = None) -> None:
         self.config = config = ModelConfig.from_pretrained(path)
         ranges = stage_layers(config, tp, pp)
+        self.vocab = None if vocab is None else checked_ids(vocab, config.vocab_size).tolist()
+        if self.vocab is not None and tp > 1:
+            raise InvalidLayout(f"a cut vocabulary (vocab) needs the head on one chip: tp 1, got tp {tp}")
         if not isinstance(num_slots, int) or num_slots < 1:
             raise InvalidLayout(f"num_slots must be a positive int, got {num_slots!r}")
         # One length for every chip, sized for the chip holding the most cache (kv_cache_bytes: per chip).
@@ -123,7 +131,7 @@ class ShardedModel:
             self.packed_linears = ray.get([
                 w.setup.remote(str(path), layer_range=ranges[i // tp], init_method=inits[i // tp], num_slots=num_slots,
                                max_len=self.max_len, dtype=dtype, compile=compile, packed_weights=packed_weights,
-                               kv_cache_bytes=kv_cache_bytes)
+                               kv_cache_bytes=kv_cache_bytes, vocab=self.vocab)
                 for i, w in enumerate(self._workers)], timeout=start_s)
             self._wire(start_s)
         except BaseException:
@@ -153,7 +161,8 @@ class ShardedModel:
         ``max_len``, ``dtype``, ``device``, ``compile``, ``threads_per_chip``, ``spin_s``,
         ``placement_timeout_s``, ``prefix_cache`` (the head parks finished sequences' slots for
         prompts that continue them: ``sharding.prefix_cache``), ``packed_weights`` (``True``,
-        ``False`` or ``"auto"``, each chip decides: ``sharding.packed.resolve``).
+        ``False`` or ``"auto"``, each chip decides: ``sharding.packed.resolve``), ``vocab`` (the
+        only token ids it produces; ``sharding.draft_vocab.keep_ids`` picks them).
         """
         started = ensure_ray(ray_address)
         try:

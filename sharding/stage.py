@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import itertools
 import types
+from collections.abc import Sequence
 
 import torch
 
 from .batch import Rows, StepBatch
 from .cached_attention import use_cached_attention
+from .draft_vocab import checked_ids, expand, prune_head
 from .kv_cache import KVCache
 from .model import Llama
 from .packed import apply_packed_weights
@@ -45,10 +47,22 @@ class StageRunner:
         packed_weights: fastmode's CPU kernels: small steps read their weights as bfloat16
             (``sharding.packed``; lossless for bfloat16 checkpoints) and attention reads the cache in
             place (``sharding.cached_attention``). Raises ``PackedWeightsUnavailable`` where they cannot run.
+        vocab: (the stage with the head) the only token ids it may produce, ascending
+            (``sharding.draft_vocab.keep_ids``; ``InvalidLayout`` otherwise): its head keeps their
+            rows alone, so each step multiplies by ``len(vocab)`` rows instead of the vocabulary's;
+            ``logits`` gives ``-inf`` to every other id, so nothing samples them. ``None``: the
+            whole vocabulary. Needs the whole head on this runner (no tensor parallelism).
     """
 
     def __init__(self, model: Llama, *, num_slots: int, max_len: int | None = None,
-                 compile: bool = False, packed_weights: bool = False, kv_cache_bytes: int | None = None) -> None:
+                 compile: bool = False, packed_weights: bool = False, kv_cache_bytes: int | None = None,
+                 vocab: Sequence[int] | None = None) -> None:
+        self.vocab: torch.Tensor | None = None
+        """The ids the head keeps (``vocab``), or ``None``: the whole vocabulary."""
+        if vocab is not None and model.has_head:
+            vocab = checked_ids(vocab, model.config.vocab_size)
+            prune_head(model, vocab)  # before packing and compiling: both see the cut head
+            self.vocab = vocab.to(next(model.parameters()).device)
         self.packed_linears = apply_packed_weights(model) if packed_weights else 0
         """How many of the model's linears run from packed bfloat16 weights (0: packing off)."""
         self.cached_attention_layers = use_cached_attention(model) if packed_weights else 0
@@ -105,19 +119,23 @@ class StageRunner:
         out = []
         for r, x in zip(parts, xs, strict=True):
             if r.positions.shape[1] == 1:
-                out.append(self._decode(*self._args(r, x)))  # [B, V]
+                out.append(self._whole(self._decode(*self._args(r, x))))  # [B, V]
                 continue
             h = self._forward(*self._args(r, x))
             rows = torch.arange(r.num_rows, device=self.device)
-            out.append(self.model.compute_logits(h[rows, r.last.to(self.device)]))  # [B, V]
+            out.append(self._whole(self.model.compute_logits(h[rows, r.last.to(self.device)])))  # [B, V]
         return out
+
+    def _whole(self, logits: torch.Tensor) -> torch.Tensor:
+        """The head's logits over the whole vocabulary (a cut head's: ``-inf`` outside ``vocab``)."""
+        return logits if self.vocab is None else expand(logits, self.vocab, self.model.config.vocab_size)
 
     def all_logits(self, r: Rows) -> torch.Tensor:
         """Logits ``[B, S, V]`` at every position of part ``r`` (the stage with the head; a
         speculative verify). A part of one token per row runs as ``logits`` runs it: one call."""
         if r.positions.shape[1] == 1:
             return self.logits([r])[0][:, None]
-        return self.model.compute_logits(self.forward([r])[0])
+        return self._whole(self.model.compute_logits(self.forward([r])[0]))
 
     @torch.inference_mode()
     def sweep(self, rows: list[int], widths: list[int]) -> None:
@@ -188,7 +206,7 @@ class StageRunner:
                     torch.tensor([slot]), torch.tensor([S - 1]), S)
         h = self.model(hidden if prompt is None else rows.tokens.to(self.device), rows.positions.to(self.device),
                        rows.slots.to(self.device), self.cache, span_for(S, self.cache.max_len))
-        return self.model.compute_logits(h)[0] if self.model.has_head else h
+        return self._whole(self.model.compute_logits(h)[0]) if self.model.has_head else h
 
 
 def warm_up(model, max_passes: int = 3) -> None:

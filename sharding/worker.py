@@ -82,8 +82,10 @@ class ChipWorker:
 
     def setup(self, path: str, *, layer_range: tuple[int, int], init_method: str | None,
               num_slots: int, max_len: int | None, dtype: torch.dtype, compile: bool = False,
-              packed_weights: bool | str = False, kv_cache_bytes: int | None = None) -> int:
-        """Join the stage's TP group (if ``tp_size > 1``), then load the shard and build its cache.
+              packed_weights: bool | str = False, kv_cache_bytes: int | None = None,
+              vocab: list[int] | None = None) -> int:
+        """Join the stage's TP group (if ``tp_size > 1``), then load the shard and build its cache
+        (``vocab``: the ids the head keeps, on the stage with it; ``StageRunner``).
 
         All ranks of a stage must call this concurrently (joining the group blocks until all do).
         """
@@ -97,7 +99,7 @@ class ChipWorker:
                            tp_group=group, dtype=dtype, device=self.device)
         packed = resolve_packed(packed_weights, self.device, dtype)  # this chip's CPU decides "auto"
         self.runner = StageRunner(model, num_slots=num_slots, max_len=max_len, compile=compile,
-                                  packed_weights=packed, kv_cache_bytes=kv_cache_bytes)
+                                  packed_weights=packed, kv_cache_bytes=kv_cache_bytes, vocab=vocab)
         return self.runner.packed_linears
 
     # -- wiring the ring (sharding.pipeline calls these in order, on every chip) ---------------

@@ -68,13 +68,20 @@ class Generator(Protocol):
 class TransformersBackend:
     """Hugging Face transformers in fp32: the reference nobody here wrote."""
 
-    def __init__(self, path: str | Path, batch_size: int = 16, name: str | None = None):
+    def __init__(self, path: str | Path, batch_size: int = 16, name: str | None = None,
+                 keep: list[int] | None = None):
+        """``keep``: the only token ids ``generate`` may produce (a cut vocabulary, as the fast lane's
+        ``vocab``): transformers' ``suppress_tokens`` takes every other one."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.name = name or Path(path).name
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
         self.batch_size = batch_size
+        self.suppress: list[int] | None = None
+        if keep is not None:
+            kept = set(keep)
+            self.suppress = [t for t in range(self.model.config.vocab_size) if t not in kept]
         self.newline_ids = torch.tensor(
             [i for tok, i in self.tokenizer.get_vocab().items()
              if "\n" in self.tokenizer.convert_tokens_to_string([tok])]
@@ -131,6 +138,8 @@ class TransformersBackend:
                 input_ids = torch.tensor([[pad] * (width - len(ids[i])) + ids[i] for i in batch])
                 mask = torch.tensor([[0] * (width - len(ids[i])) + [1] * len(ids[i]) for i in batch])
                 kwargs = {"stop_strings": list(stop), "tokenizer": tok} if stop else {}
+                if self.suppress is not None:
+                    kwargs["suppress_tokens"] = self.suppress
                 gen = self.model.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=max_tokens,
                                           do_sample=False, eos_token_id=eos, pad_token_id=pad, **kwargs)
                 for i, row in zip(batch, gen[:, width:]):

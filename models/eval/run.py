@@ -188,6 +188,10 @@ def main(argv: list[str] | None = None) -> int:
     v2.add_argument("--tasks", type=int, default=suite.DEFAULT_COUNTS["tasks"],
                     help="generated instruction questions (default 450: 50 of each kind)")
     v2.add_argument("--batch-size", type=int, default=16, help="transformers' generation batch")
+    v2.add_argument("--vocab", type=int, action="append", default=[], metavar="N",
+                    help="also evaluate each model after the first that has token counts with its output cut to "
+                         "its N most frequent tokens and its end ids, as the fast lane's vocab: N serves it "
+                         "(repeatable)")
     args = p.parse_args(argv)
     try:
         if args.model:
@@ -226,6 +230,20 @@ def checkpoint(path: Path, full: Path | None = None) -> Path:
     return folder
 
 
+def cut_vocabularies(paths: list[Path], size: int) -> list[tuple[Path, list[int]]]:
+    """``(path, kept ids)`` for each of ``paths`` with token counts: the ids a fast lane with
+    ``vocab: size`` keeps (``sharding.draft_vocab.vocab_ids``)."""
+    from sharding.config import ModelConfig
+    from sharding.draft_vocab import TOKEN_COUNTS, vocab_ids
+
+    out = []
+    for path in paths:
+        if (path / TOKEN_COUNTS).is_file():
+            config = ModelConfig.from_pretrained(path)
+            out.append((path, vocab_ids(size, path, config.vocab_size, config.eos_token_ids)))
+    return out
+
+
 def has_template(path: Path) -> bool:
     """Whether the checkpoint carries a chat template (as ``serve.chat.has_chat_template`` reads it)."""
     if (path / "chat_template.jinja").exists():
@@ -246,6 +264,9 @@ def main_v2(args, paths: list[Path]) -> int:
         print(f"fastmode eval: {e}", file=sys.stderr)
         return 2
     backends = [TransformersBackend(path, batch_size=args.batch_size) for path in paths]
+    for size in args.vocab:
+        backends += [TransformersBackend(path, batch_size=args.batch_size, name=f"{path.name} (vocab {size})",
+                                         keep=keep) for path, keep in cut_vocabularies(paths[1:], size)]
     names = [b.name for b in backends]
     for i, b in enumerate(backends):  # two checkpoints of one name (model.safetensors dirs) stay apart
         if names.count(b.name) > 1:

@@ -18,6 +18,8 @@ from typing import Any
 import torch
 from tokenizers import Tokenizer
 
+from sharding.config import ModelConfig
+from sharding.draft_vocab import vocab_ids
 from sharding.pipeline import ChipUnresponsive, RingFailed, ShardedModel
 from sharding.placement import CHIP
 from sharding.planner import AUTO, auto_layout
@@ -58,13 +60,19 @@ def resolve_layout(path: str | Path, config: FastLaneConfig, chips: int) -> tupl
     return best.tp, best.pp, f"auto: the planner's pick on {n} chip(s), see fastmode plan"
 
 
-def ring_options(config: FastLaneConfig) -> dict[str, Any]:
+def ring_options(config: FastLaneConfig, path: str | Path, tp: int) -> dict[str, Any]:
     """``ShardedModel``'s options (all but ``tp``/``pp``) for the ring the fast lane runs with ``config``
-    (also what ``fastmode bench gateway`` builds in process as the engine's own reference)."""
+    on the model at ``path`` with ``tp`` chips a stage (also what ``fastmode bench gateway`` builds in
+    process as the engine's own reference). ``vocab``: the ids ``config.vocab`` keeps
+    (``sharding.draft_vocab.vocab_ids``; ``"auto"`` keeps them all at ``tp > 1``)."""
+    vocab = None
+    if config.vocab is not None and not (config.vocab == "auto" and tp > 1):
+        model = ModelConfig.from_pretrained(path)
+        vocab = vocab_ids(config.vocab, path, model.vocab_size, model.eos_token_ids)
     return {"num_slots": config.num_slots, "max_len": config.max_len, "dtype": getattr(torch, config.dtype),
             "device": config.device, "compile": config.compile, "threads_per_chip": config.threads_per_chip,
             "spin_s": config.spin_us / 1e6, "prefix_cache": config.prefix_cache,
-            "packed_weights": config.packed_weights, "kv_cache_bytes": config.kv_cache_bytes}
+            "packed_weights": config.packed_weights, "kv_cache_bytes": config.kv_cache_bytes, "vocab": vocab}
 
 
 class ShardedLaneEngine(HeadClient):
@@ -83,7 +91,8 @@ class ShardedLaneEngine(HeadClient):
         self.unanswered_checks = 0
         """Health checks in a row that a chip left unanswered (``UNANSWERED_CHECKS``)."""
         self.tp, self.pp, self.layout_reason = resolve_layout(path, config, cluster_chips())
-        self.model = ShardedModel.from_pretrained(path, tp=self.tp, pp=self.pp, **ring_options(config), door=door)
+        self.model = ShardedModel.from_pretrained(path, tp=self.tp, pp=self.pp, **ring_options(config, path, self.tp),
+                                                  door=door)
         try:
             self.model.warmup()  # compile now, not on a user's request
             self.model.close_client()  # the warm-up's blocking client; the lane reads asynchronously

@@ -7,7 +7,7 @@ import json
 
 from models.eval import suite
 from models.eval.backend import Request, TransformersBackend, join_messages
-from models.eval.run import main
+from models.eval.run import cut_vocabularies, main
 from models.eval.stats import wilson
 
 
@@ -63,3 +63,23 @@ def test_next_line_prompts_end_at_the_tokenizers_boundary():
         hint = suite.indent_hint(it.reference)
         assert it.request.prompt.endswith("\n" + hint) and it.grade(it.reference[len(hint):])
         assert not it.grade(it.reference)  or not hint
+
+
+def test_vocab_adds_each_model_with_token_counts_cut_to_its_most_frequent_tokens(tiny_models, tmp_path):
+    import shutil
+
+    fast = shutil.copytree(tiny_models / "fast", tmp_path / "fast")
+    (fast / "token_counts.json").write_text(json.dumps({"tokens": 5, "counts": [[300, 3], [301, 1], [302, 1]]}))
+    out = tmp_path / "v2.json"
+    rc = main(["--suite", "v2", "--model", str(tiny_models / "full"), "--model", str(fast), "--vocab", "32",
+               "--humaneval", "0", "--next-line", "3", "--tasks", "0", "--max-files", "2",
+               "--max-prefix-chars", "150", "--batch-size", "3", "--json", str(out)])
+    assert rc == 0
+    names = [m["name"] for m in json.loads(out.read_text())["models"]]
+    assert names == ["full", "fast", "fast (vocab 32)"]
+    (path, keep), = cut_vocabularies([tiny_models / "full", fast], 32)  # the full model has no counts
+    assert path == fast and len(keep) == 32 and {300, 301, 302} <= set(keep)
+    plain, cut = TransformersBackend(fast), TransformersBackend(fast, keep=keep)
+    assert len(cut.suppress) == cut.model.config.vocab_size - 32 and not set(cut.suppress) & set(keep)
+    reqs = [Request("def f(x):\n", 6), Request("import os\nimport", 5), Request("x = 1\n", 6)]
+    assert cut.generate(reqs) != plain.generate(reqs)

@@ -62,6 +62,8 @@ def test_relative_model_paths_resolve_against_the_file(tmp_path):
     ({"lanes": {"exact": {"dtype": "auto"}}}, "engine 'fastmode' takes float32, bfloat16 or float16"),
     ({"lanes": {"exact": {"threads": 0}}}, "lanes.exact.threads"),
     ({"lanes": {"exact": {"draft_vocab": 8}}}, "lanes.exact.draft_vocab"),
+    ({"lanes": {"fast": {"vocab": 8}}}, "lanes.fast.vocab"),
+    ({"lanes": {"fast": {"vocab": "most"}}}, "lanes.fast.vocab"),
     ({"lanes": {"exact": {"engine": "vllm", "draft_vocab": 1024}}}, "draft_vocab is fastmode's engine's"),
     ({"router": {"auto_threshold": -1}}, "router.auto_threshold"),
     ({"http": {"port": 70000}}, "http.port"),

@@ -126,3 +126,16 @@ def test_a_pruned_draft_head_needs_the_fast_models_token_counts(tmp_path):
         preflight(load_config(config), chips=2)
     (fast / "token_counts.json").write_text('{"tokens": 2, "counts": [[5, 2]]}')
     preflight(load_config(config), chips=2)
+
+
+def test_a_cut_fast_lane_vocabulary_needs_token_counts_and_one_chip_a_stage(tmp_path):
+    fast = _copy(TEST_FAST, tmp_path / "fast")
+    models = {"full": {"id": "f", "path": str(TEST_FULL)}, "fast": {"id": "s", "path": str(fast)}}
+    config = {"models": models, "lanes": {"fast": {"vocab": 256}}}
+    with pytest.raises(PreflightError, match="lanes.fast.vocab: .*token_counts.json does not exist"):
+        preflight(load_config(config), chips=2)
+    (fast / "token_counts.json").write_text('{"tokens": 2, "counts": [[5, 2]]}')
+    preflight(load_config(config), chips=2)
+    tp2 = {"models": models, "lanes": {"fast": {"vocab": 256, "tp": 2, "pp": 1}}}
+    with pytest.raises(PreflightError, match=r"lanes.fast.vocab: .*tp: 1\), got tp: 2"):
+        preflight(load_config(tp2), chips=2)
