@@ -59,8 +59,7 @@ from pathlib import Path
 import torch
 
 from .batch import Rows
-from .draft_vocab import expand, keep_ids, prune_head, ranked_ids
-from .draft_vocab import resolve as resolve_draft_vocab
+from .draft_vocab import expand, prune_head, vocab_ids
 from .errors import DuplicateRequest, InvalidLayout
 from .kv_cache import SlotPool, fit_max_len
 from .model import Llama
@@ -270,10 +269,9 @@ class SpeculativeEngine:
         of its most frequent tokens (``sharding.draft_vocab``; the draft folder's token counts), or
         ``"auto"`` (``sharding.draft_vocab.resolve``)."""
         target, draft = (load_model(p, dtype=dtype, device=device) for p in (target_path, draft_path))
-        draft_vocab_size = resolve_draft_vocab(draft_vocab_size, draft_path, draft.config.vocab_size)
-        if draft_vocab_size is not None:
-            kw["draft_vocab"] = keep_ids(ranked_ids(draft_path), draft_vocab_size, draft.config.vocab_size,
-                                         always=target.config.eos_token_ids)
+        ids = vocab_ids(draft_vocab_size, draft_path, draft.config.vocab_size, target.config.eos_token_ids)
+        if ids is not None:
+            kw["draft_vocab"] = torch.tensor(ids)
         return cls(target, draft, **kw)
 
     # -- requests ----------------------------------------------------------------------------
