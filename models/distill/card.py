@@ -3,6 +3,16 @@
 from __future__ import annotations
 
 
+def _layers(m: dict) -> str:
+    search = m.get("layer_search")
+    if not search:
+        return "Its layers are evenly spaced, the first and the last kept."
+    s = m["settings"]
+    return (f"Its layers were measured: starting from all of them, each round dropped the layers whose removal alone "
+            f"raised the distillation loss on {s['calibration_rows']} of the full model's answers least "
+            f"(`models/distill/layers.py`), {len(search)} rounds, loss {search[-1]['loss']:.3f} before training.")
+
+
 def card(m: dict, shared: list[str]) -> str:
     s, d, h, t, r = m["settings"], m["data"], m["held_out"], m["train"], m["run"]
     return f"""# Distilled fast model
@@ -17,7 +27,7 @@ served, or assembled (`python -m models.distill.assemble THIS_FOLDER FULL`), wit
 ## Shape
 The planner predicts {m['shape']['predicted_tokens_per_s']:.0f} tokens/s per user for it against {m['shape']['full_predicted_tokens_per_s']:.0f} for the
 full model ({m['shape']['predicted_speedup']:.2f}x) on {s['chips']} {s['device']} chip(s), every weight streamed from main memory;
-the wanted speed-up was {s['speedup']}x.
+the wanted speed-up was {s['speedup']}x. {_layers(m)}
 
 ## Data
 {d['prompts']} generated prompts (seed {d['prompt_seed']}: `models/distill/prompts.py`; instructions from

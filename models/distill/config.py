@@ -17,7 +17,12 @@ class DistillConfig:
     device: str = "cpu"
     """Kind of chip the shape is chosen for (the planner's preset for it: ``cpu`` or ``cuda``)."""
     num_layers: int | None = None
-    """Student layers; ``None``: chosen by ``speedup`` (``shape.choose_layers``)."""
+    """Student layers; ``None``: chosen by ``speedup`` (``shape.choose``)."""
+    layers: str = "spaced"
+    """Which of the full model's layers it keeps: ``spaced`` (evenly, first and last included) or
+    ``measured`` (a greedy search on the full model's answers, ``models.distill.layers``)."""
+    calibration_rows: int = 8
+    """Training rows (the full model's answers) the ``measured`` search scores each choice on."""
     prompts: int = 768
     """Prompts the full model answers (the training set)."""
     max_new_tokens: int = 96
@@ -43,13 +48,16 @@ class DistillConfig:
     """Write the resumable student checkpoint every N steps."""
 
     def __post_init__(self) -> None:
-        for name in ("chips", "prompts", "max_new_tokens", "gen_batch", "top_k", "steps", "batch_size"):
+        for name in ("chips", "prompts", "max_new_tokens", "gen_batch", "top_k", "steps", "batch_size",
+                     "calibration_rows"):
             if getattr(self, name) < 1:
                 raise ValueError(f"distill: {name} must be at least 1, got {getattr(self, name)}")
         if self.speedup <= 1.0:
             raise ValueError(f"distill: speedup must be above 1, got {self.speedup}")
         if not 0.0 <= self.ce_weight <= 1.0:
             raise ValueError(f"distill: ce_weight must be in [0, 1], got {self.ce_weight}")
+        if self.layers not in ("spaced", "measured"):
+            raise ValueError(f"distill: layers must be spaced or measured, got {self.layers!r}")
         if self.num_layers is not None and self.num_layers < 1:
             raise ValueError(f"distill: num_layers must be at least 1, got {self.num_layers}")
 

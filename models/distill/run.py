@@ -3,11 +3,12 @@
 Steps, each resumable (rerun the same command after an interruption; its work folder ``.<out>.work``
 holds the full model's answers by shard, keyed by the settings they depend on, and the student's
 checkpoint, keyed by all of them):
-1. the student's shape for the fast lane's chips (``shape.choose``);
+1. the student's shape for the fast lane's chips (``shape.choose``: how many layers);
 2. the full model's greedy answers to ``prompts`` generated prompts, with its top-k distribution at
    every answer position (``teacher``); 5% of the prompts are held out;
-3. the student, started from the full model's kept layers, trained on them (``train``);
-4. the student folder written (``export``): its tensors, ``distilled.json``, the answers' token
+3. which layers it keeps (``layers``: evenly spaced, or measured on a few of those answers);
+4. the student, started from the full model's kept layers, trained on them (``train``);
+5. the student folder written (``export``): its tensors, ``distilled.json``, the answers' token
    counts (``token_counts.json``, for the exact lane's pruned draft head) and a model card.
 
 ``--full`` takes a checkpoint folder, a GGUF file or ``builtin:NAME`` (``models.builtin``).
@@ -70,7 +71,7 @@ def distill(full: Path, out: Path, cfg, *, threads: int, full_name: str, work: P
     full_config = json.loads((full / "config.json").read_text())
     chosen = shape.choose(full_config, speedup=cfg.speedup, chips=cfg.chips, device=cfg.device,
                           num_layers=cfg.num_layers)
-    log(f"distill: student keeps {chosen.num_layers} of {full_config['num_hidden_layers']} layers {chosen.keep} "
+    log(f"distill: student keeps {chosen.num_layers} of {full_config['num_hidden_layers']} layers "
         f"(planner: {chosen.predicted_tokens_per_s:.0f} vs {chosen.full_predicted_tokens_per_s:.0f} tokens/s per "
         f"user on {cfg.chips} {cfg.device} chip(s), {chosen.predicted_speedup:.2f}x)")
     tokenizer = AutoTokenizer.from_pretrained(full)
@@ -83,13 +84,10 @@ def distill(full: Path, out: Path, cfg, *, threads: int, full_name: str, work: P
     full_sha = export.tensors_sha256(full, shared)
     settings = cfg.to_dict()
     data = {"full": full_sha, **{k: settings[k] for k in DATA_SETTINGS}}
-    run = {"full": full_sha, "keep": chosen.keep,
-           "settings": {k: v for k, v in settings.items() if k not in ("checkpoint_every", "gen_batch")}}
     work = work or out.parent / f".{out.name}.work"
-    answers_dir, student_dir = work / f"answers-{_key(data)}", work / f"student-{_key(run)}"
-    for folder, fingerprint in ((answers_dir, data), (student_dir, run)):
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "fingerprint.json").write_text(json.dumps(fingerprint, indent=2) + "\n")
+    answers_dir = work / f"answers-{_key(data)}"
+    answers_dir.mkdir(parents=True, exist_ok=True)
+    (answers_dir / "fingerprint.json").write_text(json.dumps(data, indent=2) + "\n")
     log(f"distill: work folder {work} (rerun the same command to resume)")
 
     prompts = prompt_set(cfg.prompts, cfg.seed)
@@ -98,13 +96,23 @@ def distill(full: Path, out: Path, cfg, *, threads: int, full_name: str, work: P
     n_held = max(1, round(len(rows) * HELD_OUT_SHARE))
     train_rows, held_rows = rows[:-n_held], rows[-n_held:]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    pupil = student.build(model, chosen.keep).to(device)
+    keep, search = _kept_layers(model, chosen, cfg, train_rows, pad, answers_dir, log)
+    log(f"distill: keeps layers {keep} ({cfg.layers})")
+    run = {"full": full_sha, "keep": keep,
+           # how the layers were chosen is in ``keep`` (so a spaced run keeps its key)
+           "settings": {k: v for k, v in settings.items()
+                        if k not in ("checkpoint_every", "gen_batch", "layers", "calibration_rows")}}
+    student_dir = work / f"student-{_key(run)}"
+    student_dir.mkdir(parents=True, exist_ok=True)
+    (student_dir / "fingerprint.json").write_text(json.dumps(run, indent=2) + "\n")
+    pupil = student.build(model, keep).to(device)
     del model
     stats = train.train(pupil, train_rows, held_rows, cfg, student_dir, pad)
     answer_tokens = sum(len(r["ids"]) - r["prompt_len"] for r in rows)
     manifest = {
         "full": {"name": full_name, "layers": full_config["num_hidden_layers"]},
-        "keep": list(chosen.keep),
+        "keep": list(keep),
+        "layer_search": search,
         "settings": cfg.to_dict(),
         "shape": {"predicted_tokens_per_s": chosen.predicted_tokens_per_s,
                   "full_predicted_tokens_per_s": chosen.full_predicted_tokens_per_s,
@@ -127,6 +135,24 @@ def distill(full: Path, out: Path, cfg, *, threads: int, full_name: str, work: P
     return json.loads((out / export.MANIFEST).read_text())
 
 
+def _kept_layers(model, chosen, cfg, rows: list[dict], pad: int, answers_dir: Path,
+                 log) -> tuple[tuple[int, ...], list[dict] | None]:
+    """The layers the student keeps and, for ``measured``, the search's rounds (kept beside the
+    answers they were measured on, so a resumed run does not search again)."""
+    if cfg.layers == "spaced":
+        return chosen.keep, None
+    from . import layers
+
+    done = answers_dir / f"layers-measured-{chosen.num_layers}-{cfg.calibration_rows}-{cfg.ce_weight}.json"
+    if done.exists():
+        saved = json.loads(done.read_text())
+        return tuple(saved["keep"]), saved["rounds"]
+    keep, rounds = layers.measured(model, rows[: cfg.calibration_rows], chosen.num_layers, pad, cfg.ce_weight,
+                                   log=log)
+    done.write_text(json.dumps({"keep": list(keep), "rounds": rounds}, indent=2) + "\n")
+    return keep, rounds
+
+
 def answer_ids(rows: list[dict]) -> list[list[int]]:
     """The full model's answer tokens of each training row (its end-of-turn token included)."""
     return [r["ids"][r["prompt_len"]:] for r in rows]
@@ -144,6 +170,9 @@ def main(argv: list[str] | None = None) -> int:
     for name, kind in (("prompts", int), ("steps", int), ("num-layers", int), ("speedup", float), ("chips", int),
                        ("seed", int), ("max-new-tokens", int), ("batch-size", int), ("lr", float), ("top-k", int)):
         ap.add_argument(f"--{name}", type=kind, default=None, help=f"override the preset's {name.replace('-', '_')}")
+    ap.add_argument("--layers", choices=["spaced", "measured"], default=None,
+                    help="which layers the student keeps: evenly spaced, or measured on the full model's answers "
+                         "(default: the preset's)")
     ap.add_argument("--device", choices=["cpu", "cuda"], default=None,
                     help="kind of chip the student's shape is chosen for (default: the preset's)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads on CPU")
@@ -153,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
 
     overrides = {k.replace("-", "_"): getattr(args, k.replace("-", "_"))
                  for k in ("prompts", "steps", "num-layers", "speedup", "chips", "seed", "max-new-tokens",
-                           "batch-size", "lr", "top-k", "device")}
+                           "batch-size", "lr", "top-k", "device", "layers")}
     try:
         cfg = replace(PRESETS[args.preset], **{k: v for k, v in overrides.items() if v is not None})
         full = resolve(args.full)

@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from models import TEST_FAST, TEST_FULL
 from models.builtin import ModelPathError, resolve
-from models.distill import shape, student, teacher, train
+from models.distill import layers, shape, student, teacher, train
 from models.distill.assemble import DistilledError, assemble
 from models.distill.config import PRESETS, DistillConfig
 from models.distill.run import main
@@ -61,6 +61,32 @@ def test_choose_keeps_the_most_layers_that_reach_the_speedup():
         assert more.predicted_speedup < 2.0
     with pytest.raises(shape.ShapeError, match="lower --speedup"):
         shape.choose(config, speedup=1000.0, chips=2, device="cpu")
+
+
+def test_measured_layers_drop_the_one_whose_student_loses_least(full, tokenizer):
+    """One round of the search against students built separately (``student.build``, transformers'
+    own model from a config with fewer layers): it drops the layer whose student scores the lowest
+    loss, scores it as that student does, and leaves the full model as it was."""
+    rows = teacher.answer(full, tokenizer, ["def add(a, b):\n", "import os\n\nclass Path"], max_new_tokens=8,
+                          top_k=4)
+    batch = train.collate(rows, pad=2)
+    total = full.config.num_hidden_layers
+    with torch.no_grad():
+        before = full(input_ids=batch["ids"]).logits
+        alone = {j: float(train.loss_of(student.build(full, tuple(k for k in range(total) if k != j)), batch, 0.1)[0])
+                 for j in range(total)}
+    keep, rounds = layers.measured(full, rows, total - 1, pad=2, ce_weight=0.1)
+    best = min(alone, key=alone.get)
+    assert keep == tuple(k for k in range(total) if k != best)
+    assert rounds == [{"dropped": [best], "kept": total - 1, "loss": pytest.approx(alone[best], abs=1e-4)}]
+    with torch.no_grad():
+        torch.testing.assert_close(full(input_ids=batch["ids"]).logits, before)
+    assert full.config.num_hidden_layers == total and len(full.model.layers) == total
+    # several rounds, fewer layers each, down to the count asked for
+    keep, rounds = layers.measured(full, rows, 2, pad=2, ce_weight=0.1)
+    assert len(keep) == 2 and list(keep) == sorted(keep)
+    assert [r["kept"] for r in rounds] == sorted((r["kept"] for r in rounds), reverse=True) and rounds[-1]["kept"] == 2
+    assert [layers.per_round(30, 8), layers.per_round(10, 8), layers.per_round(9, 8)] == [5, 1, 1]
 
 
 def test_answers_are_transformers_greedy_with_its_top_k(full, tokenizer):
@@ -157,6 +183,21 @@ def test_a_rerun_resumes_from_its_work_folder(tmp_path):
     assert json.loads((out / "distilled.json").read_text())["train"]["steps"] == PRESETS["quick"].steps + 2
 
 
+def test_measured_layers_are_searched_once_and_written_into_the_card(tmp_path):
+    out = tmp_path / "fast"
+    args = ["--full", str(TEST_FULL), "--preset", "quick", "--threads", "1", "--out", str(out), "--layers", "measured",
+            "--num-layers", "3"]
+    assert main(args) == 0
+    manifest = json.loads((out / "distilled.json").read_text())
+    [saved] = (tmp_path / ".fast.work").glob("answers-*/layers-measured-*.json")
+    found = json.loads(saved.read_text())
+    assert manifest["keep"] == found["keep"] and len(found["keep"]) == 3 and manifest["layer_search"] == found["rounds"]
+    assert "Its layers were measured" in (out / "README.md").read_text()
+    saved.write_text(json.dumps({"keep": [0, 1, 2], "rounds": found["rounds"]}))  # a resumed run reads it back
+    assert main(args) == 0
+    assert json.loads((out / "distilled.json").read_text())["keep"] == [0, 1, 2]
+
+
 def test_a_student_needs_its_own_full_model(distilled):
     out, _, _ = distilled
     with pytest.raises(DistilledError, match="other tensors|other weights"):
@@ -168,5 +209,7 @@ def test_a_student_needs_its_own_full_model(distilled):
 def test_bad_settings_are_refused(capsys):
     with pytest.raises(ValueError, match="speedup"):
         DistillConfig(speedup=1.0)
+    with pytest.raises(ValueError, match="layers must be spaced or measured"):
+        DistillConfig(layers="random")
     assert main(["--full", "builtin:nope", "--out", "/tmp/x"]) == 2
     assert "no built-in model 'nope'" in capsys.readouterr().err
