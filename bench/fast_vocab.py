@@ -1,8 +1,9 @@
-"""The fast lane's ring with its head cut to fewer tokens (``lanes.fast.vocab``) and with more slots,
-against the lane as configured, in one run.
+"""The fast lane's ring with its head cut to fewer tokens (``lanes.fast.vocab``), with more slots and
+with other fast models, against the first configuration, in one run.
 
-Each configuration (``--vocab`` sizes, ``none`` the whole vocabulary, times ``--slots`` counts) is
-the fast lane's ring as ``fastmode up`` builds it on this machine (``bench.in_process.fast_ring``:
+Each configuration (``--fast`` models, the pair's by default, times ``--vocab`` sizes, ``none`` the
+whole vocabulary, times ``--slots`` counts) is the fast lane's ring as ``fastmode up`` builds it on
+this machine (``bench.in_process.fast_ring``:
 its layout and options, these two changed), warmed up, then timed: one stream's tokens/s over
 ``--tokens`` greedy tokens of the lanes benchmark's chat prompt (prefill included), and the
 aggregate tokens/s of as many streams as the ring has slots. One ring is alive at a time (they
@@ -12,8 +13,11 @@ first configuration's.
 
 What a cut costs in quality is the eval's to say (``fastmode eval --vocab N``).
 
-Usage: python -m bench.fast_vocab [--vocab none,4096,16384] [--slots 8,32] [--tokens 128]
-       [--rounds 2] [--no-compile] [--json FILE]
+Usage: python -m bench.fast_vocab [--fast DIR,DIR] [--vocab none,4096,16384] [--slots 8,32]
+       [--tokens 128] [--rounds 2] [--no-compile] [--json FILE]
+
+``--fast`` takes checkpoint folders or student folders (``fastmode distill``'s, assembled with the
+pair's full model, ``models.builtin.resolve``).
 """
 
 from __future__ import annotations
@@ -43,16 +47,17 @@ def _prompt(tokenizer_dir: Path) -> list[int]:
     return tok(CHAT_PROMPT).input_ids
 
 
-def measure(vocab: int | None, slots: int, tokens: int, compile: bool = True) -> dict:
-    """One configuration's ring, built, warmed up and timed (see the module docstring)."""
+def measure(vocab: int | None, slots: int, tokens: int, compile: bool = True, model: Path | None = None) -> dict:
+    """One configuration's ring, built, warmed up and timed (see the module docstring); ``model``: a
+    fast model other than the pair's."""
     from bench import pair
     from bench.in_process import fast_ring
     from sharding.sampling import SamplingParams
 
-    prompt = _prompt(pair.fast())
+    prompt = _prompt(model or pair.fast())
     params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
     t0 = time.perf_counter()
-    with fast_ring(compile, vocab=vocab, num_slots=slots) as ring:
+    with fast_ring(compile, model=model, vocab=vocab, num_slots=slots) as ring:
         start_s = time.perf_counter() - t0
         m = ring.model
         m.generate([prompt], params)  # the prompt's first run: its prefix is cached after, as on a lane
@@ -63,12 +68,17 @@ def measure(vocab: int | None, slots: int, tokens: int, compile: bool = True) ->
         outs = m.generate([prompt] * slots, params)
         aggregate = sum(map(len, outs)) / (time.perf_counter() - t)
         head = "whole" if vocab is None else len(ring.options["vocab"])
-    return {"vocab": vocab, "head_rows": head, "slots": slots, "start_s": start_s,
+    return {"model": str(model or pair.fast()), "vocab": vocab, "head_rows": head, "slots": slots, "start_s": start_s,
             "one_stream_tokens_per_s": one, "aggregate_tokens_per_s": aggregate}
+
+
+def _name(model: Path | None) -> str:
+    return "the pair's fast model" if model is None else Path(model).name
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.fast_vocab", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--fast", default="", help="fast models, comma-separated (default: the pair's)")
     ap.add_argument("--vocab", default="none,4096,16384", help="head sizes, comma-separated; none: the whole head")
     ap.add_argument("--slots", default="8", help="slot counts, comma-separated (each also the streams timed)")
     ap.add_argument("--tokens", type=int, default=128, help="output tokens per stream")
@@ -82,27 +92,34 @@ def main(argv: list[str] | None = None) -> int:
         slot_counts = [int(s) for s in args.slots.split(",")]
     except ValueError:
         ap.error("--vocab takes sizes or none, --slots counts, comma-separated")
-    configs = [(v, s) for s in slot_counts for v in sizes]
+    from bench import pair
+    from models.builtin import ModelPathError, resolve
+
+    try:
+        models = [resolve(m.strip(), full=pair.full()) for m in args.fast.split(",") if m.strip()] or [None]
+    except ModelPathError as e:
+        ap.error(str(e))
+    configs = [(m, v, s) for m in models for s in slot_counts for v in sizes]
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     runs: dict[tuple, list[dict]] = {c: [] for c in configs}
     for r in range(args.rounds):
-        for v, s in round_order(configs, r):
-            res = measure(v, s, args.tokens, args.compile)
-            runs[(v, s)].append(res)
-            print(f"round {r + 1}: vocab {res['head_rows']!s:>6} slots {s:>3}: one stream "
+        for m, v, s in round_order(configs, r):
+            res = measure(v, s, args.tokens, args.compile, m)
+            runs[(m, v, s)].append(res)
+            print(f"round {r + 1}: {_name(m)}: vocab {res['head_rows']!s:>6} slots {s:>3}: one stream "
                   f"{res['one_stream_tokens_per_s']:7.1f} tok/s, {s} streams {res['aggregate_tokens_per_s']:7.1f} "
                   f"tok/s (ready in {res['start_s']:.0f} s)", flush=True)
     rows = []
     base = None
-    for (v, s), rs in runs.items():
-        row = {"vocab": v, "head_rows": rs[0]["head_rows"], "slots": s,
+    for (m, v, s), rs in runs.items():
+        row = {"model": rs[0]["model"], "vocab": v, "head_rows": rs[0]["head_rows"], "slots": s,
                "one_stream_tokens_per_s": statistics.median(x["one_stream_tokens_per_s"] for x in rs),
                "aggregate_tokens_per_s": statistics.median(x["aggregate_tokens_per_s"] for x in rs)}
         base = base or row
         row["one_stream_vs_first"] = row["one_stream_tokens_per_s"] / base["one_stream_tokens_per_s"]
         row["aggregate_vs_first"] = row["aggregate_tokens_per_s"] / base["aggregate_tokens_per_s"]
         rows.append(row)
-        print(f"vocab {row['head_rows']!s:>6} slots {s:>3}: one stream {row['one_stream_tokens_per_s']:7.1f} "
+        print(f"{_name(m)}: vocab {row['head_rows']!s:>6} slots {s:>3}: one stream {row['one_stream_tokens_per_s']:7.1f} "
               f"tok/s ({row['one_stream_vs_first']:.2f}x), aggregate {row['aggregate_tokens_per_s']:7.1f} "
               f"tok/s ({row['aggregate_vs_first']:.2f}x)")
     if args.json:

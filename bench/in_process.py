@@ -13,6 +13,7 @@ import os
 import statistics
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Awaitable, Callable, Iterator, Sequence
 from unittest.mock import patch
 
@@ -153,11 +154,12 @@ class FastRing:
 
 
 @contextlib.contextmanager
-def fast_ring(compile: bool = True, **config: Any) -> Iterator[FastRing]:
+def fast_ring(compile: bool = True, model: Path | None = None, **config: Any) -> Iterator[FastRing]:
     """The fast lane's ring built in this process as ``fastmode up`` deploys it on this machine: its
     layout (``resolve_layout``) and options (``ring_options``), on a local Ray of its own (shut down
-    on exit). ``compile=False``: eager, whatever the lane's config says (smoke runs); ``config``:
-    fields of the lane's config (``FastLaneConfig``) other than their defaults."""
+    on exit). ``compile=False``: eager, whatever the lane's config says (smoke runs); ``model``: a
+    fast model's checkpoint other than the pair's (``bench.pair.fast``); ``config``: fields of the
+    lane's config (``FastLaneConfig``) other than their defaults."""
     import ray
     from tokenizers import Tokenizer
 
@@ -166,7 +168,7 @@ def fast_ring(compile: bool = True, **config: Any) -> Iterator[FastRing]:
     from serve.lanes.sharded_engine import resolve_layout, ring_options
     from sharding.pipeline import ShardedModel
 
-    FAST = pair.fast()
+    FAST = model or pair.fast()
     cfg = FastLaneConfig(**config)
     tp, pp, _ = resolve_layout(FAST, cfg, os.cpu_count() or 1)
     options = ring_options(cfg, FAST, tp) | {"compile": cfg.compile and compile}

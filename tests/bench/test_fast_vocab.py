@@ -26,3 +26,16 @@ def test_cut_and_whole_heads_are_timed_in_alternated_rounds(tmp_path, monkeypatc
     assert [(r["vocab"], r["slots"]) for r in doc["runs"]] == [(None, 2), (None, 2), (256, 2), (256, 2)]
     assert all(r["one_stream_tokens_per_s"] > 0 and r["aggregate_tokens_per_s"] > 0 for r in doc["runs"])
     assert doc["results"][0]["one_stream_vs_first"] == doc["results"][0]["aggregate_vs_first"] == 1.0
+
+
+@pytest.mark.slow
+def test_other_fast_models_are_configurations_of_the_same_run(tmp_path):
+    other = shutil.copytree(shipped(TEST_FAST), tmp_path / "other")
+    out = tmp_path / "models.json"
+    assert fast_vocab.main(["--fast", f"{shipped(TEST_FAST)},{other}", "--vocab", "none", "--slots", "2",
+                            "--tokens", "4", "--rounds", "1", "--no-compile", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert [r["model"] for r in doc["results"]] == [str(shipped(TEST_FAST)), str(other)]
+    assert doc["results"][1]["one_stream_vs_first"] > 0
+    with pytest.raises(SystemExit):
+        fast_vocab.main(["--fast", str(tmp_path / "missing"), "--rounds", "1"])
