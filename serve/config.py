@@ -140,14 +140,15 @@ class FastLaneConfig(LaneCommon):
         "TLS is refused.")
     door_port: int = Field(default=0, ge=0, le=65535, description="The door's port (0: any free one, "
                            "which changes when the ring is rebuilt; GET /v1/door says which).")
-    vocab: Annotated[int, Field(ge=16)] | Literal["auto"] | None = Field(default=None, description="The "
+    vocab: Annotated[int, Field(ge=16)] | Literal["auto"] | None = Field(default="auto", description="The "
         "fast model produces only this many of its tokens, the most frequent in the full model's answers (the "
         "fast model folder's token_counts.json, which fastmode distill writes) and its end-of-turn ids: its "
         "head keeps their rows alone, so a step multiplies by that many rows instead of the whole "
         "vocabulary's (SmolLM2's head is half the shipped student's weights). Every other token's logit is "
         "-inf: the lane's output is cut, as its quality eval measures (sharding/draft_vocab.py). 'auto': "
         "4096 where the fast model has token counts and a vocabulary of at least 8192, else the whole "
-        "vocabulary; null: the whole vocabulary. Needs tp 1 ('auto' keeps the whole vocabulary at tp > 1).")
+        "vocabulary (how the default was measured: docs/decisions/); null: the whole vocabulary. Needs tp 1 "
+        "('auto' keeps the whole vocabulary at tp > 1).")
 
 
 class VLLMLaneConfig(LaneCommon):

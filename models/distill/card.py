@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 
+def _count(s: dict) -> str:
+    if s.get("num_layers") is not None:
+        return f"Its layer count was set ({s['num_layers']}), not chosen by the planner."
+    return f"The wanted speed-up was {s['speedup']}x."
+
+
 def _layers(m: dict) -> str:
     search = m.get("layer_search")
     if not search:
@@ -27,7 +33,7 @@ served, or assembled (`python -m models.distill.assemble THIS_FOLDER FULL`), wit
 ## Shape
 The planner predicts {m['shape']['predicted_tokens_per_s']:.0f} tokens/s per user for it against {m['shape']['full_predicted_tokens_per_s']:.0f} for the
 full model ({m['shape']['predicted_speedup']:.2f}x) on {s['chips']} {s['device']} chip(s), every weight streamed from main memory;
-the wanted speed-up was {s['speedup']}x. {_layers(m)}
+{_count(s)} {_layers(m)}
 
 ## Data
 {d['prompts']} generated prompts (seed {d['prompt_seed']}: `models/distill/prompts.py`; instructions from

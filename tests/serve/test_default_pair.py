@@ -36,11 +36,16 @@ def default_app(tmp_path_factory):
 
 class Reference:
     """transformers' greedy answers of one model of the pair, in float32 as the lanes compute, on
-    ``apply_chat_template(messages, add_generation_prompt=True)``."""
+    ``apply_chat_template(messages, add_generation_prompt=True)``; ``keep``: the only token ids it may
+    produce (the fast lane's cut head, ``lanes.fast.vocab``), every other one suppressed."""
 
-    def __init__(self, path) -> None:
+    def __init__(self, path, keep: list[int] | None = None) -> None:
         self.tok = AutoTokenizer.from_pretrained(path)
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        self.suppress = None
+        if keep is not None:
+            kept = set(keep)
+            self.suppress = [t for t in range(self.model.config.vocab_size) if t not in kept]
 
     def ids(self, messages: list[dict]) -> list[int]:
         return list(self.tok.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"])
@@ -48,13 +53,38 @@ class Reference:
     def answer(self, messages: list[dict], max_tokens: int = MAX_TOKENS) -> str:
         ids = torch.tensor([self.ids(messages)])
         with torch.no_grad():
-            got = self.model.generate(ids, max_new_tokens=max_tokens, do_sample=False)[0, ids.shape[1]:]
+            got = self.model.generate(ids, max_new_tokens=max_tokens, do_sample=False,
+                                      suppress_tokens=self.suppress)[0, ids.shape[1]:]
         return self.tok.decode(got, skip_special_tokens=True)
+
+
+def fast_lane_layout(path) -> tuple[int, list[int] | None]:
+    """The default fast lane's chips per stage on this machine and the ids its head keeps there
+    (``lanes.fast.vocab``'s default), as the lane computes them."""
+    import os
+
+    from serve.config import FastLaneConfig
+    from serve.lanes.sharded_engine import resolve_layout, ring_options
+
+    config = FastLaneConfig()
+    tp, _, _ = resolve_layout(path, config, os.cpu_count() or 1)
+    return tp, ring_options(config, path, tp)["vocab"]
 
 
 @pytest.fixture(scope="module")
 def models() -> dict[str, Reference]:
-    return dict(zip(("full", "fast"), map(Reference, default_pair())))
+    full, fast = default_pair()
+    return {"full": Reference(full), "fast": Reference(fast, keep=fast_lane_layout(fast)[1])}
+
+
+def test_the_default_fast_lane_cuts_its_head():
+    """The shipped student carries the token counts ``vocab: auto`` needs: the lane keeps 4,096 of its
+    ids (and its end-of-turn ids, rounded up to a 16-row block) wherever it runs on one chip a stage."""
+    tp, keep = fast_lane_layout(default_pair()[1])
+    if tp > 1:
+        assert keep is None  # 'auto' keeps the whole head where it is split across chips
+    else:
+        assert 4096 <= len(keep) < 4096 + 16 and len(set(keep)) == len(keep)
 
 
 @pytest.fixture(scope="module")
