@@ -149,6 +149,13 @@ def checked_ids(ids, vocab_size: int) -> torch.Tensor:
     return keep
 
 
+def other_ids(keep: Iterable[int], vocab_size: int) -> list[int]:
+    """Every id of the vocabulary outside ``keep``: what transformers' ``suppress_tokens`` takes to
+    produce only ``keep``, as a cut head does (the reference the eval and the tests compare with)."""
+    kept = {int(t) for t in keep}
+    return [t for t in range(vocab_size) if t not in kept]
+
+
 def prune_head(model: nn.Module, keep: torch.Tensor) -> None:
     """Replace ``model.lm_head`` (whole, not tensor-parallel) by its rows ``keep``: the model's logits
     become ``[..., len(keep)]``, column ``j`` the logit of token ``keep[j]``. A tied embedding keeps

@@ -14,6 +14,8 @@ from typing import Protocol
 
 import torch
 
+from sharding.draft_vocab import other_ids
+
 
 @dataclass(frozen=True)
 class Request:
@@ -78,10 +80,7 @@ class TransformersBackend:
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
         self.batch_size = batch_size
-        self.suppress: list[int] | None = None
-        if keep is not None:
-            kept = set(keep)
-            self.suppress = [t for t in range(self.model.config.vocab_size) if t not in kept]
+        self.suppress = None if keep is None else other_ids(keep, self.model.config.vocab_size)
         self.newline_ids = torch.tensor(
             [i for tok, i in self.tokenizer.get_vocab().items()
              if "\n" in self.tokenizer.convert_tokens_to_string([tok])]

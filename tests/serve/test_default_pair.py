@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from models import gguf
 from models.builtin import default_pair
+from sharding.draft_vocab import other_ids
 from tests.conftest import eager_lanes
 from tests.serve.conftest import App
 
@@ -42,10 +43,7 @@ class Reference:
     def __init__(self, path, keep: list[int] | None = None) -> None:
         self.tok = AutoTokenizer.from_pretrained(path)
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-        self.suppress = None
-        if keep is not None:
-            kept = set(keep)
-            self.suppress = [t for t in range(self.model.config.vocab_size) if t not in kept]
+        self.suppress = None if keep is None else other_ids(keep, self.model.config.vocab_size)
 
     def ids(self, messages: list[dict]) -> list[int]:
         return list(self.tok.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"])
