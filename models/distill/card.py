@@ -9,6 +9,13 @@ def _count(s: dict) -> str:
     return f"The wanted speed-up was {s['speedup']}x."
 
 
+def _copy_kinds(d: dict) -> str:
+    if d.get("prompt_set", 1) == 1:
+        return ""
+    return (" (questions answered by copying from their own text, some after a worked example, among them:"
+            " the quality eval's generated task kinds in other words)")
+
+
 def _layers(m: dict) -> str:
     search = m.get("layer_search")
     if not search:
@@ -36,8 +43,8 @@ full model ({m['shape']['predicted_speedup']:.2f}x) on {s['chips']} {s['device']
 {_count(s)} {_layers(m)}
 
 ## Data
-{d['prompts']} generated prompts (seed {d['prompt_seed']}: `models/distill/prompts.py`; instructions from
-templates, and continuations of Python standard-library code from the training split of
+{d['prompts']} generated prompts (set {d.get('prompt_set', 1)}, seed {d['prompt_seed']}: `models/distill/prompts.py`; instructions from
+templates{_copy_kinds(d)}, and continuations of Python standard-library code from the training split of
 `models.recipe.corpus`), each rendered with the full model's chat template and answered greedily
 (at most {s['max_new_tokens']} tokens): {d['answer_tokens']:,} answer tokens, with the full model's
 top {s['top_k']} log-probabilities at each. {d['held_out_prompts']} prompts held out.

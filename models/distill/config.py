@@ -25,6 +25,9 @@ class DistillConfig:
     """Training rows (the full model's answers) the ``measured`` search scores each choice on."""
     prompts: int = 768
     """Prompts the full model answers (the training set)."""
+    prompt_set: int = 1
+    """Which generated prompts (``models.distill.prompts``): ``1`` instructions and code; ``2`` those
+    and questions answered by copying from their own text, some after a worked example."""
     max_new_tokens: int = 96
     """Longest answer of the full model per prompt."""
     gen_batch: int = 16
@@ -56,6 +59,8 @@ class DistillConfig:
             raise ValueError(f"distill: speedup must be above 1, got {self.speedup}")
         if not 0.0 <= self.ce_weight <= 1.0:
             raise ValueError(f"distill: ce_weight must be in [0, 1], got {self.ce_weight}")
+        if self.prompt_set not in (1, 2):
+            raise ValueError(f"distill: prompt_set must be 1 or 2, got {self.prompt_set!r}")
         if self.layers not in ("spaced", "measured"):
             raise ValueError(f"distill: layers must be spaced or measured, got {self.layers!r}")
         if self.num_layers is not None and self.num_layers < 1:

@@ -32,7 +32,7 @@ def recount(student: Path, full: Path, *, prompts: int | None = None, threads: i
     settings = json.loads((student / MANIFEST).read_text())["settings"]
     torch.set_num_threads(threads)
     n = min(prompts or settings["prompts"], settings["prompts"])
-    texts = prompt_set(settings["prompts"], settings["seed"])[:n]
+    texts = prompt_set(settings["prompts"], settings["seed"], version=settings.get("prompt_set", 1))[:n]
     tokenizer = AutoTokenizer.from_pretrained(full)
     model = AutoModelForCausalLM.from_pretrained(full, dtype=torch.float32).eval()
     started, answers = time.perf_counter(), []

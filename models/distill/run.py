@@ -30,7 +30,7 @@ from pathlib import Path
 HELD_OUT_SHARE = 0.05
 
 
-DATA_SETTINGS = ("prompts", "max_new_tokens", "top_k", "seed")
+DATA_SETTINGS = ("prompts", "prompt_set", "max_new_tokens", "top_k", "seed")
 """The settings the full model's answers depend on (``gen_batch`` only groups them)."""
 
 
@@ -90,7 +90,7 @@ def distill(full: Path, out: Path, cfg, *, threads: int, full_name: str, work: P
     (answers_dir / "fingerprint.json").write_text(json.dumps(data, indent=2) + "\n")
     log(f"distill: work folder {work} (rerun the same command to resume)")
 
-    prompts = prompt_set(cfg.prompts, cfg.seed)
+    prompts = prompt_set(cfg.prompts, cfg.seed, version=cfg.prompt_set)
     rows, answer_s = teacher.build(model, tokenizer, prompts, answers_dir, batch=cfg.gen_batch,
                                    max_new_tokens=cfg.max_new_tokens, top_k=cfg.top_k)
     n_held = max(1, round(len(rows) * HELD_OUT_SHARE))
@@ -118,7 +118,7 @@ def distill(full: Path, out: Path, cfg, *, threads: int, full_name: str, work: P
                   "full_predicted_tokens_per_s": chosen.full_predicted_tokens_per_s,
                   "predicted_speedup": chosen.predicted_speedup, "layout": chosen.layout},
         "data": {"prompts": len(rows), "train_prompts": len(train_rows), "held_out_prompts": len(held_rows),
-                 "answer_tokens": answer_tokens, "prompt_seed": cfg.seed},
+                 "answer_tokens": answer_tokens, "prompt_seed": cfg.seed, "prompt_set": cfg.prompt_set},
         "held_out": {"before": stats["held_out_before"], "after": stats["held_out_after"]},
         "train": {"steps": stats["step"], "final_loss": stats["train_loss"], "train_s": stats["seconds"]},
         "run": {"answer_s_this_call": answer_s, "wall_s_this_call": time.perf_counter() - started,
@@ -168,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--preset", choices=sorted(PRESETS), default="shipped",
                     help="settings to start from (shipped: what made models/fast; quick: seconds, for tests)")
     for name, kind in (("prompts", int), ("steps", int), ("num-layers", int), ("speedup", float), ("chips", int),
-                       ("seed", int), ("max-new-tokens", int), ("batch-size", int), ("lr", float), ("top-k", int)):
+                       ("seed", int), ("max-new-tokens", int), ("batch-size", int), ("lr", float), ("top-k", int),
+                       ("prompt-set", int)):
         ap.add_argument(f"--{name}", type=kind, default=None, help=f"override the preset's {name.replace('-', '_')}")
     ap.add_argument("--layers", choices=["spaced", "measured"], default=None,
                     help="which layers the student keeps: evenly spaced, or measured on the full model's answers "
@@ -182,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
 
     overrides = {k.replace("-", "_"): getattr(args, k.replace("-", "_"))
                  for k in ("prompts", "steps", "num-layers", "speedup", "chips", "seed", "max-new-tokens",
-                           "batch-size", "lr", "top-k", "device", "layers")}
+                           "batch-size", "lr", "top-k", "device", "layers", "prompt-set")}
     try:
         cfg = replace(PRESETS[args.preset], **{k: v for k, v in overrides.items() if v is not None})
         full = resolve(args.full)

@@ -25,18 +25,20 @@ def _end_ids(model, tokenizer) -> set[int]:
     return ids
 
 
-def prompt_ids(tokenizer, prompt: str) -> list[int]:
-    """``prompt`` as one user message through the model's chat template, generation prompt added
-    (a model without a template: the prompt's plain encoding)."""
+def prompt_ids(tokenizer, prompt) -> list[int]:
+    """``prompt`` (one user message, or ``(role, content)`` pairs) through the model's chat template,
+    generation prompt added (a model without a template: the messages' contents joined by newlines,
+    plainly encoded)."""
+    turns = [("user", prompt)] if isinstance(prompt, str) else list(prompt)
     if tokenizer.chat_template:
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+        ids = tokenizer.apply_chat_template([{"role": r, "content": c} for r, c in turns], add_generation_prompt=True,
                                             tokenize=True, return_dict=False)
         return list(ids["input_ids"] if isinstance(ids, dict) else ids)
-    return tokenizer(prompt, add_special_tokens=True)["input_ids"]
+    return tokenizer("\n".join(c for _, c in turns), add_special_tokens=True)["input_ids"]
 
 
 @torch.no_grad()
-def answer(model, tokenizer, prompts: list[str], *, max_new_tokens: int, top_k: int) -> list[dict]:
+def answer(model, tokenizer, prompts: list, *, max_new_tokens: int, top_k: int) -> list[dict]:
     """One batch: per prompt, ``ids`` (prompt + answer), ``prompt_len``, and per answer token the
     teacher's ``topk_ids`` [n, k] (int32) and ``topk_logp`` [n, k] (float32 log-probabilities)."""
     end = _end_ids(model, tokenizer)
@@ -65,7 +67,7 @@ def answer(model, tokenizer, prompts: list[str], *, max_new_tokens: int, top_k: 
     return rows
 
 
-def build(model, tokenizer, prompts: list[str], work_dir: Path, *, batch: int, max_new_tokens: int,
+def build(model, tokenizer, prompts: list, work_dir: Path, *, batch: int, max_new_tokens: int,
           top_k: int) -> tuple[list[dict], float]:
     """Every prompt's answer (resuming from ``work_dir``'s shards) and the seconds spent in this call."""
     work_dir.mkdir(parents=True, exist_ok=True)

@@ -213,3 +213,39 @@ def test_bad_settings_are_refused(capsys):
         DistillConfig(layers="random")
     assert main(["--full", "builtin:nope", "--out", "/tmp/x"]) == 2
     assert "no built-in model 'nope'" in capsys.readouterr().err
+
+
+def test_prompt_set_1_is_the_shipped_students_and_set_2_adds_questions_answered_from_their_text():
+    import hashlib
+
+    from models.distill.prompts import prompt_set
+
+    one = prompt_set(768, 1234)
+    # The shipped preset's prompts: models/fast was distilled on exactly these (a changed set 1 could
+    # no longer reproduce it).
+    assert hashlib.sha256(json.dumps(one).encode()).hexdigest()[:16] == "d5a171a2155bc3ca"
+    assert all(isinstance(p, str) for p in one)
+    two = prompt_set(400, 1234, version=2)
+    assert two == prompt_set(400, 1234, version=2) and len(set(two)) == 400
+    shots = [p for p in two if not isinstance(p, str)]
+    assert shots and all(p[-1][0] == "user" and [r for r, _ in p] == ["user", "assistant", "user"] for p in shots)
+    copies = [p for p in two if isinstance(p, str) and "\n" in p and not p.startswith("Continue")]
+    assert len(copies) > 20  # a sentence (or a list), then the question about it
+    with pytest.raises(ValueError, match="prompt_set"):
+        prompt_set(4, 0, version=3)
+    with pytest.raises(ValueError, match="prompt_set"):
+        DistillConfig(prompt_set=0)
+
+
+def test_a_worked_example_prompt_is_rendered_by_the_chat_template(tmp_path, tokenizer):
+    from tests.serve.chat_models import with_template
+
+    templated = AutoTokenizer.from_pretrained(with_template(TEST_FULL, tmp_path / "chat"))
+    prompt = (("user", "Convert 2 m to cm."), ("assistant", "200 cm"), ("user", "Convert 5 m to cm."))
+    messages = [{"role": r, "content": c} for r, c in prompt]
+    assert teacher.prompt_ids(templated, prompt) == templated.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    assert teacher.prompt_ids(templated, "hi") == templated.apply_chat_template(
+        [{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=True, return_dict=False)
+    # without a template: the contents joined by newlines
+    assert teacher.prompt_ids(tokenizer, prompt) == tokenizer("Convert 2 m to cm.\n200 cm\nConvert 5 m to cm.")["input_ids"]
