@@ -24,7 +24,7 @@ def _lint(root: Path) -> subprocess.CompletedProcess:
 
 def _copy(tmp_path: Path) -> Path:
     for name in PACKAGES:
-        shutil.copytree(ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__", "results"))
+        shutil.copytree(ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__", "results", "*.safetensors"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
     return tmp_path
 

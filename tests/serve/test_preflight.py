@@ -53,6 +53,16 @@ def test_the_shipped_pair_passes(no_start):
     assert parts["lanes.exact"] > parts["lanes.priority"] > parts["lanes.fast"] > 0
 
 
+def test_the_next_student_passes_as_decision_032_serves_it(no_start):
+    # models/fast-next (decision 032): the fast model by path, its whole head
+    from models import MODELS_DIR
+
+    config = load_config({"models": {"fast": {"id": "fastmode-fast", "path": str(MODELS_DIR / "fast-next")}},
+                          "lanes": {"fast": {"vocab": None}}})
+    preflight(config, chips=2)
+    assert up.main(["--fast", str(MODELS_DIR / "fast-next")]) == 0 and len(no_start) == 1
+
+
 def test_a_pair_of_another_family_passes(tmp_path):
     """Qwen2-shaped full and fast models (biases on q/k/v) with the shipped tokenizer."""
     paths = []
