@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from .prompts import PROMPT_SETS
+
 
 @dataclass(frozen=True, kw_only=True)
 class DistillConfig:
@@ -59,8 +61,8 @@ class DistillConfig:
             raise ValueError(f"distill: speedup must be above 1, got {self.speedup}")
         if not 0.0 <= self.ce_weight <= 1.0:
             raise ValueError(f"distill: ce_weight must be in [0, 1], got {self.ce_weight}")
-        if self.prompt_set not in (1, 2):
-            raise ValueError(f"distill: prompt_set must be 1 or 2, got {self.prompt_set!r}")
+        if self.prompt_set not in PROMPT_SETS:
+            raise ValueError(f"distill: prompt_set must be one of {PROMPT_SETS}, got {self.prompt_set!r}")
         if self.layers not in ("spaced", "measured"):
             raise ValueError(f"distill: layers must be spaced or measured, got {self.layers!r}")
         if self.num_layers is not None and self.num_layers < 1:
