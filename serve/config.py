@@ -145,10 +145,16 @@ class FastLaneConfig(LaneCommon):
         "fast model folder's token_counts.json, which fastmode distill writes) and its end-of-turn ids: its "
         "head keeps their rows alone, so a step multiplies by that many rows instead of the whole "
         "vocabulary's (SmolLM2's head is half the shipped student's weights). Every other token's logit is "
-        "-inf: the lane's output is cut, as its quality eval measures (sharding/draft_vocab.py). 'auto': "
+        "-inf (but for the request's own prompt tokens, vocab_keeps_prompt): the lane's output is cut, as its "
+        "quality eval measures (sharding/draft_vocab.py). 'auto': "
         "4096 where the fast model has token counts and a vocabulary of at least 8192, else the whole "
         "vocabulary (how the default was measured: docs/decisions/); null: the whole vocabulary. Needs tp 1 "
         "('auto' keeps the whole vocabulary at tp > 1).")
+    vocab_keeps_prompt: bool = Field(default=True, description="With a cut vocab, each request may also "
+        "produce the tokens of its own prompt (the names, numbers and identifiers an answer copies out of its "
+        "question are rarely among the most frequent): their rows of the whole head are gathered at "
+        "admission and multiplied for that request alone, so its output never depends on what else is "
+        "batched (sharding/draft_vocab.py PromptRows; docs/decisions/033). false: the kept ids alone.")
 
 
 class VLLMLaneConfig(LaneCommon):

@@ -62,8 +62,9 @@ class StepBatch:
     freed: list[int] = field(default_factory=list)
     """Slots given up since the last step; the sampler forgets their parameters."""
     prompts: dict[int, list[int]] = field(default_factory=dict)
-    """Slot -> prompt ids of each request admitted this step whose sampling looks at its prompt
-    (a repetition penalty: ``SamplingParams.uses_prompt``); they travel with its parameters, once."""
+    """Slot -> prompt ids of each request admitted this step (whole, a prefix-cache hit's too): they
+    travel with its parameters, once, for the stage with the head (a repetition penalty's
+    ``History``, a cut head's ``PromptRows``)."""
 
     def parts(self) -> list[Rows]:
         """The non-empty row groups in execution order: prefill, then decode."""

@@ -175,3 +175,60 @@ def expand(logits: torch.Tensor, keep: torch.Tensor, vocab_size: int) -> torch.T
     full = torch.full((*logits.shape[:-1], vocab_size), float("-inf"), dtype=torch.float32, device=logits.device)
     full[..., keep.to(logits.device)] = logits.float()
     return full
+
+
+class PromptRows:
+    """A cut head widened, per request, by its own prompt's tokens (the fast lane's
+    ``vocab_keeps_prompt``).
+
+    A model that answers from its question copies names, places, numbers and code identifiers out
+    of it, and those are rarely among the most frequent tokens a cut head keeps. For each request
+    this holds the whole head's rows of its prompt's ids outside ``keep`` (at admission: one gather),
+    and each step adds their logits to the request's row: ``len(keep)`` rows shared by the batch,
+    plus a few of its own per request. A request's output depends only on its own prompt, never on
+    what else is batched with it.
+
+    Args:
+        weight: the whole head's ``[V, D]`` rows (taken before ``prune_head``; a tied head's is the
+            embedding table, not copied).
+        keep: the ids the cut head keeps.
+        softcap: the model's ``final_logit_softcapping`` (its logits go through it, as ``compute_logits``).
+    """
+
+    def __init__(self, weight: torch.Tensor, keep: torch.Tensor, softcap: float | None = None) -> None:
+        self.weight, self.softcap = weight.detach(), softcap
+        self.kept = torch.zeros(weight.shape[0], dtype=torch.bool, device=weight.device)
+        self.kept[keep.to(weight.device)] = True
+        self._rows: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def admit(self, slot: int, prompt: Iterable[int]) -> None:
+        """Slot ``slot`` now holds a request of prompt ``prompt``: its ids outside ``keep``, and their rows."""
+        ids = torch.tensor(sorted(set(prompt)), dtype=torch.long, device=self.weight.device)
+        ids = ids[(ids >= 0) & (ids < self.weight.shape[0])]
+        ids = ids[~self.kept[ids]]
+        if ids.numel():
+            self._rows[slot] = (ids, self.weight[ids].float())
+        else:
+            self._rows.pop(slot, None)
+
+    def free(self, slot: int) -> None:
+        """The slot's request is gone."""
+        self._rows.pop(slot, None)
+
+    def ids(self, slot: int) -> list[int]:
+        """The ids slot ``slot``'s request may produce beyond ``keep``."""
+        return self._rows[slot][0].tolist() if slot in self._rows else []
+
+    def fill(self, logits: torch.Tensor, hidden: torch.Tensor, slots: Iterable[int]) -> torch.Tensor:
+        """Write into whole-vocabulary logits ``[B, ..., V]`` (``expand``'s) each row's prompt-token
+        logits, from the normed hidden states ``[B, ..., D]`` the cut head read; ``slots``: each row's slot."""
+        for b, slot in enumerate(slots):
+            entry = self._rows.get(int(slot))
+            if entry is None:
+                continue
+            ids, rows = entry
+            extra = hidden[b].float() @ rows.T
+            if self.softcap is not None:
+                extra = torch.tanh(extra / self.softcap) * self.softcap
+            logits[b][..., ids] = extra
+        return logits

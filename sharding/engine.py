@@ -38,16 +38,18 @@ class LocalExecutor:
         compile: run the model under ``torch.compile`` (``sharding.stage.compile_forward``).
         packed_weights: bfloat16-packed weights for small steps (``sharding.packed``).
         vocab: the only token ids the model may produce (``StageRunner``'s ``vocab``); ``None``: all.
+        keep_prompt: with ``vocab``, each request may also produce its prompt's tokens (``StageRunner``'s).
     """
 
     def __init__(self, model: Llama, *, num_slots: int = 8, max_len: int | None = None,
                  compile: bool = False, packed_weights: bool = False, kv_cache_bytes: int | None = None,
-                 vocab: Seq[int] | None = None) -> None:
+                 vocab: Seq[int] | None = None, keep_prompt: bool = False) -> None:
         if not (model.has_embedding and model.has_head):
             raise InvalidLayout("Engine needs a whole model (embedding and head); got a pipeline stage")
         self.config = model.config
         self.runner = StageRunner(model, num_slots=num_slots, max_len=max_len, compile=compile,
-                                  packed_weights=packed_weights, kv_cache_bytes=kv_cache_bytes, vocab=vocab)
+                                  packed_weights=packed_weights, kv_cache_bytes=kv_cache_bytes, vocab=vocab,
+                                  keep_prompt=keep_prompt)
         self.cache: KVCache = self.runner.cache
         self.num_slots, self.max_len = num_slots, self.cache.max_len
 
@@ -55,8 +57,8 @@ class LocalExecutor:
     def execute(self, batch: StepBatch) -> StepResult:
         """Forward every part, sample each row's next token (no hops: nothing travels)."""
         parts = batch.parts()
+        self.runner.admit(batch)  # first: a cut head's prompt rows (keep_prompt) come with it
         logits = self.runner.logits(parts)
-        self.runner.admit(batch)
         tokens, logprobs = self.runner.sample(parts, logits)
         return StepResult.of_parts(batch, tokens, logprobs=logprobs)
 
@@ -91,17 +93,19 @@ class Engine:
             the same tokens, about 3x faster on the full model on this CPU.
         vocab: with ``model``: the only token ids it may produce, ascending (its head keeps their
             rows alone: ``sharding.stage.StageRunner``); ``None``: the whole vocabulary.
+        keep_prompt: with ``vocab``, each request may also produce its own prompt's tokens.
     """
 
     def __init__(self, model: Llama | None = None, *, num_slots: int = 8, max_len: int | None = None,
                  compile: bool = False, executor: Executor | None = None, prefix_cache: bool = False,
                  packed_weights: bool = False, kv_cache_bytes: int | None = None,
-                 vocab: Seq[int] | None = None) -> None:
+                 vocab: Seq[int] | None = None, keep_prompt: bool = False) -> None:
         if (model is None) == (executor is None):
             raise ValueError("Engine needs exactly one of a model or an executor")
         if executor is None:
             executor = LocalExecutor(model, num_slots=num_slots, max_len=max_len, compile=compile,
-                                     packed_weights=packed_weights, kv_cache_bytes=kv_cache_bytes, vocab=vocab)
+                                     packed_weights=packed_weights, kv_cache_bytes=kv_cache_bytes, vocab=vocab,
+                                     keep_prompt=keep_prompt)
             # In process the executor's cache is the slot pool, so `engine.cache` is the real thing.
             slots = executor.cache
         else:
@@ -120,11 +124,11 @@ class Engine:
                         dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
                         compile: bool = False, prefix_cache: bool = False,
                         packed_weights: bool = False, kv_cache_bytes: int | None = None,
-                        vocab: Seq[int] | None = None) -> Engine:
+                        vocab: Seq[int] | None = None, keep_prompt: bool = False) -> Engine:
         """An engine over the checkpoint at ``path`` (single process, no parallelism)."""
         return cls(load_model(path, dtype=dtype, device=device), num_slots=num_slots, max_len=max_len,
                    compile=compile, prefix_cache=prefix_cache, packed_weights=packed_weights,
-                   kv_cache_bytes=kv_cache_bytes, vocab=vocab)
+                   kv_cache_bytes=kv_cache_bytes, vocab=vocab, keep_prompt=keep_prompt)
 
     @property
     def has_work(self) -> bool:

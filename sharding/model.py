@@ -268,6 +268,14 @@ class Llama(nn.Module):
         enters one graph per decode step, not two (last stage only)."""
         return self.compute_logits(self.forward(x, positions, slots, cache, span, causal)[:, 0])
 
+    def decode_hidden_logits(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                             cache: KVCache, span: int | None = None,
+                             causal: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """``decode_logits``, and the normed hidden states ``[B, D]`` the head read (a cut head's
+        per-request rows multiply them: ``sharding.draft_vocab.PromptRows``)."""
+        h = self.forward(x, positions, slots, cache, span, causal)[:, 0]
+        return self.compute_logits(h), h
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits ``[..., vocab]`` of normed hidden states ``[..., D]`` (last stage only)."""
         if self.lm_head is None:

@@ -78,6 +78,8 @@ class ShardedModel:
             ``door``: what opens it there, ``serve.lanes.door.DoorSpec``), or ``None``.
         vocab: the only token ids the model produces (option ``vocab``, ascending: the head chip's
             head keeps their rows alone, ``sharding.stage.StageRunner``; tp 1 only), or ``None``.
+        keep_prompt: (option ``keep_prompt``) with ``vocab``, each request may also produce its own
+            prompt's tokens (``sharding.draft_vocab.PromptRows``).
     """
 
     def __init__(self, path: str | Path, *, tp: int = 1, pp: int = 1, num_slots: int = 8,
@@ -85,10 +87,11 @@ class ShardedModel:
                  compile: bool = False, threads_per_chip: int = 1, spin_s: float = SPIN_S,
                  placement_timeout_s: float = 60.0, prefix_cache: bool = False,
                  packed_weights: bool | str = False, door=None, kv_cache_bytes: int | None = None,
-                 vocab: Sequence[int] | None = None) -> None:
+                 vocab: Sequence[int] | None = None, keep_prompt: bool = False) -> None:
         self.config = config = ModelConfig.from_pretrained(path)
         ranges = stage_layers(config, tp, pp)
         self.vocab = None if vocab is None else checked_ids(vocab, config.vocab_size).tolist()
+        self.keep_prompt = keep_prompt and self.vocab is not None
         if self.vocab is not None and tp > 1:
             raise InvalidLayout(f"a cut vocabulary (vocab) needs the head on one chip: tp 1, got tp {tp}")
         if not isinstance(num_slots, int) or num_slots < 1:
@@ -131,7 +134,7 @@ class ShardedModel:
             self.packed_linears = ray.get([
                 w.setup.remote(str(path), layer_range=ranges[i // tp], init_method=inits[i // tp], num_slots=num_slots,
                                max_len=self.max_len, dtype=dtype, compile=compile, packed_weights=packed_weights,
-                               kv_cache_bytes=kv_cache_bytes, vocab=self.vocab)
+                               kv_cache_bytes=kv_cache_bytes, vocab=self.vocab, keep_prompt=self.keep_prompt)
                 for i, w in enumerate(self._workers)], timeout=start_s)
             self._wire(start_s)
         except BaseException:
@@ -162,7 +165,8 @@ class ShardedModel:
         ``placement_timeout_s``, ``prefix_cache`` (the head parks finished sequences' slots for
         prompts that continue them: ``sharding.prefix_cache``), ``packed_weights`` (``True``,
         ``False`` or ``"auto"``, each chip decides: ``sharding.packed.resolve``), ``vocab`` (the
-        only token ids it produces; ``sharding.draft_vocab.keep_ids`` picks them).
+        only token ids it produces; ``sharding.draft_vocab.keep_ids`` picks them), ``keep_prompt``
+        (with ``vocab``: each request's prompt tokens too).
         """
         started = ensure_ray(ray_address)
         try:

@@ -170,10 +170,11 @@ class Chip:
                               "sent_at": time.time_ns(), "src": role.chip, "src_stage": role.stage}
                     self.links["next"].send(onward, tensors[:len(desc)] + hidden)
                     continue
+                if role.tp_rank == 0:  # before the logits: a cut head's prompt rows come with it
+                    self.runner.admit(StepBatch(admit=meta["admit"], freed=meta["freed"], prompts=meta["prompts"]))
                 logits = self.runner.logits(parts, xs)  # every rank: the head all-gathers
                 tokens, logprobs = None, {}
                 if role.tp_rank == 0:
-                    self.runner.admit(StepBatch(admit=meta["admit"], freed=meta["freed"], prompts=meta["prompts"]))
                     tokens, logprobs = self.runner.sample(parts, logits)
                 self.links["ret"].send({"step": meta["step"], "tokens": tokens, "logprobs": logprobs, "hops": hops,
                                         "secs": meta["secs"] + [time.perf_counter() - start],
@@ -428,8 +429,8 @@ class Head(Chip):
             self.links["next"].send(meta, rows + hidden)
             sampled, logprobs, hops, secs = None, {}, [], []
         else:
+            self.runner.admit(batch)  # first: a cut head's prompt rows come with it
             logits = self.runner.logits(parts)
-            self.runner.admit(batch)
             (sampled, logprobs), hops, secs = self.runner.sample(parts, logits), [], [time.perf_counter() - start]
         for link in self._list("returns"):
             back, _ = link.recv()

@@ -126,7 +126,7 @@ class Scheduler:
         batch = StepBatch(prefill=prefill_rows(admitted, self.max_len) if admitted else None,
                           decode=decode_rows(decoding) if decoding else None,
                           admit={s.slot: s.params for s in admitted}, freed=self._freed,
-                          prompts={s.slot: s.prompt for s in admitted if s.params.uses_prompt})
+                          prompts={s.slot: s.prompt for s in admitted})
         self._freed = []
         return batch
 

@@ -16,7 +16,7 @@ import torch
 
 from .batch import Rows, StepBatch
 from .cached_attention import use_cached_attention
-from .draft_vocab import checked_ids, expand, prune_head
+from .draft_vocab import PromptRows, checked_ids, expand, prune_head
 from .kv_cache import KVCache
 from .model import Llama
 from .packed import apply_packed_weights
@@ -52,15 +52,22 @@ class StageRunner:
             rows alone, so each step multiplies by ``len(vocab)`` rows instead of the vocabulary's;
             ``logits`` gives ``-inf`` to every other id, so nothing samples them. ``None``: the
             whole vocabulary. Needs the whole head on this runner (no tensor parallelism).
+        keep_prompt: with ``vocab``, each request may also produce its own prompt's tokens: their
+            rows of the whole head join the kept ones for that request alone
+            (``sharding.draft_vocab.PromptRows``; the prompts come with ``admit``'s batch).
     """
 
     def __init__(self, model: Llama, *, num_slots: int, max_len: int | None = None,
                  compile: bool = False, packed_weights: bool = False, kv_cache_bytes: int | None = None,
-                 vocab: Sequence[int] | None = None) -> None:
+                 vocab: Sequence[int] | None = None, keep_prompt: bool = False) -> None:
         self.vocab: torch.Tensor | None = None
         """The ids the head keeps (``vocab``), or ``None``: the whole vocabulary."""
+        self.prompt_rows: PromptRows | None = None
+        """With ``keep_prompt``: each request's prompt tokens outside ``vocab``, and their head rows."""
         if vocab is not None and model.has_head:
             vocab = checked_ids(vocab, model.config.vocab_size)
+            if keep_prompt:
+                self.prompt_rows = PromptRows(model.lm_head.weight, vocab, model.config.final_logit_softcapping)
             prune_head(model, vocab)  # before packing and compiling: both see the cut head
             self.vocab = vocab.to(next(model.parameters()).device)
         self.packed_linears = apply_packed_weights(model) if packed_weights else 0
@@ -79,9 +86,11 @@ class StageRunner:
         self.histories: dict[int, History] = {}
         """Slot -> the token history of a request whose sampling looks at one (``SamplingParams.uses_history``)."""
         self._forward = compile_forward(model) if compile else model
-        self._decode = model.decode_logits if model.has_head else None
+        # With prompt rows the decode graph also answers the normed hidden states they multiply.
+        decode = model.decode_hidden_logits if self.prompt_rows else model.decode_logits
+        self._decode = decode if model.has_head else None
         if compile and model.has_head:
-            self._decode = compile_method(model.decode_logits, cpp_wrapper=not is_tensor_parallel(model))
+            self._decode = compile_method(decode, cpp_wrapper=not is_tensor_parallel(model))
 
     def _args(self, r: Rows, x: torch.Tensor) -> tuple:
         """The model's arguments for part ``r`` with input ``x`` (tokens, or the previous stage's
@@ -119,23 +128,35 @@ class StageRunner:
         out = []
         for r, x in zip(parts, xs, strict=True):
             if r.positions.shape[1] == 1:
-                out.append(self._whole(self._decode(*self._args(r, x))))  # [B, V]
+                if self.prompt_rows:
+                    logits, h = self._decode(*self._args(r, x))
+                    out.append(self._whole(logits, h, r.slots.tolist()))  # [B, V]
+                else:
+                    out.append(self._whole(self._decode(*self._args(r, x))))  # [B, V]
                 continue
             h = self._forward(*self._args(r, x))
             rows = torch.arange(r.num_rows, device=self.device)
-            out.append(self._whole(self.model.compute_logits(h[rows, r.last.to(self.device)])))  # [B, V]
+            h = h[rows, r.last.to(self.device)]
+            out.append(self._whole(self.model.compute_logits(h), h, r.slots.tolist()))  # [B, V]
         return out
 
-    def _whole(self, logits: torch.Tensor) -> torch.Tensor:
-        """The head's logits over the whole vocabulary (a cut head's: ``-inf`` outside ``vocab``)."""
-        return logits if self.vocab is None else expand(logits, self.vocab, self.model.config.vocab_size)
+    def _whole(self, logits: torch.Tensor, hidden: torch.Tensor | None = None,
+               slots: Sequence[int] = ()) -> torch.Tensor:
+        """The head's logits over the whole vocabulary (a cut head's: ``-inf`` outside ``vocab``, and
+        outside each row's prompt tokens with ``keep_prompt``: ``hidden`` the normed hidden states
+        the head read, ``slots`` each row's slot)."""
+        if self.vocab is None:
+            return logits
+        full = expand(logits, self.vocab, self.model.config.vocab_size)
+        return full if self.prompt_rows is None or hidden is None else self.prompt_rows.fill(full, hidden, slots)
 
     def all_logits(self, r: Rows) -> torch.Tensor:
         """Logits ``[B, S, V]`` at every position of part ``r`` (the stage with the head; a
         speculative verify). A part of one token per row runs as ``logits`` runs it: one call."""
         if r.positions.shape[1] == 1:
             return self.logits([r])[0][:, None]
-        return self._whole(self.model.compute_logits(self.forward([r])[0]))
+        h = self.forward([r])[0]
+        return self._whole(self.model.compute_logits(h), h, r.slots.tolist())
 
     @torch.inference_mode()
     def sweep(self, rows: list[int], widths: list[int]) -> None:
@@ -162,8 +183,12 @@ class StageRunner:
             self.params.pop(slot, None)
             self.generators.pop(slot, None)
             self.histories.pop(slot, None)
+            if self.prompt_rows:
+                self.prompt_rows.free(slot)
         for slot, p in batch.admit.items():
             self.params[slot] = p
+            if self.prompt_rows:
+                self.prompt_rows.admit(slot, batch.prompts.get(slot, ()))
             if not p.greedy:
                 self.generators[slot] = generator_for_seed(p.seed, self.device)
             self.histories.pop(slot, None)
@@ -206,7 +231,11 @@ class StageRunner:
                     torch.tensor([slot]), torch.tensor([S - 1]), S)
         h = self.model(hidden if prompt is None else rows.tokens.to(self.device), rows.positions.to(self.device),
                        rows.slots.to(self.device), self.cache, span_for(S, self.cache.max_len))
-        return self._whole(self.model.compute_logits(h)[0]) if self.model.has_head else h
+        if not self.model.has_head:
+            return h
+        if self.prompt_rows and prompt is not None:
+            self.prompt_rows.admit(slot, prompt.tolist())
+        return self._whole(self.model.compute_logits(h)[0], h[0], [slot] * S)
 
 
 def warm_up(model, max_passes: int = 3) -> None:

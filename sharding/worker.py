@@ -83,9 +83,10 @@ class ChipWorker:
     def setup(self, path: str, *, layer_range: tuple[int, int], init_method: str | None,
               num_slots: int, max_len: int | None, dtype: torch.dtype, compile: bool = False,
               packed_weights: bool | str = False, kv_cache_bytes: int | None = None,
-              vocab: list[int] | None = None) -> int:
+              vocab: list[int] | None = None, keep_prompt: bool = False) -> int:
         """Join the stage's TP group (if ``tp_size > 1``), then load the shard and build its cache
-        (``vocab``: the ids the head keeps, on the stage with it; ``StageRunner``).
+        (``vocab``: the ids the head keeps, on the stage with it, and ``keep_prompt``: each
+        request's prompt tokens too; ``StageRunner``).
 
         All ranks of a stage must call this concurrently (joining the group blocks until all do).
         """
@@ -99,7 +100,8 @@ class ChipWorker:
                            tp_group=group, dtype=dtype, device=self.device)
         packed = resolve_packed(packed_weights, self.device, dtype)  # this chip's CPU decides "auto"
         self.runner = StageRunner(model, num_slots=num_slots, max_len=max_len, compile=compile,
-                                  packed_weights=packed, kv_cache_bytes=kv_cache_bytes, vocab=vocab)
+                                  packed_weights=packed, kv_cache_bytes=kv_cache_bytes, vocab=vocab,
+                                  keep_prompt=keep_prompt)
         return self.runner.packed_linears
 
     # -- wiring the ring (sharding.pipeline calls these in order, on every chip) ---------------

@@ -67,13 +67,30 @@ class Generator(Protocol):
         ...
 
 
+class _KeepRows:
+    """A transformers logits processor: row ``b`` may produce only ``keep`` and ``prompts[b]``'s ids."""
+
+    def __init__(self, keep: torch.Tensor, prompts: list[list[int]]):
+        self.keep, self.prompts, self.allowed = keep, prompts, None
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.allowed is None or self.allowed.shape != scores.shape:
+            self.allowed = torch.zeros(scores.shape, dtype=torch.bool)
+            self.allowed[:, self.keep] = True
+            for b, ids in enumerate(self.prompts):
+                self.allowed[b, torch.tensor(ids, dtype=torch.long)] = True
+        return scores.masked_fill(~self.allowed.to(scores.device), float("-inf"))
+
+
 class TransformersBackend:
     """Hugging Face transformers in fp32: the reference nobody here wrote."""
 
     def __init__(self, path: str | Path, batch_size: int = 16, name: str | None = None,
-                 keep: list[int] | None = None):
+                 keep: list[int] | None = None, keep_prompt: bool = False):
         """``keep``: the only token ids ``generate`` may produce (a cut vocabulary, as the fast lane's
-        ``vocab``): transformers' ``suppress_tokens`` takes every other one."""
+        ``vocab``): transformers' ``suppress_tokens`` takes every other one; ``keep_prompt``: each
+        request may also produce its own prompt's tokens (the lane's ``vocab_keeps_prompt``), a
+        logits processor masking each row apart."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.name = name or Path(path).name
@@ -81,6 +98,8 @@ class TransformersBackend:
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
         self.batch_size = batch_size
         self.suppress = None if keep is None else other_ids(keep, self.model.config.vocab_size)
+        self.keep_prompt = keep is not None and keep_prompt
+        self.keep = None if keep is None else torch.tensor(sorted(set(keep)), dtype=torch.long)
         self.newline_ids = torch.tensor(
             [i for tok, i in self.tokenizer.get_vocab().items()
              if "\n" in self.tokenizer.convert_tokens_to_string([tok])]
@@ -137,7 +156,11 @@ class TransformersBackend:
                 input_ids = torch.tensor([[pad] * (width - len(ids[i])) + ids[i] for i in batch])
                 mask = torch.tensor([[0] * (width - len(ids[i])) + [1] * len(ids[i]) for i in batch])
                 kwargs = {"stop_strings": list(stop), "tokenizer": tok} if stop else {}
-                if self.suppress is not None:
+                if self.keep_prompt:
+                    from transformers import LogitsProcessorList
+
+                    kwargs["logits_processor"] = LogitsProcessorList([_KeepRows(self.keep, [ids[i] for i in batch])])
+                elif self.suppress is not None:
                     kwargs["suppress_tokens"] = self.suppress
                 gen = self.model.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=max_tokens,
                                           do_sample=False, eos_token_id=eos, pad_token_id=pad, **kwargs)

@@ -191,7 +191,10 @@ def main(argv: list[str] | None = None) -> int:
     v2.add_argument("--vocab", type=int, action="append", default=[], metavar="N",
                     help="also evaluate each model after the first that has token counts with its output cut to "
                          "its N most frequent tokens and its end ids, as the fast lane's vocab: N serves it "
-                         "(repeatable)")
+                         "(repeatable); each request may also produce its own prompt's tokens, as the lane's "
+                         "vocab_keeps_prompt (default) does")
+    v2.add_argument("--vocab-keeps-prompt", action=argparse.BooleanOptionalAction, default=True,
+                    help="with --vocab: each request may also produce its prompt's tokens (the lane's default)")
     args = p.parse_args(argv)
     try:
         if args.model:
@@ -265,8 +268,10 @@ def main_v2(args, paths: list[Path]) -> int:
         return 2
     backends = [TransformersBackend(path, batch_size=args.batch_size) for path in paths]
     for size in args.vocab:
-        backends += [TransformersBackend(path, batch_size=args.batch_size, name=f"{path.name} (vocab {size})",
-                                         keep=keep) for path, keep in cut_vocabularies(paths[1:], size)]
+        label = f"vocab {size}" + ("" if args.vocab_keeps_prompt else ", not the prompt's tokens")
+        backends += [TransformersBackend(path, batch_size=args.batch_size, name=f"{path.name} ({label})",
+                                         keep=keep, keep_prompt=args.vocab_keeps_prompt)
+                     for path, keep in cut_vocabularies(paths[1:], size)]
     names = [b.name for b in backends]
     for i, b in enumerate(backends):  # two checkpoints of one name (model.safetensors dirs) stay apart
         if names.count(b.name) > 1:

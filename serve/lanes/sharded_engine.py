@@ -72,7 +72,8 @@ def ring_options(config: FastLaneConfig, path: str | Path, tp: int) -> dict[str,
     return {"num_slots": config.num_slots, "max_len": config.max_len, "dtype": getattr(torch, config.dtype),
             "device": config.device, "compile": config.compile, "threads_per_chip": config.threads_per_chip,
             "spin_s": config.spin_us / 1e6, "prefix_cache": config.prefix_cache,
-            "packed_weights": config.packed_weights, "kv_cache_bytes": config.kv_cache_bytes, "vocab": vocab}
+            "packed_weights": config.packed_weights, "kv_cache_bytes": config.kv_cache_bytes, "vocab": vocab,
+            "keep_prompt": config.vocab_keeps_prompt and vocab is not None}
 
 
 class ShardedLaneEngine(HeadClient):

@@ -83,3 +83,18 @@ def test_vocab_adds_each_model_with_token_counts_cut_to_its_most_frequent_tokens
     assert len(cut.suppress) == cut.model.config.vocab_size - 32 and not set(cut.suppress) & set(keep)
     reqs = [Request("def f(x):\n", 6), Request("import os\nimport", 5), Request("x = 1\n", 6)]
     assert cut.generate(reqs) != plain.generate(reqs)
+
+
+def test_vocab_keeps_each_requests_prompt_tokens_as_the_lane_does(tiny_models):
+    """``keep_prompt`` (the eval's default for ``--vocab``, as the lane's ``vocab_keeps_prompt``):
+    batched, each request's output is transformers' ``suppress_tokens`` run alone with its own
+    prompt's ids added to the kept ones."""
+    fast = tiny_models / "fast"
+    keep = list(range(32))
+    reqs = [Request("def f(x):\n", 6), Request("import os\nimport", 5), Request("x = 1\n", 6)]
+    batched = TransformersBackend(fast, keep=keep, keep_prompt=True)
+    got = batched.generate(reqs)
+    alone = [TransformersBackend(fast, keep=sorted(set(keep) | set(batched.render(r.prompt)))).generate([r])[0]
+             for r in reqs]
+    assert got == alone
+    assert got != TransformersBackend(fast, keep=keep).generate(reqs)  # the prompts' tokens matter

@@ -1,6 +1,7 @@
 """A cut vocabulary (the fast lane's ``vocab``: ``StageRunner``'s, ``Engine``'s and ``ShardedModel``'s):
-the output is transformers' with every other token suppressed, in process and on a ring of chips,
-and logprobs are transformers' log-softmax over the kept tokens."""
+the output is transformers' with every other token suppressed (with ``keep_prompt``: but for each
+request's own prompt tokens), in process and on a ring of chips, and logprobs are transformers'
+log-softmax over the kept tokens."""
 
 from __future__ import annotations
 
@@ -49,6 +50,48 @@ def test_greedy_is_transformers_with_the_other_tokens_suppressed(cut):
     got = engine.generate(prompts, GREEDY)
     assert got == [hf_greedy(path, ids, TOKENS, suppress_tokens=rest) for ids in prompts]
     assert got != answers and all(t in set(keep.tolist()) for g in got for t in g)
+
+
+def _keeping_prompts(path, prompts, keep):
+    """Transformers' greedy answers, each with every token suppressed but ``keep`` and its own prompt's."""
+    kept = set(keep.tolist())
+    return [hf_greedy(path, ids, TOKENS, suppress_tokens=[t for t in range(4096) if t not in kept and t not in ids])
+            for ids in prompts]
+
+
+@pytest.fixture(scope="module")
+def cut_prompts(cut):
+    """``cut``'s keep set without any prompt token but the end id (256 ids: the next ones in order
+    instead), so that whatever an answer copies from its prompt is outside it."""
+    path, prompts, _, keep, _ = cut
+    inside = {t for ids in prompts for t in ids} - set(ModelConfig.from_pretrained(path).eos_token_ids)
+    ids = [t for t in keep.tolist() if t not in inside]
+    ids += [t for t in range(4096) if t not in inside and t not in ids][:len(keep) - len(ids)]
+    return path, prompts, checked_ids(sorted(ids), 4096)
+
+
+def test_keep_prompt_lets_each_request_produce_its_own_prompts_tokens_too(cut_prompts):
+    """``keep_prompt``: each row's output is transformers' with only the tokens outside the kept ids and
+    outside *its own* prompt suppressed, whatever else is batched with it."""
+    path, prompts, keep = cut_prompts
+    engine = Engine.from_pretrained(path, num_slots=4, vocab=keep, keep_prompt=True)
+    got = engine.generate(prompts, GREEDY)
+    assert got == _keeping_prompts(path, prompts, keep)
+    kept = set(keep.tolist())
+    assert all(t in kept or t in ids for g, ids in zip(got, prompts) for t in g)
+    # the prompt rows change some answer: a copied token the plain cut could not produce
+    assert got != Engine.from_pretrained(path, num_slots=4, vocab=keep).generate(prompts, GREEDY)
+    assert any(t not in kept for g in got for t in g)
+    # alone, each answer is the same (rows of one request never reach another's)
+    assert [engine.generate([ids], GREEDY)[0] for ids in prompts] == got
+
+
+def test_compiled_packed_keep_prompt_gives_the_eager_engines_tokens(cut_prompts):
+    path, prompts, keep = cut_prompts
+    eager = Engine.from_pretrained(path, num_slots=4, vocab=keep, keep_prompt=True)
+    compiled = Engine.from_pretrained(path, num_slots=4, vocab=keep, keep_prompt=True, compile=True,
+                                      packed_weights=True)
+    assert compiled.generate(prompts, GREEDY) == eager.generate(prompts, GREEDY)
 
 
 def test_compiled_packed_engine_gives_the_eager_engines_tokens(cut):
@@ -108,6 +151,13 @@ def test_a_ring_cuts_on_its_head_chip_alone(cut, ray_cluster):
                                                    for ids in prompts]
 
 
+def test_a_ring_keeps_each_requests_prompt_tokens_on_its_head_chip(cut_prompts, ray_cluster):
+    """pp=2: the prompts travel with the admission to the last stage, which widens its cut head."""
+    path, prompts, keep = cut_prompts
+    with ShardedModel.from_pretrained(path, pp=2, num_slots=4, vocab=keep.tolist(), keep_prompt=True) as model:
+        assert model.generate(prompts, GREEDY) == _keeping_prompts(path, prompts, keep)
+
+
 def test_a_ring_refuses_a_cut_vocabulary_across_tensor_parallel_ranks(cut, ray_cluster):
     """Refused before any chip is reserved: no placement group appears (the previous test's ring
     may still be giving its chips back, asynchronously)."""
@@ -133,6 +183,9 @@ def test_the_lane_config_becomes_the_rings_ids(tmp_path):
     # the end id, the three counted ids, then ids in order up to a whole block of 16
     assert ring_options(FastLaneConfig(vocab=16), path, tp=1)["vocab"] == [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11,
                                                                            12, 13, 40, 700]
+    assert ring_options(FastLaneConfig(vocab=16), path, tp=1)["keep_prompt"] is True
+    assert ring_options(FastLaneConfig(vocab=16, vocab_keeps_prompt=False), path, tp=1)["keep_prompt"] is False
     assert ring_options(FastLaneConfig(vocab="auto"), path, tp=1)["vocab"] is None
+    assert ring_options(FastLaneConfig(vocab="auto"), path, tp=1)["keep_prompt"] is False
     assert ring_options(FastLaneConfig(), path, tp=1)["vocab"] is None
     assert len(ring_options(FastLaneConfig(vocab=16), path, tp=2)["vocab"]) == 16  # the ring refuses it (above)
