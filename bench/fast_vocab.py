@@ -14,7 +14,7 @@ first configuration's.
 What a cut costs in quality is the eval's to say (``fastmode eval --vocab N``).
 
 Usage: python -m bench.fast_vocab [--fast DIR,DIR] [--vocab none,4096,16384] [--slots 8,32]
-       [--tokens 128] [--rounds 2] [--no-compile] [--json FILE]
+       [--keep-prompt on,off] [--tokens 128] [--rounds 2] [--no-compile] [--json FILE]
 
 ``--fast`` takes checkpoint folders or student folders (``fastmode distill``'s, assembled with the
 pair's full model, ``models.builtin.resolve``).
@@ -47,9 +47,10 @@ def _prompt(tokenizer_dir: Path) -> list[int]:
     return tok(CHAT_PROMPT).input_ids
 
 
-def measure(vocab: int | None, slots: int, tokens: int, compile: bool = True, model: Path | None = None) -> dict:
+def measure(vocab: int | None, slots: int, tokens: int, compile: bool = True, model: Path | None = None,
+            keep_prompt: bool = True) -> dict:
     """One configuration's ring, built, warmed up and timed (see the module docstring); ``model``: a
-    fast model other than the pair's."""
+    fast model other than the pair's; ``keep_prompt``: the lane's ``vocab_keeps_prompt``."""
     from bench import pair
     from bench.in_process import fast_ring
     from sharding.sampling import SamplingParams
@@ -57,7 +58,7 @@ def measure(vocab: int | None, slots: int, tokens: int, compile: bool = True, mo
     prompt = _prompt(model or pair.fast())
     params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
     t0 = time.perf_counter()
-    with fast_ring(compile, model=model, vocab=vocab, num_slots=slots) as ring:
+    with fast_ring(compile, model=model, vocab=vocab, num_slots=slots, vocab_keeps_prompt=keep_prompt) as ring:
         start_s = time.perf_counter() - t0
         m = ring.model
         m.generate([prompt], params)  # the prompt's first run: its prefix is cached after, as on a lane
@@ -69,7 +70,13 @@ def measure(vocab: int | None, slots: int, tokens: int, compile: bool = True, mo
         aggregate = sum(map(len, outs)) / (time.perf_counter() - t)
         head = "whole" if vocab is None else len(ring.options["vocab"])
     return {"model": str(model or pair.fast()), "vocab": vocab, "head_rows": head, "slots": slots, "start_s": start_s,
+            "keeps_prompt": keep_prompt and vocab is not None,
             "one_stream_tokens_per_s": one, "aggregate_tokens_per_s": aggregate}
+
+
+def _rows(res: dict) -> str:
+    """A configuration's head: ``whole``, or its kept rows (``+prompt``: and each request's prompt tokens)."""
+    return f"{res['head_rows']!s:>6}" + ("+prompt" if res["keeps_prompt"] else "")
 
 
 def _name(model: Path | None) -> str:
@@ -81,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fast", default="", help="fast models, comma-separated (default: the pair's)")
     ap.add_argument("--vocab", default="none,4096,16384", help="head sizes, comma-separated; none: the whole head")
     ap.add_argument("--slots", default="8", help="slot counts, comma-separated (each also the streams timed)")
+    ap.add_argument("--keep-prompt", default="on", help="with a cut head, the lane's vocab_keeps_prompt: on, off "
+                    "or on,off (both, side by side)")
     ap.add_argument("--tokens", type=int, default=128, help="output tokens per stream")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
@@ -90,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         sizes = [None if v.strip() == "none" else int(v) for v in args.vocab.split(",")]
         slot_counts = [int(s) for s in args.slots.split(",")]
-    except ValueError:
+        keeps = [{"on": True, "off": False}[k.strip()] for k in args.keep_prompt.split(",")]
+    except (ValueError, KeyError):
         ap.error("--vocab takes sizes or none, --slots counts, comma-separated")
     from bench import pair
     from models.builtin import ModelPathError, resolve
@@ -99,27 +109,28 @@ def main(argv: list[str] | None = None) -> int:
         models = [resolve(m.strip(), full=pair.full()) for m in args.fast.split(",") if m.strip()] or [None]
     except ModelPathError as e:
         ap.error(str(e))
-    configs = [(m, v, s) for m in models for s in slot_counts for v in sizes]
+    configs = [(m, v, s, k) for m in models for s in slot_counts for v in sizes for k in (keeps if v else keeps[:1])]
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     runs: dict[tuple, list[dict]] = {c: [] for c in configs}
     for r in range(args.rounds):
-        for m, v, s in round_order(configs, r):
-            res = measure(v, s, args.tokens, args.compile, m)
-            runs[(m, v, s)].append(res)
-            print(f"round {r + 1}: {_name(m)}: vocab {res['head_rows']!s:>6} slots {s:>3}: one stream "
+        for m, v, s, k in round_order(configs, r):
+            res = measure(v, s, args.tokens, args.compile, m, k)
+            runs[(m, v, s, k)].append(res)
+            print(f"round {r + 1}: {_name(m)}: vocab {_rows(res)} slots {s:>3}: one stream "
                   f"{res['one_stream_tokens_per_s']:7.1f} tok/s, {s} streams {res['aggregate_tokens_per_s']:7.1f} "
                   f"tok/s (ready in {res['start_s']:.0f} s)", flush=True)
     rows = []
     base = None
-    for (m, v, s), rs in runs.items():
+    for (m, v, s, _), rs in runs.items():
         row = {"model": rs[0]["model"], "vocab": v, "head_rows": rs[0]["head_rows"], "slots": s,
+               "keeps_prompt": rs[0]["keeps_prompt"],
                "one_stream_tokens_per_s": statistics.median(x["one_stream_tokens_per_s"] for x in rs),
                "aggregate_tokens_per_s": statistics.median(x["aggregate_tokens_per_s"] for x in rs)}
         base = base or row
         row["one_stream_vs_first"] = row["one_stream_tokens_per_s"] / base["one_stream_tokens_per_s"]
         row["aggregate_vs_first"] = row["aggregate_tokens_per_s"] / base["aggregate_tokens_per_s"]
         rows.append(row)
-        print(f"{_name(m)}: vocab {row['head_rows']!s:>6} slots {s:>3}: one stream {row['one_stream_tokens_per_s']:7.1f} "
+        print(f"{_name(m)}: vocab {_rows(row)} slots {s:>3}: one stream {row['one_stream_tokens_per_s']:7.1f} "
               f"tok/s ({row['one_stream_vs_first']:.2f}x), aggregate {row['aggregate_tokens_per_s']:7.1f} "
               f"tok/s ({row['aggregate_vs_first']:.2f}x)")
     if args.json:

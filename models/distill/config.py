@@ -73,7 +73,8 @@ class DistillConfig:
 
 
 PRESETS: dict[str, DistillConfig] = {
-    "shipped": DistillConfig(),
+    # models/fast (docs/decisions/032, 033): 12 measured layers on prompt set 2.
+    "shipped": DistillConfig(num_layers=12, layers="measured", prompts=1536, prompt_set=2),
     # Seconds, for the test suite: a handful of prompts, a few steps.
     "quick": DistillConfig(prompts=8, max_new_tokens=12, gen_batch=4, top_k=8, steps=4, batch_size=2,
                            warmup=1, checkpoint_every=2),

@@ -170,7 +170,9 @@ def main(argv: list[str] | None = None) -> int:
     for name, kind in (("prompts", int), ("steps", int), ("num-layers", int), ("speedup", float), ("chips", int),
                        ("seed", int), ("max-new-tokens", int), ("batch-size", int), ("lr", float), ("top-k", int),
                        ("prompt-set", int)):
-        ap.add_argument(f"--{name}", type=kind, default=None, help=f"override the preset's {name.replace('-', '_')}")
+        ap.add_argument(f"--{name}", type=kind, default=None, help=f"override the preset's {name.replace('-', '_')}"
+                        + (" (without --num-layers: the layer count the planner picks for it)" if name == "speedup"
+                           else ""))
     ap.add_argument("--layers", choices=["spaced", "measured"], default=None,
                     help="which layers the student keeps: evenly spaced, or measured on the full model's answers "
                          "(default: the preset's)")
@@ -184,8 +186,11 @@ def main(argv: list[str] | None = None) -> int:
     overrides = {k.replace("-", "_"): getattr(args, k.replace("-", "_"))
                  for k in ("prompts", "steps", "num-layers", "speedup", "chips", "seed", "max-new-tokens",
                            "batch-size", "lr", "top-k", "device", "layers", "prompt-set")}
+    settings = {k: v for k, v in overrides.items() if v is not None}
+    if args.speedup is not None and args.num_layers is None:
+        settings["num_layers"] = None  # a wanted speed-up: the planner picks the count, not the preset
     try:
-        cfg = replace(PRESETS[args.preset], **{k: v for k, v in overrides.items() if v is not None})
+        cfg = replace(PRESETS[args.preset], **settings)
         full = resolve(args.full)
     except (ValueError, ModelPathError) as e:
         print(f"fastmode distill: {e}", file=sys.stderr)

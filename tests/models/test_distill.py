@@ -206,6 +206,28 @@ def test_a_student_needs_its_own_full_model(distilled):
         resolve(out)
 
 
+def test_the_shipped_preset_is_the_shipped_students_settings():
+    """``fastmode distill --full builtin:smollm2-135m-instruct --out DIR`` (the ``shipped`` preset) runs
+    with the settings ``models/fast`` was made with, as its manifest records them."""
+    from models import DEFAULT_FAST
+
+    manifest = json.loads((DEFAULT_FAST / "distilled.json").read_text())
+    assert manifest["settings"] == PRESETS["shipped"].to_dict()
+    assert manifest["full"]["name"] == "builtin:smollm2-135m-instruct"
+
+
+def test_a_wanted_speedup_lets_the_planner_pick_the_layer_count(monkeypatch, tmp_path):
+    """The shipped preset sets 12 layers; ``--speedup`` alone asks the planner instead (never ignored)."""
+    from models.distill import run
+
+    got = []
+    monkeypatch.setattr(run, "distill", lambda full, out, cfg, **kw: got.append(cfg))
+    base = ["--full", str(TEST_FULL), "--out", str(tmp_path / "s")]
+    assert main(base) == 0 and main([*base, "--speedup", "3"]) == 0
+    assert main([*base, "--speedup", "3", "--num-layers", "2"]) == 0
+    assert [(c.num_layers, c.speedup) for c in got] == [(12, 2.5), (None, 3.0), (2, 3.0)]
+
+
 def test_bad_settings_are_refused(capsys):
     with pytest.raises(ValueError, match="speedup"):
         DistillConfig(speedup=1.0)
@@ -215,14 +237,14 @@ def test_bad_settings_are_refused(capsys):
     assert "no built-in model 'nope'" in capsys.readouterr().err
 
 
-def test_prompt_set_1_is_the_shipped_students_and_set_2_adds_questions_answered_from_their_text():
+def test_prompt_set_1_is_pinned_and_set_2_adds_questions_answered_from_their_text():
     import hashlib
 
     from models.distill.prompts import prompt_set
 
     one = prompt_set(768, 1234)
-    # The shipped preset's prompts: models/fast was distilled on exactly these (a changed set 1 could
-    # no longer reproduce it).
+    # Set 1 made the first shipped student (decision 027's, in the history): a changed set 1 could no
+    # longer reproduce it, nor any student a user distilled on the default set.
     assert hashlib.sha256(json.dumps(one).encode()).hexdigest()[:16] == "d5a171a2155bc3ca"
     assert all(isinstance(p, str) for p in one)
     two = prompt_set(400, 1234, version=2)

@@ -38,21 +38,24 @@ def default_app(tmp_path_factory):
 class Reference:
     """transformers' greedy answers of one model of the pair, in float32 as the lanes compute, on
     ``apply_chat_template(messages, add_generation_prompt=True)``; ``keep``: the only token ids it may
-    produce (the fast lane's cut head, ``lanes.fast.vocab``), every other one suppressed."""
+    produce besides the prompt's own (the fast lane's cut head, ``lanes.fast.vocab`` and
+    ``vocab_keeps_prompt``), every other one suppressed."""
 
     def __init__(self, path, keep: list[int] | None = None) -> None:
         self.tok = AutoTokenizer.from_pretrained(path)
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-        self.suppress = None if keep is None else other_ids(keep, self.model.config.vocab_size)
+        self.keep = keep
 
     def ids(self, messages: list[dict]) -> list[int]:
         return list(self.tok.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"])
 
     def answer(self, messages: list[dict], max_tokens: int = MAX_TOKENS) -> str:
-        ids = torch.tensor([self.ids(messages)])
+        prompt = self.ids(messages)
+        ids = torch.tensor([prompt])
+        suppress = None if self.keep is None else other_ids(set(self.keep) | set(prompt), self.model.config.vocab_size)
         with torch.no_grad():
             got = self.model.generate(ids, max_new_tokens=max_tokens, do_sample=False,
-                                      suppress_tokens=self.suppress)[0, ids.shape[1]:]
+                                      suppress_tokens=suppress)[0, ids.shape[1]:]
         return self.tok.decode(got, skip_special_tokens=True)
 
 

@@ -53,14 +53,14 @@ def test_the_shipped_pair_passes(no_start):
     assert parts["lanes.exact"] > parts["lanes.priority"] > parts["lanes.fast"] > 0
 
 
-def test_the_next_student_passes_as_decision_032_serves_it(no_start):
-    # models/fast-next (decision 032): the fast model by path, its whole head
-    from models import MODELS_DIR
+def test_the_shipped_student_by_path_passes(no_start):
+    # a student folder (weights beside the full model's) named by path, as a user passes their own
+    from models import DEFAULT_FAST
 
-    config = load_config({"models": {"fast": {"id": "fastmode-fast", "path": str(MODELS_DIR / "fast-next")}},
+    config = load_config({"models": {"fast": {"id": "fastmode-fast", "path": str(DEFAULT_FAST)}},
                           "lanes": {"fast": {"vocab": None}}})
     preflight(config, chips=2)
-    assert up.main(["--fast", str(MODELS_DIR / "fast-next")]) == 0 and len(no_start) == 1
+    assert up.main(["--fast", str(DEFAULT_FAST)]) == 0 and len(no_start) == 1
 
 
 def test_a_pair_of_another_family_passes(tmp_path):
