@@ -425,8 +425,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--next-line", type=int, default=suite.DEFAULT_COUNTS["next_line"], help="v2: next-line samples")
     ap.add_argument("--tasks", type=int, default=suite.DEFAULT_COUNTS["tasks"], help="v2: generated questions")
     ap.add_argument("--quick", action="store_true", help="16 prompts, 2 files: a smoke run")
+    ap.add_argument("--lanes", default=",".join(LANES),
+                    help=f"the lanes to measure, comma-separated (default all: {','.join(LANES)}; standard "
+                         "always, every other is compared with it)")
     ap.add_argument("--out", default="bench/results")
     args = ap.parse_args(argv)
+    chosen = [n.strip() for n in args.lanes.split(",") if n.strip()]
+    if unknown := [n for n in chosen if n not in LANES]:
+        ap.error(f"--lanes: unknown lane(s) {', '.join(unknown)} (lanes: {', '.join(LANES)})")
+    if REFERENCE not in chosen:
+        ap.error(f"--lanes must include {REFERENCE}: every lane is compared with it")
     if args.quick:
         args.samples, args.max_files = 16, 2
         args.humaneval, args.next_line, args.tasks = 2, 5, 9
@@ -454,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
     lanes: list[ServedLane] = []
     nll = {"standard": full, "priority": full, "exact": full, "fast": fast,
            "auto": auto_nll(full, fast, threshold, score, fast_when)}
-    lanes += [ServedLane(n, args.url, args.api_key, nll[n]) for n in LANES]
+    lanes += [ServedLane(n, args.url, args.api_key, nll[n]) for n in LANES if n in chosen]
     try:
         if v2:
             context = json.loads((FULL / "config.json").read_text())["max_position_embeddings"]

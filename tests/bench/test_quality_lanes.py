@@ -127,3 +127,12 @@ def test_measure_with_a_server_without_the_exact_tier(tmp_path, capsys):
     assert "### auto policy frontier" in text and "Recommended: **" in text and "Skipped: the exact lane" in text
     shares = ", ".join(f"{lane} {share:.0%}" for lane, share in lanes["auto"]["served_by"].items())
     assert f"The deployed router (fast lane for difficulty at most {THRESHOLD:g}; served by {shares}): " in text
+
+
+def test_lanes_flag_is_checked_before_anything_runs(capsys):
+    from bench.quality import main
+
+    for lanes, says in (("standard,turbo", "unknown lane(s) turbo"), ("fast,auto", "must include standard")):
+        with pytest.raises(SystemExit):
+            main(["--lanes", lanes, "--url", "http://127.0.0.1:9"])
+        assert says in capsys.readouterr().err

@@ -59,9 +59,10 @@ class Reference:
         return self.tok.decode(got, skip_special_tokens=True)
 
 
-def fast_lane_layout(path) -> tuple[int, list[int] | None]:
-    """The default fast lane's chips per stage on this machine and the ids its head keeps there
-    (``lanes.fast.vocab``'s default), as the lane computes them."""
+def fast_lane_layout(path) -> tuple[int, list[int] | None, bool]:
+    """The default fast lane's chips per stage on this machine, the ids its head keeps there
+    (``lanes.fast.vocab``'s default), as the lane computes them, and whether it keeps each request's
+    prompt tokens too (``vocab_keeps_prompt``)."""
     import os
 
     from serve.config import FastLaneConfig
@@ -69,23 +70,25 @@ def fast_lane_layout(path) -> tuple[int, list[int] | None]:
 
     config = FastLaneConfig()
     tp, _, _ = resolve_layout(path, config, os.cpu_count() or 1)
-    return tp, ring_options(config, path, tp)["vocab"]
+    options = ring_options(config, path, tp)
+    return tp, options["vocab"], options["keep_prompt"]
 
 
 @pytest.fixture(scope="module")
 def models() -> dict[str, Reference]:
     full, fast = default_pair()
-    return {"full": Reference(full), "fast": Reference(fast, keep=fast_lane_layout(fast)[1])}
+    return {"full": Reference(full), "fast": Reference(fast, keep=fast_lane_layout(fast)[1])}  # + the prompt's
 
 
 def test_the_default_fast_lane_cuts_its_head():
     """The shipped student carries the token counts ``vocab: auto`` needs: the lane keeps 4,096 of its
-    ids (and its end-of-turn ids, rounded up to a 16-row block) wherever it runs on one chip a stage."""
-    tp, keep = fast_lane_layout(default_pair()[1])
+    ids (and its end-of-turn ids, rounded up to a 16-row block) wherever it runs on one chip a stage,
+    and each request's own prompt tokens (decision 033)."""
+    tp, keep, keep_prompt = fast_lane_layout(default_pair()[1])
     if tp > 1:
-        assert keep is None  # 'auto' keeps the whole head where it is split across chips
+        assert keep is None and not keep_prompt  # 'auto' keeps the whole head where it is split across chips
     else:
-        assert 4096 <= len(keep) < 4096 + 16 and len(set(keep)) == len(keep)
+        assert 4096 <= len(keep) < 4096 + 16 and len(set(keep)) == len(keep) and keep_prompt
 
 
 @pytest.fixture(scope="module")
