@@ -292,7 +292,7 @@ LANE_CONFIGS = {"fast": FastLaneConfig, "priority": PriorityLaneConfig, "standar
 class RouterConfig(_Strict):
     """How ``model: auto`` decides, and the router's own replicas."""
 
-    auto_threshold: float = Field(default=8.318, gt=0, description="The difficulty (the prompt's mean "
+    auto_threshold: float = Field(default=6.762, gt=0, description="The difficulty (the prompt's mean "
         "per-token loss under the fast model, nats) that splits `auto`'s prompts between the fast lane and "
         "the full model (auto_fast_when says which side goes fast). The default is the shipped pair's "
         "(docs/lanes.md says how it was measured); another pair needs its own (python -m bench.auto_policy).")
