@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         slot_counts = [int(s) for s in args.slots.split(",")]
         keeps = [{"on": True, "off": False}[k.strip()] for k in args.keep_prompt.split(",")]
     except (ValueError, KeyError):
-        ap.error("--vocab takes sizes or none, --slots counts, comma-separated")
+        ap.error("--vocab takes sizes or none, --slots counts, --keep-prompt on or off, comma-separated")
     from bench import pair
     from models.builtin import ModelPathError, resolve
 

@@ -215,10 +215,6 @@ class PromptRows:
         """The slot's request is gone."""
         self._rows.pop(slot, None)
 
-    def ids(self, slot: int) -> list[int]:
-        """The ids slot ``slot``'s request may produce beyond ``keep``."""
-        return self._rows[slot][0].tolist() if slot in self._rows else []
-
     def fill(self, logits: torch.Tensor, hidden: torch.Tensor, slots: Iterable[int]) -> torch.Tensor:
         """Write into whole-vocabulary logits ``[B, ..., V]`` (``expand``'s) each row's prompt-token
         logits, from the normed hidden states ``[B, ..., D]`` the cut head read; ``slots``: each row's slot."""

@@ -266,7 +266,7 @@ class Llama(nn.Module):
         """``forward`` and ``compute_logits`` of a step with one token per row (``x``: ``[B, 1]``
         ids or ``[B, 1, D]`` hidden states): logits ``[B, vocab]``. One call, so a compiled model
         enters one graph per decode step, not two (last stage only)."""
-        return self.compute_logits(self.forward(x, positions, slots, cache, span, causal)[:, 0])
+        return self.decode_hidden_logits(x, positions, slots, cache, span, causal)[0]
 
     def decode_hidden_logits(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
                              cache: KVCache, span: int | None = None,

@@ -98,8 +98,8 @@ class TransformersBackend:
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
         self.batch_size = batch_size
         self.suppress = None if keep is None else other_ids(keep, self.model.config.vocab_size)
-        self.keep_prompt = keep is not None and keep_prompt
-        self.keep = None if keep is None else torch.tensor(sorted(set(keep)), dtype=torch.long)
+        self.keep = torch.tensor(sorted(set(keep)), dtype=torch.long) if keep is not None and keep_prompt else None
+        """With ``keep_prompt``: the kept ids, which ``_KeepRows`` widens per row by its prompt's."""
         self.newline_ids = torch.tensor(
             [i for tok, i in self.tokenizer.get_vocab().items()
              if "\n" in self.tokenizer.convert_tokens_to_string([tok])]
@@ -156,7 +156,7 @@ class TransformersBackend:
                 input_ids = torch.tensor([[pad] * (width - len(ids[i])) + ids[i] for i in batch])
                 mask = torch.tensor([[0] * (width - len(ids[i])) + [1] * len(ids[i]) for i in batch])
                 kwargs = {"stop_strings": list(stop), "tokenizer": tok} if stop else {}
-                if self.keep_prompt:
+                if self.keep is not None:
                     from transformers import LogitsProcessorList
 
                     kwargs["logits_processor"] = LogitsProcessorList([_KeepRows(self.keep, [ids[i] for i in batch])])

@@ -11,7 +11,7 @@ import torch
 
 from models import TEST_FAST
 from sharding.config import ModelConfig
-from sharding.draft_vocab import checked_ids, count_tokens, keep_ids
+from sharding.draft_vocab import checked_ids, count_tokens, keep_ids, other_ids
 from sharding.engine import Engine
 from sharding.errors import InvalidLayout
 from sharding.pipeline import ShardedModel
@@ -55,8 +55,7 @@ def test_greedy_is_transformers_with_the_other_tokens_suppressed(cut):
 def _keeping_prompts(path, prompts, keep):
     """Transformers' greedy answers, each with every token suppressed but ``keep`` and its own prompt's."""
     kept = set(keep.tolist())
-    return [hf_greedy(path, ids, TOKENS, suppress_tokens=[t for t in range(4096) if t not in kept and t not in ids])
-            for ids in prompts]
+    return [hf_greedy(path, ids, TOKENS, suppress_tokens=other_ids(kept | set(ids), 4096)) for ids in prompts]
 
 
 @pytest.fixture(scope="module")
