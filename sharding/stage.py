@@ -36,6 +36,19 @@ def span_for(context: int, max_len: int) -> int:
     return min(-(-context // SPAN_BUCKET) * SPAN_BUCKET, max_len)
 
 
+def sweep_spans(max_len: int) -> list[int]:
+    """The attention spans a warm-up visits so that every span a cache of ``max_len`` positions
+    can meet runs on a graph compiled by then: the first three buckets (Dynamo turns the span
+    symbolic once it changes, and a graph compiled after that guards against the sizes seen
+    special before it) and the last one (``max_len`` itself). Any span between them passes the
+    same guards: a multiple of ``SPAN_BUCKET`` wider than every step and below the cache's spare
+    bucket. Visiting every bucket instead costs ``max_len / SPAN_BUCKET`` times the forwards, with
+    the widest spans the dearest: on a 4,096-token context, 64 buckets and tens of minutes of
+    warm-up for a real model, and nothing more compiled."""
+    buckets = range(SPAN_BUCKET, max_len + SPAN_BUCKET, SPAN_BUCKET)
+    return sorted({min(b, max_len) for b in (*buckets[:3], buckets[-1])})
+
+
 class StageRunner:
     """Runs a step's row groups through ``model`` and, with the head, samples their tokens.
 
@@ -160,13 +173,12 @@ class StageRunner:
 
     @torch.inference_mode()
     def sweep(self, rows: list[int], widths: list[int]) -> None:
-        """Run ``rows x widths`` inputs (dummy tokens in the first slots) at every attention span (with
-        the head, one-token inputs as ``logits`` runs them), so that compiling happens now. Only before
-        serving: it overwrites those slots' caches. (The shapes an engine meets, enumerated, where
-        running requests would reach some only by chance: ``SpeculativeEngine.warm_up``.)"""
-        max_len = self.cache.max_len
-        spans = sorted({min(b, max_len) for b in range(SPAN_BUCKET, max_len + SPAN_BUCKET, SPAN_BUCKET)})
-        for span in spans:
+        """Run ``rows x widths`` inputs (dummy tokens in the first slots) at the attention spans that
+        compile something (``sweep_spans``; with the head, one-token inputs as ``logits`` runs them),
+        so that compiling happens now. Only before serving: it overwrites those slots' caches. (The
+        shapes an engine meets, enumerated, where running requests would reach some only by chance:
+        ``SpeculativeEngine.warm_up``.)"""
+        for span in sweep_spans(self.cache.max_len):
             for B in rows:
                 for S in widths:
                     if S > span:

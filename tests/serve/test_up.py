@@ -65,7 +65,10 @@ def test_the_default_fast_lane_deploys_the_planners_layout(app):
 
     a = app()
     layout = a.lane_stats("fast")["layout"]
-    best, _ = auto_layout(TEST_FAST, chips=os.cpu_count(), device="cpu")  # fastmode up: one chip per core
+    from serve.config import FastLaneConfig
+
+    # fastmode up: one chip per core; the lane's dtype (float32), not the checkpoint's, sizes its shards
+    best, _ = auto_layout(TEST_FAST, chips=os.cpu_count(), device="cpu", dtype=FastLaneConfig().dtype)
     assert (layout["tp"], layout["pp"]) == (best.tp, best.pp) and layout["why"].startswith("auto:")
     out = "".join(a.output)
     assert f"(lane: fast, tp={best.tp} x pp={best.pp}: auto: the planner's pick on {os.cpu_count()} chip(s)" in out

@@ -146,6 +146,6 @@ def test_resolve_layout_follows_the_lane_config():
 
     path = shipped(TEST_FAST)
     assert resolve_layout(path, FastLaneConfig(tp=1, pp=2), chips=1) == (1, 2, "set in the config")
-    best, _ = auto_layout(path, chips=2)
+    best, _ = auto_layout(path, chips=2, dtype=FastLaneConfig().dtype)  # the lane's dtype sizes the shards
     tp, pp, why = resolve_layout(path, FastLaneConfig(replicas=2), chips=4)  # 2 chips per replica
     assert (tp, pp) == (best.tp, best.pp) and "on 2 chip(s)" in why

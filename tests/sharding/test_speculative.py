@@ -395,6 +395,46 @@ def test_after_the_warm_up_no_batch_compiles_again(tiny_dir):
     assert counters["stats"]["unique_graphs"] == warmed
 
 
+@pytest.mark.parametrize("backend", ["eager", pytest.param("inductor", marks=pytest.mark.full)])
+def test_the_warm_up_visits_a_few_spans_and_the_rest_compile_nothing(tmp_path, monkeypatch, caplog, backend):
+    """The warm-up's sweep visits the first spans and the last (``sharding.stage.sweep_spans``), not
+    every bucket of the context; requests then reach the spans between, which must find their graphs.
+    Each compiled model counts its own graphs against Dynamo's recompile limit, past which Dynamo runs
+    it eager without failing, so the warm-up must stay within it (``sharding.stage.RECOMPILE_LIMIT``).
+    ``eager``: Dynamo's guards alone (seconds); ``inductor``: its own guards too (a cold compile)."""
+    import logging
+
+    from torch._dynamo.utils import counters
+
+    from sharding import stage
+
+    from .conftest import save_random_llama
+
+    monkeypatch.setattr(stage, "BACKEND", backend)
+    torch._dynamo.reset()
+    context = 5 * stage.SPAN_BUCKET
+    full = save_random_llama(tmp_path / "full", max_position_embeddings=context)
+    fast = save_random_llama(tmp_path / "fast", max_position_embeddings=context, num_hidden_layers=1)
+    with torch._dynamo.config.patch(recompile_limit=8), caplog.at_level(logging.WARNING, logger="torch._dynamo"):
+        # Dynamo's default limit, whatever ran before: compiling raises it
+        engine = SpeculativeEngine.from_pretrained(full, fast, num_slots=2, k=3, adaptive=True, compile=True,
+                                                   prefix_cache=True)
+        visited = stage.sweep_spans(engine.target.cache.max_len)
+        assert len(visited) == 4 and visited[-1] == context  # 64, 128, 192 and 320: 256 skipped
+        engine.warm_up()
+        warmed = counters["stats"]["unique_graphs"]
+        g = torch.Generator().manual_seed(0)
+        ids = lambda n: [0] + torch.randint(3, 320, (n - 1,), generator=g).tolist()  # noqa: E731
+        greedy = SamplingParams(temperature=0, max_tokens=context - 40, ignore_eos=True)
+        engine.generate([ids(11)], greedy)  # one row decoding through every span
+        engine.generate([ids(7), ids(30)], greedy)  # two rows, the same
+        long = ids(3 * stage.SPAN_BUCKET + 10)  # a prefill whose span is the skipped one, then a turn after it
+        engine.generate([long], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+        engine.generate([long + ids(5)[1:]], SamplingParams(temperature=0.8, seed=1, max_tokens=20))
+    assert counters["stats"]["unique_graphs"] == warmed
+    assert not [r for r in caplog.records if "recompile_limit" in r.getMessage()]
+
+
 def test_compiled_draft_and_target_in_one_process_keep_their_own_outputs(tiny_dir, monkeypatch):
     """Compiled models' guards skip their modules (``sharding.stage.compile_method``), so each model's
     methods need a code object of their own: a draft (here with a pruned head), its target and a
@@ -417,20 +457,3 @@ def test_compiled_draft_and_target_in_one_process_keep_their_own_outputs(tiny_di
         for p in (full, fast):
             assert compiled[p].generate(prompts, params) == eager[p]
         assert spec.generate(prompts, params) == eager[full]
-
-
-def test_the_exact_engines_warm_up_stays_within_each_models_recompile_limit(tiny_dir, monkeypatch, caplog):
-    """Each compiled model counts its own graphs against Dynamo's recompile limit; past it Dynamo runs
-    that model eager without failing, so the warm-up must not reach it (``sharding.stage.RECOMPILE_LIMIT``)."""
-    import logging
-
-    from sharding import stage
-
-    monkeypatch.setattr(stage, "BACKEND", "eager")
-    torch._dynamo.reset()
-    with torch._dynamo.config.patch(recompile_limit=8), caplog.at_level(logging.WARNING, logger="torch._dynamo"):
-        # Dynamo's default limit, whatever ran before: compiling raises it
-        engine = SpeculativeEngine.from_pretrained(tiny_dir / "full", tiny_dir / "fast", num_slots=2, k=3,
-                                                   adaptive=True, compile=True, prefix_cache=True)
-        engine.warm_up()
-    assert not [r for r in caplog.records if "recompile_limit" in r.getMessage()]
