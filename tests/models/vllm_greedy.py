@@ -18,8 +18,11 @@ def main() -> None:
     max_tokens, prompts, paths = int(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3:]
     result = {}
     for path in paths:
+        # A context the 64 MiB cache holds whole (vLLM refuses a cache shorter than one sequence): a real
+        # model's own (8,192 positions of SmolLM2's 30 layers) would not fit.
+        context = min(json.load(open(f"{path}/config.json"))["max_position_embeddings"], 1024)
         llm = LLM(model=path, dtype="float32", kv_cache_memory_bytes=64 * 2**20, gpu_memory_utilization=0.1,
-                  enforce_eager=True, seed=0)
+                  enforce_eager=True, seed=0, max_model_len=context)
         outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
         result[path] = [{"prompt_token_ids": list(o.prompt_token_ids), "token_ids": list(o.outputs[0].token_ids)}
                         for o in outs]

@@ -26,9 +26,9 @@ from tests.pause import Paused, chip_processes, paused, title
 
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 900
-"""How long ``fastmode up`` may take to become ready: with inductor's cache cold (a checkout at a new
-path compiles every graph again), the shared app compiles its fast lane on a 2-core machine in a few
-minutes; the tests' own apps run the fast and exact lanes eager (``eager_lanes``) and start sooner."""
+"""How long ``fastmode up`` may take to become ready: the tests' apps run the fast and exact lanes eager
+(``eager_lanes``) and start in a minute or two on a 2-core machine; one with a compiled lane and
+inductor's cache cold (a checkout at a new path compiles every graph again) takes minutes more."""
 API_KEY = "sk-fastmode-test"
 """The shared app requires this key (FASTMODE_API_KEYS), so authentication is on in every test."""
 

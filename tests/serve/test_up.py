@@ -44,8 +44,8 @@ def test_right_after_ready_every_lanes_first_request_is_served_at_full_speed(app
     """Warm-up happens at startup (every lane replica serves its own warm-up requests before it
     counts as ready), not on the first user's request: tried as a new user would, one request per
     lane in turn on one WebSocket right after ``fastmode up`` printed its URLs. The shared app runs
-    the exact lane eager (``tests/conftest.py``): that its compiled warm-up leaves no graph to
-    compile on a request is tested in process (``test_after_the_warm_up_no_batch_compiles_again``
+    the fast and exact lanes eager (``tests/conftest.py``): that their compiled warm-ups leave no
+    graph to compile on a request is tested in process (``test_after_the_warm_up_no_batch_compiles_again``
     in ``tests/sharding/test_engine.py``, ``test_packed.py`` and ``test_speculative.py``)."""
     a = app()
     assert set(a.first_requests) == {"fast", "priority", "standard", "exact"}, a.first_requests

@@ -182,7 +182,7 @@ def test_engine_needs_whole_model(tiny_dir):
         Engine(load_model(tiny_dir / "full", layer_range=(0, 1)))
 
 
-@pytest.mark.full  # a cold compile of every warm-up shape (minutes); the shared app compiles its fast lane in make test
+@pytest.mark.full  # a cold compile of every warm-up shape (minutes); make test compiles rings and engines on fewer shapes
 def test_after_the_warm_up_no_batch_compiles_again(tiny_dir):
     # A fresh fast lane once stalled 0.7 s at its first 4 streams: the decode rows are views whose
     # storage offset follows the batch size, and dynamo guarded on it (sharding.stage._own_storage).

@@ -178,7 +178,7 @@ def test_speculative_greedy_matches_transformers(bf16_pair):
 
 
 @needs_kernel
-@pytest.mark.full  # a cold compile of every warm-up shape (minutes); the shared app compiles its fast lane in make test
+@pytest.mark.full  # a cold compile of every warm-up shape (minutes); make test compiles rings and engines on fewer shapes
 def test_after_the_warm_up_no_batch_compiles_again(bf16_pair):
     # Packed weights serve steps of up to 64 rows (the kernel's MAX_ROWS) and MKL the rest, chosen
     # inside the kernel: no guard on the row count, so the warm-up's graphs serve every batch.

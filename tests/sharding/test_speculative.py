@@ -368,7 +368,7 @@ def test_a_turn_that_ended_in_plain_rounds_reuses_the_targets_history_and_catche
         torch.testing.assert_close(w, c, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.full  # a cold compile of every warm-up shape (minutes); the shared app compiles its fast lane in make test
+@pytest.mark.full  # a cold compile of every warm-up shape (minutes); make test compiles rings and engines on fewer shapes
 def test_after_the_warm_up_no_batch_compiles_again(tiny_dir):
     # The exact lane warms its engine up at start; a compile after it would stall a user's request.
     from torch._dynamo.utils import counters
