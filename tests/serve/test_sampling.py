@@ -525,7 +525,7 @@ def test_vllms_logprobs_are_fastmodes_within_1e_3(vllm_engine):
                 assert max(abs(x - y) for x, y in zip(a_lps, b_lps, strict=True)) < 1e-3, name
 
 
-@pytest.mark.slow
+@pytest.mark.full  # vLLM's speculative engine with its draft (about 40 s on 2 cores): the exact lane's option, not its default
 def test_the_exact_lane_on_vllm_processes_and_takes_logprobs_as_fastmodes_engine():
     """``lanes.exact.engine: vllm`` (vLLM's ``draft_model`` speculative decoding, the fast model drafting):
     greedy under the penalties and ``min_tokens`` gives fastmode's speculative engine's tokens (vLLM's
