@@ -42,9 +42,8 @@ def sweep_spans(max_len: int) -> list[int]:
     symbolic once it changes, and a graph compiled after that guards against the sizes seen
     special before it) and the last one (``max_len`` itself). Any span between them passes the
     same guards: a multiple of ``SPAN_BUCKET`` wider than every step and below the cache's spare
-    bucket. Visiting every bucket instead costs ``max_len / SPAN_BUCKET`` times the forwards, with
-    the widest spans the dearest: on a 4,096-token context, 64 buckets and tens of minutes of
-    warm-up for a real model, and nothing more compiled."""
+    bucket. Visiting every bucket instead runs ``max_len / SPAN_BUCKET`` times the forwards (64 on
+    a 4,096-token context, the widest spans the dearest) and compiles nothing more."""
     buckets = range(SPAN_BUCKET, max_len + SPAN_BUCKET, SPAN_BUCKET)
     return sorted({min(b, max_len) for b in (*buckets[:3], buckets[-1])})
 

@@ -10,6 +10,7 @@ process per checkpoint, which saves CI about 40 s a checkpoint on a 2-core machi
 import gc
 import json
 import sys
+from pathlib import Path
 
 
 def main() -> None:
@@ -20,7 +21,7 @@ def main() -> None:
     for path in paths:
         # A context the 64 MiB cache holds whole (vLLM refuses a cache shorter than one sequence): a real
         # model's own (8,192 positions of SmolLM2's 30 layers) would not fit.
-        context = min(json.load(open(f"{path}/config.json"))["max_position_embeddings"], 1024)
+        context = min(json.loads(Path(path, "config.json").read_text())["max_position_embeddings"], 1024)
         llm = LLM(model=path, dtype="float32", kv_cache_memory_bytes=64 * 2**20, gpu_memory_utilization=0.1,
                   enforce_eager=True, seed=0, max_model_len=context)
         outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
