@@ -254,22 +254,33 @@ def _pack_unfused(model: nn.Module, fused: set[int]) -> int:
     return count
 
 
-def arena(nbytes: int) -> torch.Tensor:
-    """``nbytes`` of zeroed memory as a uint8 tensor, starting on a 2 MiB boundary and advised for
-    transparent huge pages (Linux; elsewhere plain memory).
+def arena(sizes: list[int], align: int = 64) -> list[torch.Tensor]:
+    """Zeroed uint8 tensors of ``sizes`` bytes, back to back in one mapping (each starting on an
+    ``align``-byte boundary, the first on a 2 MiB one), advised for transparent huge pages (Linux;
+    elsewhere plain memory).
 
     A decode step streams every packed weight once: from 4 KiB pages that is a TLB miss every
     4 KiB, from 2 MiB pages one every 2 MiB (docs/decisions/030-packed-weights-on-huge-pages.md).
     Only 2 MiB-aligned extents of a mapping can be huge pages, hence one arena for all of a model's
-    weights, not one each. Where THP is ``never`` the advice does nothing and the memory is ordinary."""
+    weights, not one each. Where THP is ``never`` the advice does nothing and the memory is ordinary.
+
+    Each tensor has a storage of its own over its part of the mapping, not a view of one storage:
+    a nested compile region (``sharding.stage.compile_forward``'s ``regions``) refuses inputs that
+    share a storage, and a layer's packed weights are its inputs."""
+    starts, end = [], 0
+    for n in sizes:
+        starts.append(end)
+        end += -(-n // align) * align
     advise = getattr(mmap, "MADV_HUGEPAGE", None)
-    if advise is None or nbytes == 0:
-        return torch.zeros(nbytes, dtype=torch.uint8)
-    m = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    m.madvise(advise)  # before first touch: the pages are allocated as huge ones when written
-    buf = torch.frombuffer(m, dtype=torch.uint8)  # keeps the mapping alive as long as any view of it
-    start = -buf.data_ptr() % HUGE_PAGE
-    return buf[start:start + nbytes]
+    if advise is None:
+        memory, base = bytearray(end), 0
+    else:
+        memory = mmap.mmap(-1, end + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        memory.madvise(advise)  # before first touch: the pages are allocated as huge ones when written
+        base = -torch.frombuffer(memory, dtype=torch.uint8, count=1).data_ptr() % HUGE_PAGE
+    # each tensor keeps the mapping alive as long as it lives
+    return [torch.frombuffer(memory, dtype=torch.uint8, count=n, offset=base + start) if n
+            else torch.zeros(0, dtype=torch.uint8) for n, start in zip(sizes, starts, strict=True)]
 
 
 def _into_one_arena(model: nn.Module) -> None:
@@ -279,11 +290,9 @@ def _into_one_arena(model: nn.Module) -> None:
               and m.packed.device.type == "cpu"]
     if not owners:
         return
-    sizes = [-(-m.packed.numel() * m.packed.element_size() // 64) * 64 for m in owners]
-    memory, offset = arena(sum(sizes)), 0
-    for m, size in zip(owners, sizes, strict=True):
+    memory = arena([m.packed.numel() * m.packed.element_size() for m in owners])
+    for m, part in zip(owners, memory, strict=True):
         old = m.packed
-        new = memory[offset:offset + old.numel() * old.element_size()].view(old.dtype).view(old.shape)
+        new = part.view(old.dtype).view(old.shape)
         new.copy_(old)
         m.register_buffer("packed", new, persistent=False)
-        offset += size

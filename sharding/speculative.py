@@ -212,6 +212,9 @@ class SpeculativeEngine:
         adaptive: choose ``k`` in ``0 .. k`` each round from the acceptance and step costs measured
             so far (0, a plain step, where drafting does not pay).
         compile: run both models under ``torch.compile`` (``sharding.stage``).
+        compile_regions: with ``compile``, each model compiles one decoder layer for all of them
+            (``sharding.stage.compile_forward``'s ``regions``): a warm-up of minutes, not tens of
+            minutes, on a 30-layer target, for somewhat slower steps.
         prefix_cache: park finished sequences' slots for prompts that continue them.
         packed_weights: both models read small steps' weights as bfloat16 (``sharding.packed``):
             the same tokens; a verify step streams half the bytes.
@@ -221,8 +224,8 @@ class SpeculativeEngine:
     """
 
     def __init__(self, target: Llama, draft: Llama, *, num_slots: int = 2, max_len: int | None = None,
-                 k: int = 4, adaptive: bool = True, compile: bool = False, prefix_cache: bool = False,
-                 packed_weights: bool = False, kv_cache_bytes: int | None = None,
+                 k: int = 4, adaptive: bool = True, compile: bool = False, compile_regions: bool = False,
+                 prefix_cache: bool = False, packed_weights: bool = False, kv_cache_bytes: int | None = None,
                  draft_vocab: torch.Tensor | None = None) -> None:
         if target.config.vocab_size != draft.config.vocab_size:
             raise DraftMismatch(f"the draft model's vocabulary ({draft.config.vocab_size}) is not the "
@@ -243,9 +246,11 @@ class SpeculativeEngine:
                                     f"(0 .. {target.config.vocab_size - 1})")
             prune_head(draft, ids)  # before packing and compiling
         self.target = StageRunner(target, num_slots=num_slots, max_len=max_len, compile=compile,
-                                  packed_weights=packed_weights, kv_cache_bytes=kv_cache_bytes)
+                                  compile_regions=compile_regions, packed_weights=packed_weights,
+                                  kv_cache_bytes=kv_cache_bytes)
         self.draft = StageRunner(draft, num_slots=num_slots, max_len=max_len, compile=compile,
-                                 packed_weights=packed_weights, kv_cache_bytes=kv_cache_bytes)
+                                 compile_regions=compile_regions, packed_weights=packed_weights,
+                                 kv_cache_bytes=kv_cache_bytes)
         self.max_len = self.target.cache.max_len
         self.packed_linears = {"target": self.target.packed_linears, "draft": self.draft.packed_linears}
         """Linears of each model running from packed bfloat16 weights (``sharding.packed``; 0: off)."""

@@ -8,6 +8,7 @@ samples, keyed by KV-cache slot. ``LocalExecutor`` drives one runner over the wh
 
 from __future__ import annotations
 
+import functools
 import itertools
 import types
 from collections.abc import Sequence
@@ -17,6 +18,7 @@ import torch
 from .batch import Rows, StepBatch
 from .cached_attention import use_cached_attention
 from .draft_vocab import PromptRows, checked_ids, expand, prune_head
+from .errors import InvalidLayout
 from .kv_cache import KVCache
 from .model import Llama
 from .packed import apply_packed_weights
@@ -56,6 +58,9 @@ class StageRunner:
         num_slots, max_len, kv_cache_bytes: of the ``KVCache`` built for it (``KVCache.for_model``).
         compile: run the model's forward through ``torch.compile`` (see ``compile_forward``);
             the first steps of each new shape compile (seconds), later ones run the compiled code.
+        compile_regions: with ``compile``, compile one decoder layer and reuse it for every layer
+            (``compile_forward``'s ``regions``): a deep model's graphs compile many times faster,
+            and its steps run a little slower.
         packed_weights: fastmode's CPU kernels: small steps read their weights as bfloat16
             (``sharding.packed``; lossless for bfloat16 checkpoints) and attention reads the cache in
             place (``sharding.cached_attention``). Raises ``PackedWeightsUnavailable`` where they cannot run.
@@ -70,8 +75,9 @@ class StageRunner:
     """
 
     def __init__(self, model: Llama, *, num_slots: int, max_len: int | None = None,
-                 compile: bool = False, packed_weights: bool = False, kv_cache_bytes: int | None = None,
-                 vocab: Sequence[int] | None = None, keep_prompt: bool = False) -> None:
+                 compile: bool = False, compile_regions: bool = False, packed_weights: bool = False,
+                 kv_cache_bytes: int | None = None, vocab: Sequence[int] | None = None,
+                 keep_prompt: bool = False) -> None:
         self.vocab: torch.Tensor | None = None
         """The ids the head keeps (``vocab``), or ``None``: the whole vocabulary."""
         self.prompt_rows: PromptRows | None = None
@@ -97,12 +103,12 @@ class StageRunner:
         self.generators: dict[int, torch.Generator] = {}
         self.histories: dict[int, History] = {}
         """Slot -> the token history of a request whose sampling looks at one (``SamplingParams.uses_history``)."""
-        self._forward = compile_forward(model) if compile else model
+        self._forward = compile_forward(model, regions=compile_regions) if compile else model
         # With prompt rows the decode graph also answers the normed hidden states they multiply.
         decode = model.decode_hidden_logits if self.prompt_rows else model.decode_logits
         self._decode = decode if model.has_head else None
         if compile and model.has_head:
-            self._decode = compile_method(decode, cpp_wrapper=not is_tensor_parallel(model))
+            self._decode = compile_method(decode, cpp_wrapper=cpp_wrapper(model, compile_regions))
 
     def _args(self, r: Rows, x: torch.Tensor) -> tuple:
         """The model's arguments for part ``r`` with input ``x`` (tokens, or the previous stage's
@@ -319,7 +325,7 @@ def _own_storage(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return moved if moved is not t else t.clone(memory_format=torch.contiguous_format)
 
 
-def compile_forward(model: Llama):
+def compile_forward(model: Llama, *, regions: bool = False):
     """``model``'s forward under ``torch.compile``, set up for small-batch decoding.
 
     - Shapes start static and become dynamic only where they change (``dynamic=None``): the
@@ -337,8 +343,50 @@ def compile_forward(model: Llama):
     engine's target and draft more each (verify widths, prefix-cache prefills). Dynamo counts them
     per code object against ``torch._dynamo.config.recompile_limit`` and, past it, runs that model
     eager (correct, slower): ``compile_method`` raises the limit to ``RECOMPILE_LIMIT``.
+
+    ``regions``: each decoder layer is a nested compile region (``torch.compiler.nested_compile_region``,
+    ``mark_layer_regions``): Dynamo traces the first layer and stamps its graph out for the others
+    (checking what the first trace read of its layer against each layer's own: where that differs,
+    e.g. a sliding window the cached-attention kernel reads, or an argument that is ``None`` there,
+    the layer gets a trace of its own), and inductor compiles that one layer, so a graph's compile no longer grows with the
+    model's depth. Inductor's C++ launcher cannot call a region (``codegen invoke_subgraph is not
+    implemented for cpp wrapper``, torch 2.13), so the Python one runs, and every layer is a call. On
+    the default pair (``docs/decisions/035-the-exact-lane-compiles-one-layer.md``): the exact engine's
+    warm-up 261 s against about 1,000 s, a 30-layer decode step 8-11% slower.
     """
-    return compile_method(model.forward, cpp_wrapper=not is_tensor_parallel(model))
+    if regions:
+        mark_layer_regions(model)
+    return compile_method(model.forward, cpp_wrapper=cpp_wrapper(model, regions))
+
+
+def mark_layer_regions(model: Llama) -> None:
+    """Make each of ``model``'s decoder layers a nested compile region (``compile_forward``'s
+    ``regions``; eager calls are unchanged). Not under tensor parallelism (``InvalidLayout``): a
+    region's collectives are untested.
+
+    The layer's class becomes a subclass whose ``forward`` is the region, as a decorated method
+    would be: a region bound to each layer as an instance attribute (``MethodType``) is stamped out
+    with the first layer's weights for every layer (torch 2.13: the source of ``self`` is not the
+    one Dynamo replaces), and silently computes the wrong thing."""
+    if is_tensor_parallel(model):
+        raise InvalidLayout("compile regions are for a model on one chip, not a tensor-parallel rank")
+    for layer in model.model.layers.values():
+        layer.__class__ = _region_class(type(layer))
+
+
+@functools.cache
+def _region_class(cls: type) -> type:
+    """``cls`` with its ``forward`` a nested compile region (``mark_layer_regions``)."""
+    if getattr(cls, "_compile_region", False):
+        return cls
+    return type(f"{cls.__name__}Region", (cls,), {"forward": torch.compiler.nested_compile_region(cls.forward),
+                                                  "_compile_region": True, "__module__": cls.__module__})
+
+
+def cpp_wrapper(model: torch.nn.Module, regions: bool) -> bool:
+    """Whether ``model``'s graphs get inductor's C++ launcher: not with compile regions, not under
+    tensor parallelism (``compile_forward``)."""
+    return not regions and not is_tensor_parallel(model)
 
 
 _code_objects = itertools.count()

@@ -123,7 +123,8 @@ class SpeculativeLaneEngine:
         dtype = getattr(torch, c.dtype)
         engine = SpeculativeEngine.from_pretrained(
             path, draft_path, dtype=dtype, num_slots=c.max_num_seqs, max_len=c.max_model_len,
-            k=c.num_speculative_tokens, adaptive=c.adaptive_k, compile=compile, prefix_cache=c.prefix_cache,
+            k=c.num_speculative_tokens, adaptive=c.adaptive_k, compile=compile, compile_regions=c.compile_regions,
+            prefix_cache=c.prefix_cache,
             packed_weights=resolve_packed(c.packed_weights, "cpu", dtype),
             draft_vocab_size=c.draft_vocab,
             kv_cache_bytes=c.kv_cache_memory_bytes if isinstance(c.kv_cache_memory_bytes, int) else None)

@@ -150,10 +150,19 @@ def test_packed_weights_lie_in_one_arena_in_the_order_a_step_reads_them(bf16_pai
     assert all(b.is_contiguous() and b.dtype == torch.bfloat16 for b in buffers)
 
 
-def test_an_arena_is_zeroed_memory_of_the_size_asked():
-    for n in (0, 100, packed.HUGE_PAGE + 3):
-        a = packed.arena(n)
-        assert a.dtype == torch.uint8 and a.numel() == n and int(a.sum()) == 0
+def test_an_arena_is_zeroed_memory_of_the_sizes_asked_back_to_back_in_storages_of_their_own():
+    sizes = [100, 0, packed.HUGE_PAGE + 3, 64, 1]
+    parts = packed.arena(sizes)
+    assert [p.numel() for p in parts] == sizes
+    assert all(p.dtype == torch.uint8 and int(p.sum()) == 0 for p in parts)
+    full = [p for p in parts if p.numel()]
+    starts = [p.data_ptr() for p in full]
+    assert all(b - a == -(-p.numel() // 64) * 64 for a, b, p in zip(starts, starts[1:], full))
+    # no two share a storage (a nested compile region refuses aliased inputs), and writes stay apart
+    assert len({p.untyped_storage().data_ptr() for p in full}) == len(full)
+    for i, p in enumerate(full):
+        p.fill_(i + 1)
+    assert [int(p.max()) for p in full] == [int(p.min()) for p in full] == list(range(1, len(full) + 1))
 
 
 @needs_kernel
@@ -168,9 +177,13 @@ def test_engine_greedy_matches_transformers(bf16_pair, compile):
 
 
 @needs_kernel
-def test_speculative_greedy_matches_transformers(bf16_pair):
+@pytest.mark.parametrize("compile_regions", [False, True], ids=["eager", "compiled-regions"])
+def test_speculative_greedy_matches_transformers(bf16_pair, compile_regions):
+    """Eager, and compiled by inductor one layer for all (``compile_regions``: the exact lane's setting;
+    each layer's packed weights are inputs of the region, in storages of their own)."""
     full, fast = bf16_pair
-    engine = SpeculativeEngine.from_pretrained(full, fast, num_slots=2, k=3, adaptive=False, packed_weights=True)
+    engine = SpeculativeEngine.from_pretrained(full, fast, num_slots=2, k=3, adaptive=False, packed_weights=True,
+                                               compile=compile_regions, compile_regions=compile_regions)
     prompts = [prompt_ids(full, n, seed=n) for n in (6, 11)]
     outs = engine.generate(prompts, SamplingParams(temperature=0, max_tokens=40))
     assert outs == [hf_greedy(full, p, 40) for p in prompts]

@@ -5,6 +5,7 @@ bad input gets typed errors."""
 from __future__ import annotations
 
 import dataclasses
+import types
 
 import pytest
 import torch
@@ -369,7 +370,8 @@ def test_a_turn_that_ended_in_plain_rounds_reuses_the_targets_history_and_catche
 
 
 @pytest.mark.full  # a cold compile of every warm-up shape (minutes); make test compiles rings and engines on fewer shapes
-def test_after_the_warm_up_no_batch_compiles_again(tiny_dir):
+@pytest.mark.parametrize("compile_regions", [False, True], ids=["whole", "regions"])
+def test_after_the_warm_up_no_batch_compiles_again(tiny_dir, compile_regions):
     # The exact lane warms its engine up at start; a compile after it would stall a user's request.
     from torch._dynamo.utils import counters
 
@@ -378,7 +380,7 @@ def test_after_the_warm_up_no_batch_compiles_again(tiny_dir):
     torch._dynamo.reset()
     full, fast = tiny_dir / "full", tiny_dir / "fast"
     engine = SpeculativeEngine.from_pretrained(full, fast, num_slots=4, k=3, adaptive=False, compile=True,
-                                               prefix_cache=True)
+                                               compile_regions=compile_regions, prefix_cache=True)
     engine.warm_up()
     warmed = counters["stats"]["unique_graphs"]
     assert warmed > 0 and engine.stats.rounds == 0 and not engine.prefix and engine.k == 3
@@ -457,3 +459,52 @@ def test_compiled_draft_and_target_in_one_process_keep_their_own_outputs(tiny_di
         for p in (full, fast):
             assert compiled[p].generate(prompts, params) == eager[p]
         assert spec.generate(prompts, params) == eager[full]
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3_text"])
+def test_compile_regions_trace_one_layer_for_all_and_decode_transformers_greedy(tmp_path, monkeypatch, family):
+    """With ``compile_regions`` (``sharding.stage.compile_forward``) each graph calls one traced region
+    for its layers, and the engine's greedy tokens are transformers'. Gemma 3's sliding and full
+    layers run the same code on different masks and rotary tables (arguments), so they share the
+    region too, except in a fresh prompt's prefill, where a full layer's mask is ``None`` (SDPA's
+    causal path) and Dynamo traces that layer inline. A recording backend: Dynamo's side, without
+    inductor's build (``test_packed`` runs inductor's)."""
+    from transformers import AutoModelForCausalLM
+
+    from sharding import stage
+
+    from .families import save_family
+
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    monkeypatch.setattr(stage, "BACKEND", record)
+    torch._dynamo.reset()
+    path = save_family(family, tmp_path / family, num_hidden_layers=3)
+    engine = SpeculativeEngine(load_model(path), load_model(path), num_slots=2, k=2, adaptive=False,
+                               compile=True, compile_regions=True)
+    prompts = [[0, 5, 9, 33, 17, 250, 81], [0, 44, 12]]
+    outs = engine.generate(prompts, SamplingParams(temperature=0, max_tokens=12))
+    reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    for prompt, out in zip(prompts, outs, strict=True):
+        with torch.no_grad():
+            ref = reference.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=12, pad_token_id=2)
+        assert out == ref[0, len(prompt):].tolist()
+    calls = [[n.args[0].target for n in gm.graph.nodes if n.target is torch.ops.higher_order.invoke_subgraph]
+             for gm in graphs]
+    assert calls and all(len(set(c)) == 1 for c in calls)  # one region per graph
+    if family == "llama":
+        assert all(len(c) == 3 for c in calls)  # every layer a call of it
+    else:  # sliding, full, sliding: the full layer inline in the fresh prefills, a call everywhere else
+        assert sorted({len(c) for c in calls}) == [2, 3]
+
+
+def test_compile_regions_refuse_a_tensor_parallel_rank():
+    from sharding import stage
+
+    model = types.SimpleNamespace(modules=lambda: [types.SimpleNamespace(tp_size=2)])
+    with pytest.raises(InvalidLayout, match="tensor-parallel"):
+        stage.mark_layer_regions(model)
