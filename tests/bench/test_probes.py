@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from bench.probes import huge_pages, startup_cpu, threads
-from models import TEST_FULL
+from bench.probes import compile_regions, huge_pages, startup_cpu, threads
+from models import TEST_FAST, TEST_FULL
 from sharding import packed
 from tests.conftest import shipped
 
@@ -57,3 +57,16 @@ def test_huge_pages_times_the_arena_against_ordinary_pages(tmp_path):
     assert doc["arena_ms"] > 0 and doc["plain_ms"] > 0
     assert doc["arena_over_plain"] == pytest.approx(doc["arena_ms"] / doc["plain_ms"])
     assert doc["arena_gb_per_s"] == pytest.approx(doc["weight_bytes"] / doc["arena_ms"] / 1e6)
+
+
+@pytest.mark.full  # inductor compiles the test model both ways and warms an exact engine up (minutes)
+def test_compile_regions_times_both_compiles_and_the_exact_warm_up(tmp_path):
+    out = tmp_path / "regions.json"
+    assert compile_regions.main(["--full", shipped(TEST_FULL), "--fast", shipped(TEST_FAST), "--repeats", "1",
+                                 "--warm-up", "regions", "--json", out]) == 0
+    doc = json.loads(out.read_text())
+    step = doc["step"]
+    assert step["whole"]["step_ms"] > 0 and step["regions"]["step_ms"] > 0
+    assert step["regions_over_whole"] == pytest.approx(step["regions"]["step_ms"] / step["whole"]["step_ms"])
+    layers = json.loads((shipped(TEST_FULL) / "config.json").read_text())["num_hidden_layers"]
+    assert doc["warm_up_regions"]["graphs"] > 0 and doc["warm_up_regions"]["target_layers"] == layers

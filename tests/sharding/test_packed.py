@@ -177,7 +177,8 @@ def test_engine_greedy_matches_transformers(bf16_pair, compile):
 
 
 @needs_kernel
-@pytest.mark.parametrize("compile_regions", [False, True], ids=["eager", "compiled-regions"])
+@pytest.mark.parametrize("compile_regions", [False, pytest.param(True, marks=pytest.mark.full)],
+                         ids=["eager", "compiled-regions"])  # compiled: inductor's cold build, ~40 s
 def test_speculative_greedy_matches_transformers(bf16_pair, compile_regions):
     """Eager, and compiled by inductor one layer for all (``compile_regions``: the exact lane's setting;
     each layer's packed weights are inputs of the region, in storages of their own)."""
