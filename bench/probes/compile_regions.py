@@ -4,7 +4,7 @@ Two measurements on the default pair (``bench.pair``; ``--full``/``--fast`` anot
 its own empty inductor cache (``TORCHINDUCTOR_CACHE_DIR`` under a temporary folder) and one torch
 thread, as the lane runs:
 
-- ``step``: the full model alone (packed weights, a 1,024-token cache), compiled both ways in one
+- ``step``: the full model alone (packed weights, a cache of 1,024 tokens or its context), compiled both ways in one
   process; the seconds each takes to compile batch-1 decode at a few positions, then the median
   time of a batch-1 decode step over 60 positions, the two interleaved ``--repeats`` times.
 - ``warm-up`` (``--warm-up whole,regions``): the exact lane's ``SpeculativeEngine`` with its default
@@ -44,7 +44,8 @@ def step_times(full: Path, repeats: int) -> dict:
     runners, out = {}, {}
     with torch.inference_mode():
         for name, regions in (("whole", False), ("regions", True)):
-            r = StageRunner(load_model(full), num_slots=2, max_len=1024, compile=True,
+            model = load_model(full)
+            r = StageRunner(model, num_slots=2, max_len=min(1024, model.config.context), compile=True,
                             compile_regions=regions, packed_weights=True)
             t0 = time.perf_counter()
             for pos in (100, 101, 102, 150, 170, 200, 300):  # static, then the span symbolic

@@ -118,6 +118,7 @@ def test_processed_sampling_is_seeded(pair):
     assert a[0] == engine.generate(prompts[:1], params)[0]
 
 
+@pytest.mark.full  # ~25 s of draws; make test keeps test_rejection_rule_keeps_the_targets_distribution
 def test_processed_sampling_keeps_the_targets_processed_distribution(pair):
     """The exact tier samples from the target's processed distribution: the second token (drafted,
     then accepted or corrected by the rule) of 3,072 seeded requests, given the most common first,
