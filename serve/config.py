@@ -250,9 +250,9 @@ class ExactLaneConfig(VLLMLaneConfig):
                           "up over every shape the lane meets (see compile_in_background).")
     compile_regions: bool = Field(default=True, description="fastmode's engine, with compile: each model "
         "compiles one decoder layer and reuses it for every layer (torch.compiler.nested_compile_region), so "
-        "the warm-up does not grow with the model's depth (the default pair: about 4 minutes here instead "
-        "of about 17), and each step runs on inductor's Python launcher, one call per layer (a 30-layer "
-        "step 8-11% slower). false: one graph per model and step shape, with the C++ launcher. "
+        "the warm-up does not grow with the model's depth, and each step runs on inductor's Python launcher, "
+        "one call per layer (somewhat slower). false: one graph per model and step shape, with the C++ "
+        "launcher. "
         "docs/decisions/035-the-exact-lane-compiles-one-layer.md.")
     compile_in_background: bool = Field(default=True, description="fastmode's engine, with compile: the lane "
         "starts on eager models and switches to the compiled ones once their compile and warm-up, in a "

@@ -350,9 +350,9 @@ def compile_forward(model: Llama, *, regions: bool = False):
     e.g. a sliding window the cached-attention kernel reads, or an argument that is ``None`` there,
     the layer gets a trace of its own), and inductor compiles that one layer, so a graph's compile
     no longer grows with the model's depth. Inductor's C++ launcher cannot call a region (``codegen invoke_subgraph is not
-    implemented for cpp wrapper``, torch 2.13), so the Python one runs, and every layer is a call. On
-    the default pair (``docs/decisions/035-the-exact-lane-compiles-one-layer.md``): the exact engine's
-    warm-up 261 s against about 1,000 s, a 30-layer decode step 8-11% slower.
+    implemented for cpp wrapper``, torch 2.13), so the Python one runs, and every layer is a call: a
+    much shorter warm-up for a slower step (measured in
+    ``docs/decisions/035-the-exact-lane-compiles-one-layer.md``).
     """
     if regions:
         mark_layer_regions(model)
