@@ -16,6 +16,11 @@ request runs wholly on the engine it started on: the ones running at the switch 
 engine, stepped in turn with the compiled one until they end (the same tokens either way: greedy
 output is the full model's on both). ``compile_status`` says where it is (``/health``). Without
 ``compile_in_background`` the compiled engine is built and warmed up before the lane starts.
+
+The compile thread traces in Python, holding the GIL, and the eager engine thread needs the GIL back
+after every op it runs (hundreds a step): at the interpreter's default switch interval (5 ms) each of
+those waits can take the whole interval, and a request can stall for tens of seconds. While the
+compile runs, the interval is ``COMPILE_SWITCH_INTERVAL_S`` (decision 025 has the measurements).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import ctypes
 import logging
 import os
 import queue
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -67,6 +73,33 @@ THREAD_NAME = "exact-engine"
 
 COMPILE_THREAD_NAME = "exact-compile"
 """The name of the thread that compiles the engine in the background."""
+
+COMPILE_SWITCH_INTERVAL_S = 0.0002
+"""``sys.setswitchinterval`` while a background compile runs: how long the eager engine thread waits at
+most for the GIL that the compile thread's tracing holds, each time it takes the GIL back."""
+
+_switch_lock = threading.Lock()
+_switch_holders = 0
+_switch_before = 0.0
+
+
+@contextlib.contextmanager
+def _short_switch_interval():
+    """``COMPILE_SWITCH_INTERVAL_S`` while any background compile of this process runs; the interval
+    before the first of them comes back when the last ends."""
+    global _switch_holders, _switch_before
+    with _switch_lock:
+        if _switch_holders == 0:
+            _switch_before = sys.getswitchinterval()
+            sys.setswitchinterval(min(_switch_before, COMPILE_SWITCH_INTERVAL_S))
+        _switch_holders += 1
+    try:
+        yield
+    finally:
+        with _switch_lock:
+            _switch_holders -= 1
+            if _switch_holders == 0:
+                sys.setswitchinterval(_switch_before)
 
 
 def _name_thread(name: str = THREAD_NAME) -> None:
@@ -192,7 +225,8 @@ class SpeculativeLaneEngine:
         _on_serving_cpus()
         t0 = time.perf_counter()
         try:
-            engine = self._build(path, draft_path, compile=True)
+            with _short_switch_interval():
+                engine = self._build(path, draft_path, compile=True)
         except Exception as e:  # noqa: BLE001 - the eager engine serves on
             log.warning("the exact lane's compile failed; it stays eager: %s: %s", type(e).__name__, e)
             self._compile.update(state="failed", error=f"{type(e).__name__}: {e}"[:300])

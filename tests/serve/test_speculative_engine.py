@@ -153,9 +153,10 @@ def _drained(engine, timeout: float = 10.0) -> bool:
     return False
 
 
-def _exact_with_gated_compile(monkeypatch, fail: bool = False):
+def _exact_with_gated_compile(monkeypatch, fail: bool = False, building=None):
     """A ``SpeculativeLaneEngine`` compiling in the background whose compiled engine is eager models
-    (built the same way, fast) handed over only once ``gate`` is set (or whose compile raises)."""
+    (built the same way, fast) handed over only once ``gate`` is set (or whose compile raises);
+    ``building`` (an event) is set once the compile thread is inside its build."""
     import threading
 
     from serve.lanes.speculative_engine import SpeculativeLaneEngine
@@ -165,6 +166,8 @@ def _exact_with_gated_compile(monkeypatch, fail: bool = False):
     def build(self, path, draft_path, compile):
         if not compile:
             return real(self, path, draft_path, False)
+        if building is not None:
+            building.set()
         gate.wait(60)
         if fail:
             raise RuntimeError("no C++ compiler")
@@ -219,6 +222,30 @@ def test_a_background_compile_takes_over_new_requests_while_running_ones_end_on_
         r2 = asyncio.run(collect(e, EngineRequest("r2", prompt, max_tokens=20, temperature=0, ignore_eos=True)))
         assert [t for o in r2 for t in o.token_ids] == r1[:20]
         assert e._engine.stats.tokens == 20 - 1 and eager.stats.tokens == len(r1) - 1  # r2 on the new one alone
+    finally:
+        gate.set()
+        e.shutdown()
+
+
+def test_a_background_compile_shortens_the_switch_interval_until_it_ends(monkeypatch):
+    """The eager engine thread takes the GIL back from the compile thread's tracing within
+    ``COMPILE_SWITCH_INTERVAL_S``, not the interpreter's default 5 ms, while the compile runs."""
+    import sys
+    import threading
+
+    from serve.lanes.speculative_engine import COMPILE_SWITCH_INTERVAL_S
+
+    before, building = sys.getswitchinterval(), threading.Event()
+    e, gate = _exact_with_gated_compile(monkeypatch, building=building)
+    try:
+        assert building.wait(30)
+        assert sys.getswitchinterval() == pytest.approx(min(before, COMPILE_SWITCH_INTERVAL_S))
+        assert COMPILE_SWITCH_INTERVAL_S < before  # the interpreter's default (5 ms) here
+        compiling = _compile_thread()
+        gate.set()
+        compiling.join(30)
+        assert not compiling.is_alive() and e.compile_status()["error"] is None
+        assert sys.getswitchinterval() == before
     finally:
         gate.set()
         e.shutdown()
