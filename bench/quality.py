@@ -27,13 +27,14 @@ keep the same fields for ``bench.auto_policy`` (``hit``, ``latency_s``, ``diffic
 lane fields ``exact_match*`` are then the pooled v2 score.
 
 Usage: fastmode bench quality [--url ws://127.0.0.1:8000] [--api-key K] [--samples 1000]
-                              [--suite auto|v2|next-line] [--quick] [--out bench/results]
+                              [--suite auto|v2|next-line] [--quick] [--out bench/results] [--journal DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import os
 import platform
@@ -79,16 +80,74 @@ class CachedNLL:
         return [self._cache[t] for t in texts]
 
 
+class Journal:
+    """The responses each lane has given so far, on disk, so that a run cut short (a sitting of
+    ``make bench`` ending mid-stage) goes on where it stopped instead of from the start: one file
+    per lane (``quality-journal-LANE.jsonl`` in ``folder``), a line per response as it arrives,
+    keyed by its index and a hash of the whole request. A line whose request is not the one now at
+    its index (another eval, other settings) or that was cut off mid-write is dropped on loading.
+    ``fastmode bench all`` keeps the journal beside its results for ``--resume`` (which resumes only
+    the same measured code on a machine of the same speed: ``bench.suite``) and removes it when a
+    run starts over; ``bench quality`` removes it once its results are written."""
+
+    PREFIX = "quality-journal-"
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = Path(folder)
+
+    def path(self, lane: str) -> Path:
+        return self.folder / f"{self.PREFIX}{lane}.jsonl"
+
+    @staticmethod
+    def key(call: dict) -> str:
+        return hashlib.sha256(json.dumps(call, sort_keys=True).encode()).hexdigest()
+
+    def load(self, lane: str, calls: list[dict]) -> list:
+        """Per call, the journal's response to it, or ``None``; the file is rewritten with only those."""
+        from clients.sdk.client import Response, Timing
+
+        out: list = [None] * len(calls)
+        kept = []
+        path = self.path(lane)
+        for line in path.read_text().splitlines() if path.exists() else []:
+            try:
+                e = json.loads(line)
+                i = e["i"]
+                if 0 <= i < len(calls) and e["key"] == self.key(calls[i]) and out[i] is None:
+                    r = e["response"]
+                    out[i] = Response(id=r["id"], text=r["text"], lane=r["lane"], route=r["route"],
+                                      timing=Timing(**r["timing"]))
+                    kept.append(line)
+            except (ValueError, KeyError, TypeError):
+                continue  # a line cut off mid-write, or of another version
+        self.folder.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(line + "\n" for line in kept))
+        return out
+
+    def add(self, lane: str, i: int, call: dict, r) -> None:
+        t = r.timing
+        entry = {"i": i, "key": self.key(call), "response": {
+            "id": getattr(r, "id", ""), "text": r.text, "lane": r.lane, "route": r.route,
+            "timing": {"total_s": t.total_s, "decode_tokens_per_s": t.decode_tokens_per_s}}}
+        with self.path(lane).open("a") as f:
+            f.write(json.dumps(entry) + "\n")
+
+    def remove(self) -> None:
+        for path in self.folder.glob(f"{self.PREFIX}*.jsonl"):
+            path.unlink()
+
+
 class ServedLane:
     """A ``models.eval`` backend whose completions come from a lane of the running application.
 
     ``connect()`` returns an async context manager yielding a client with the SDK's
     ``responses.create`` (default: ``clients.sdk.AsyncClient(url, api_key=api_key)``; tests pass a
-    fake). After ``complete``, ``responses[i]`` is the response to prompt ``i``."""
+    fake). After ``complete`` or ``generate``, ``responses[i]`` is the response to prompt ``i``. With
+    a ``journal`` the lane's responses outlive a run cut short (``Journal``)."""
 
     def __init__(self, name: str, url: str, api_key: str | None, nll: Callable[[list[str]], list[float]],
-                 concurrency: int = 2, connect: Callable | None = None) -> None:
-        self.name, self._nll, self.concurrency = name, nll, concurrency
+                 concurrency: int = 2, connect: Callable | None = None, journal: Journal | None = None) -> None:
+        self.name, self._nll, self.concurrency, self.journal = name, nll, concurrency, journal
         self.model, self.tier = LANES[name]
         self.connect = connect or (lambda: _sdk_client(url, api_key))
         self.responses: list = []
@@ -110,49 +169,44 @@ class ServedLane:
         return None
 
     def complete(self, prompts: list[str], max_tokens: int) -> list[str]:
-        return asyncio.run(self._complete(prompts, max_tokens))
-
-    async def _complete(self, prompts: list[str], max_tokens: int) -> list[str]:
-        responses: list = [None] * len(prompts)
-        gate = asyncio.Semaphore(self.concurrency)
-        bar = tqdm(total=len(prompts), desc=f"{self.name:<8}", unit="q", leave=False, file=sys.stderr)
-        async with self.connect() as client:
-            async def one(i: int, prompt: str) -> None:
-                async with gate:
-                    responses[i] = await client.responses.create(
-                        model=self.model, service_tier=self.tier, input=prompt, max_output_tokens=max_tokens,
-                        temperature=0, stop=["\n"])
-                bar.update()
-
-            await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
-        bar.close()
-        self.responses = responses
-        return [r.text for r in responses]
+        calls = [{"input": p, "max_output_tokens": max_tokens, "stop": ["\n"]} for p in prompts]
+        return [r.text for r in asyncio.run(self._run(calls))]
 
     def generate(self, requests: list[Request]) -> list[str]:
         """The v2 eval's requests (``models.eval.suite``) on this lane: text or chat messages as
         ``input``, greedy, the request's stop strings; the text cut at them as every engine's is."""
-        return asyncio.run(self._generate(requests))
+        # the server takes at most STOP_LIMIT stop strings; greedy, stopping at fewer of them only
+        # lengthens the text, which is then cut at all of them
+        calls = [{"input": r.prompt if isinstance(r.prompt, str) else list(r.prompt), "max_output_tokens": r.max_tokens,
+                  **({"stop": list(r.stop)[:STOP_LIMIT]} if r.stop else {})} for r in requests]
+        responses = asyncio.run(self._run(calls))
+        return [cut_at_stop(r.text, req.stop) for r, req in zip(responses, requests)]
 
-    async def _generate(self, requests: list[Request]) -> list[str]:
-        responses: list = [None] * len(requests)
+    async def _run(self, calls: list[dict]) -> list:
+        """``responses.create`` once per call (greedy, on this lane), ``concurrency`` at a time; the
+        responses in the calls' order, also in ``self.responses``. With a journal, a call it holds
+        is not sent again, and each new response is added to it as it arrives."""
+        calls = [{"model": self.model, "service_tier": self.tier, "temperature": 0, **c} for c in calls]
+        responses: list = self.journal.load(self.name, calls) if self.journal else [None] * len(calls)
+        todo = [i for i, r in enumerate(responses) if r is None]
+        if len(todo) < len(calls):
+            print(f"quality: the {self.name} lane's journal holds {len(calls) - len(todo)} of its {len(calls)} "
+                  "responses (a run cut short); sending the rest", file=sys.stderr)
         gate = asyncio.Semaphore(self.concurrency)
-        bar = tqdm(total=len(requests), desc=f"{self.name:<8}", unit="q", leave=False, file=sys.stderr)
+        bar = tqdm(total=len(calls), initial=len(calls) - len(todo), desc=f"{self.name:<8}", unit="q", leave=False,
+                   file=sys.stderr)
         async with self.connect() as client:
-            async def one(i: int, r: Request) -> None:
-                prompt = r.prompt if isinstance(r.prompt, str) else list(r.prompt)
+            async def one(i: int) -> None:
                 async with gate:
-                    # the server takes at most STOP_LIMIT stop strings; greedy, stopping at fewer of
-                    # them only lengthens the text, which is then cut at all of them
-                    responses[i] = await client.responses.create(
-                        model=self.model, service_tier=self.tier, input=prompt, max_output_tokens=r.max_tokens,
-                        temperature=0, **({"stop": list(r.stop)[:STOP_LIMIT]} if r.stop else {}))
+                    responses[i] = await client.responses.create(**calls[i])
+                if self.journal:
+                    self.journal.add(self.name, i, calls[i], responses[i])
                 bar.update()
 
-            await asyncio.gather(*(one(i, r) for i, r in enumerate(requests)))
+            await asyncio.gather(*(one(i) for i in todo))
         bar.close()
         self.responses = responses
-        return [cut_at_stop(r.text, req.stop) for r, req in zip(responses, requests)]
+        return responses
 
     def nll(self, texts: list[str]) -> list[float]:
         return self._nll(texts)
@@ -429,6 +483,9 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"the lanes to measure, comma-separated (default all: {','.join(LANES)}; standard "
                          "always, every other is compared with it)")
     ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--journal", type=Path, help="keep every response in this folder as it arrives, and send "
+                    "none it already holds (a run cut short goes on where it stopped; removed once the results "
+                    "are written; Journal)")
     args = ap.parse_args(argv)
     chosen = [n.strip() for n in args.lanes.split(",") if n.strip()]
     if unknown := [n for n in chosen if n not in LANES]:
@@ -462,7 +519,8 @@ def main(argv: list[str] | None = None) -> int:
     lanes: list[ServedLane] = []
     nll = {"standard": full, "priority": full, "exact": full, "fast": fast,
            "auto": auto_nll(full, fast, threshold, score, fast_when)}
-    lanes += [ServedLane(n, args.url, args.api_key, nll[n]) for n in LANES if n in chosen]
+    journal = Journal(args.journal) if args.journal else None
+    lanes += [ServedLane(n, args.url, args.api_key, nll[n], journal=journal) for n in LANES if n in chosen]
     try:
         if v2:
             context = json.loads((FULL / "config.json").read_text())["max_position_embeddings"]
@@ -482,6 +540,8 @@ def main(argv: list[str] | None = None) -> int:
     (outdir / "quality.json").write_text(json.dumps(out, indent=2))
     (outdir / SAMPLES_FILE).write_text("".join(json.dumps(r) + "\n" for r in records))
     plot(out, outdir / "quality.png")
+    if journal:
+        journal.remove()
     print_summary(out)
     return 0
 

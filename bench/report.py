@@ -100,6 +100,15 @@ def _image(results: Path, docs: Path, name: str, alt: str) -> list[str]:
     return [f"![{alt}]({os.path.relpath(path, home) if near else relative(str(path), results)})", ""]
 
 
+def _speeds(suite: dict) -> str:
+    """The machine's speed at each sitting's start (``bench.machine_speed``), where the run has it."""
+    speeds = [s["gb_per_s"] if s else None for s in suite.get("sitting_speeds", ())]
+    if not any(speeds):
+        return ""
+    return ("; the machine's speed at each sitting's start (`python -m bench.machine_speed`): "
+            + ", ".join("?" if v is None else f"{v:.2f} GB/s" for v in speeds))
+
+
 def header(suite: dict | None) -> list[str]:
     if suite is None:
         return ["No `suite.json` in the results: these files were not written by one `fastmode bench all` run.", ""]
@@ -112,8 +121,9 @@ def header(suite: dict | None) -> list[str]:
                 + (f", at commits {', '.join('`' + (c or '?')[:12] + '`' for c in suite['sitting_commits'])} of the same "
                    "measured code (they differ only in docs, tests and results)"
                    if len(set(suite.get("sitting_commits", ()))) > 1 else ", every one at this commit")
-                + "; each stage ran whole in one of them)" if len(suite.get("sittings", ())) > 1
-                else "") + ".", "",
+                + ("; each stage but `quality` ran whole in one of them (`quality` goes on from where a sitting "
+                   "stopped it)" if "sitting_speeds" in suite else "; each stage ran whole in one of them")
+                + _speeds(suite) + ")" if len(suite.get("sittings", ())) > 1 else "") + ".", "",
              f"Machine: {m.get('cpu') or '?'}, {m['cpu_count']} cores, {mem} memory, no GPU "
              f"({m['platform']}, Python {m['python']}).", ""]
     if suite.get("complete") is False:

@@ -33,11 +33,13 @@ longer than one sitting commits its finished stages there, and only a complete r
 (its files copied into ``bench/results``, then ``docs/benchmarks.md`` and the README's headline
 table written from them), so the published figures are never half one run and half another.
 ``--resume`` continues a run cut short in ``OUT``: the stages it finished (exit 0) are kept, the
-rest run, and the report is written at the end as for one run. It resumes only a run of the same
-measured code (``measured_code``: every tracked file but the docs, the tests, the results and the
-report's generator, so a commit of a sitting's results or of a doc leaves it resumable), without
-uncommitted changes to it, and of the same settings (``ResumeRefused`` otherwise); the report names
-every sitting's commit.
+rest run (``quality``, the longest, from where it stopped: ``bench.quality.Journal``), and the report
+is written at the end as for one run. It resumes only a run of the same measured code
+(``measured_code``: every tracked file but the docs, the tests, the results and the report's
+generator, so a commit of a sitting's results or of a doc leaves it resumable), without uncommitted
+changes to it, of the same settings, and on a machine as fast as at the run's first sitting (within
+``bench.machine_speed.TOLERANCE``, probed at each sitting's start and after each stage); otherwise
+``ResumeRefused``. The report names every sitting's commit and speed.
 
 Usage: fastmode bench all [--quick] [--url http://HOST:PORT --api-key K] [--only a,b] [--skip a,b]
                           [--out DIR] [--docs FILE] [--resume]
@@ -60,6 +62,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from bench import machine_speed
 from bench.app import REPO, AppFailed, running_app
 
 NO_APP = ("sharding", "decode", "vllm", "llama-cpp")
@@ -86,7 +89,7 @@ def stage_command(name: str, url: str | None, out: Path, quick: bool) -> list[st
         "lanes": ["bench.lanes", "--url", str(ws), "--out", str(out), *q],
         "lanes-openai": ["bench.lanes", "--api", "openai", "--url", str(url), "--out", str(out), *q],
         "paired": ["bench.paired", "--url", str(url), "--json", str(out / "paired.json"), *q],
-        "quality": ["bench.quality", "--url", str(ws), "--out", str(out), *q],
+        "quality": ["bench.quality", "--url", str(ws), "--out", str(out), "--journal", str(out), *q],
         "gateway": ["bench.gateway", "--url", str(url), "--json", str(out / "gateway.json"), *q],
         "turns": ["bench.turns", "--url", str(url), "--json", str(out / "turns.json"), *q],
         "soak": ["bench.soak", "--url", str(url), "--json", str(out / "soak.json"), *q],
@@ -194,6 +197,13 @@ def resumable(out: Path, record: dict) -> dict:
     for key in ("command", "quick"):
         if old.get(key) != record[key]:
             raise ResumeRefused(f"--resume: the run in {path} has {key} {old.get(key)!r}, this one {record[key]!r}")
+    first, now = (old.get("sitting_speeds") or [None])[0], (record.get("sitting_speeds") or [None])[-1]
+    if first and now and (ratio := machine_speed.moved(first, now)) is not None:
+        raise ResumeRefused(f"--resume: this machine runs at {ratio:.2f}x the speed of the run's first sitting "
+                            f"({now['gb_per_s']:.2f} GB/s against {first['gb_per_s']:.2f}: python -m "
+                            f"bench.machine_speed), beyond the {machine_speed.TOLERANCE:.0%} within which its "
+                            "stages' ratios compare like for like: start over without --resume (or resume when "
+                            "the machine is back to its speed)")
     return old
 
 
@@ -236,6 +246,11 @@ def main(argv: list[str] | None = None) -> int:
                            "why": "the load generator runs on the same machine as the server it measures"},
               "complete": False, "sittings": [started.strftime("%Y-%m-%d %H:%M UTC")]}
     record["sitting_commits"] = [record["commit"]["sha"]]
+
+    def speed() -> dict:  # the machine's, now (--quick: a short probe; its figures mean nothing anyway)
+        return machine_speed.probe(**({"rounds": 3, "round_s": 0.05} if args.quick else {}))
+
+    record["sitting_speeds"] = [speed()]
     earlier = 0.0
     if args.resume:
         try:
@@ -245,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         record["date"], record["sittings"] = old["date"], [*old.get("sittings", [old["date"]]), record["sittings"][0]]
         record["sitting_commits"] = [*old.get("sitting_commits", [old["commit"].get("sha")]), record["commit"]["sha"]]
+        record["sitting_speeds"] = [*old.get("sitting_speeds", [None] * (len(record["sittings"]) - 1)),
+                                    *record["sitting_speeds"]]
         # the stages that finished are kept; a failed one runs again
         record["stages"] = {n: st for n, st in old.get("stages", {}).items() if st.get("exit_code") == 0 and n in stages}
         earlier = float(old.get("elapsed_s") or 0.0)
@@ -252,6 +269,10 @@ def main(argv: list[str] | None = None) -> int:
             record["app"] = old["app"]
         print(f"fastmode bench all --resume: keeping {', '.join(record['stages']) or 'no stage'} "
               f"from the run of {old['date']}", flush=True)
+    else:
+        from bench.quality import Journal
+
+        Journal(out).remove()  # an earlier run's responses: this run starts over
     todo = [s for s in stages if s not in record["stages"]]
     env = dict(os.environ)
 
@@ -269,7 +290,9 @@ def main(argv: list[str] | None = None) -> int:
         nice = (lambda: os.nice(NICE)) if name not in ("sharding", "decode") else None
         rc = subprocess.run(cmd, cwd=REPO, env=env, preexec_fn=nice).returncode
         record["stages"][name] = {"command": shown, "seconds": time.perf_counter() - t, "exit_code": rc,
-                                  "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+                                  "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                                  "sitting": len(record["sittings"]),
+                                  "machine_gb_per_s_after": speed()["gb_per_s"]}
         save()
         print(f"== {name}: {'ok' if rc == 0 else f'FAILED (exit {rc})'} in {time.perf_counter() - t:.0f} s",
               flush=True)

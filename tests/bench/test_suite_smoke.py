@@ -19,6 +19,17 @@ from serve.config import StandardLaneConfig
 pytestmark = pytest.mark.slow
 
 
+@pytest.fixture
+def speed(monkeypatch) -> dict:
+    """The machine's speed as the suite probes it (``bench.machine_speed.probe``): the test sets
+    ``speed["gb_per_s"]``."""
+    import bench.suite as suite
+
+    now = {"gb_per_s": 10.0}
+    monkeypatch.setattr(suite.machine_speed, "probe", lambda **kw: dict(now))
+    return now
+
+
 def test_every_stage_ran(quick_run):
     out, seconds = quick_run
     suite = json.loads((out / "suite.json").read_text())
@@ -27,6 +38,8 @@ def test_every_stage_ran(quick_run):
     assert suite["commit"]["sha"] and len(suite["commit"]["sha"]) == 40
     assert suite["machine"]["cpu_count"] == os.cpu_count()
     assert suite["app"] == {"url": suite["app"]["url"], "started_here": False}
+    assert suite["sitting_speeds"][0]["gb_per_s"] > 0  # bench.machine_speed, at the sitting's start
+    assert all(s["machine_gb_per_s_after"] > 0 and s["sitting"] == 1 for s in suite["stages"].values())
     assert seconds < 600  # the issue asks < 3 min for --quick on an idle machine; CI shares it with other work
 
 
@@ -189,7 +202,7 @@ def test_only_a_full_run_into_bench_results_replaces_the_published_report(tmp_pa
     assert where(skip=["fuzz"]) == where(only=["gateway"]) == where(quick=True) == tmp_path / "default/benchmarks.md"
 
 
-def test_resume_keeps_finished_stages_and_refuses_another_commit(tmp_path, monkeypatch, capsys):
+def test_resume_keeps_finished_stages_and_refuses_another_commit(tmp_path, monkeypatch, speed, capsys):
     """``--resume`` reruns only what an incomplete run of the same commit did not finish, and
     refuses a run of another commit, a dirty tree, or a complete run."""
     import types
@@ -246,7 +259,7 @@ def test_resume_keeps_finished_stages_and_refuses_another_commit(tmp_path, monke
     assert "has command" in capsys.readouterr().err
 
 
-def test_resume_continues_on_a_later_commit_of_the_same_measured_code(tmp_path, monkeypatch):
+def test_resume_continues_on_a_later_commit_of_the_same_measured_code(tmp_path, monkeypatch, speed):
     """A sitting's results committed (a new commit, the same measured code) leave the run resumable;
     the report names both sittings' commits."""
     import types
@@ -357,7 +370,7 @@ def test_a_runs_own_results_do_not_make_the_checkout_dirty(tmp_path):
     assert commit(tmp_path)["dirty"] is True
 
 
-def test_an_app_that_does_not_start_fails_its_stages_and_the_rest_still_run(tmp_path, monkeypatch):
+def test_an_app_that_does_not_start_fails_its_stages_and_the_rest_still_run(tmp_path, monkeypatch, speed):
     """``fastmode up`` failing (or its exact lane not compiling in time) fails every stage that needed
     it, with the reason; the stages after it still run and the run is written complete."""
     import contextlib
@@ -386,3 +399,48 @@ def test_an_app_that_does_not_start_fails_its_stages_and_the_rest_still_run(tmp_
         assert doc["stages"][name]["exit_code"] is None
         assert doc["stages"][name]["error"] == "the app did not start: the exact lane did not run compiled in time:"
     assert doc["stages"]["sharding"]["exit_code"] == doc["stages"]["fuzz"]["exit_code"] == 0
+
+
+def test_resume_refuses_a_machine_of_another_speed_and_a_fresh_run_drops_the_quality_journal(
+        tmp_path, monkeypatch, speed, capsys):
+    """The stages of one run compare like for like only on a machine of one speed: ``--resume``
+    refuses a sitting whose probe moved beyond ``TOLERANCE`` from the first sitting's, and goes on
+    within it. The quality stage keeps its journal beside the results; a run started over removes it."""
+    import types
+
+    import bench.report
+    import bench.suite as suite
+    from bench.machine_speed import TOLERANCE
+    from bench.quality import Journal
+
+    commands: list[list[str]] = []
+    monkeypatch.setattr(suite, "subprocess", types.SimpleNamespace(
+        run=lambda cmd, **kw: commands.append(cmd) or types.SimpleNamespace(returncode=0)))
+    monkeypatch.setattr(bench.report, "write_report", lambda out, docs: None)
+    monkeypatch.setattr(suite, "commit", lambda: {"sha": "a" * 40, "dirty": False, "code": "c"})
+    monkeypatch.setattr(suite, "running_app", lambda **kw: (_ for _ in ()).throw(AssertionError("no app here")))
+    args = ["--only", "sharding,decode,quality", "--url", "http://127.0.0.1:1", "--out", tmp_path]
+    stale = Journal(tmp_path).path("standard")
+    stale.write_text("{}\n")  # an earlier run's
+    assert suite.main(args) == 0 and not stale.exists()
+    assert ["--journal", str(tmp_path)] == commands[-1][-2:] and commands[-1][2] == "bench.quality"
+    first = json.loads((tmp_path / "suite.json").read_text())
+    assert first["sitting_speeds"] == [{"gb_per_s": 10.0}]
+    first["complete"] = False
+    del first["stages"]["quality"]  # cut short in quality: its journal stays for the next sitting
+    (tmp_path / "suite.json").write_text(json.dumps(first))
+    stale.write_text("{}\n")
+
+    speed["gb_per_s"] = 10.0 * (1 - TOLERANCE) - 0.5  # the machine got slower
+    assert suite.main(["--resume", *args]) == 2
+    err = capsys.readouterr().err
+    assert "0.80x the speed of the run's first sitting (8.00 GB/s against 10.00" in err and "start over" in err
+    assert stale.exists()
+
+    speed["gb_per_s"] = 10.0 * (1 + TOLERANCE) - 0.5  # within the tolerance
+    commands.clear()
+    assert suite.main(["--resume", *args]) == 0 and [c[2] for c in commands] == ["bench.quality"]
+    assert stale.exists()  # the resumed quality stage reads it (and removes it once done)
+    second = json.loads((tmp_path / "suite.json").read_text())
+    assert [s["gb_per_s"] for s in second["sitting_speeds"]] == [10.0, 11.0]
+    assert second["stages"]["quality"]["sitting"] == 2 and second["stages"]["sharding"]["sitting"] == 1
