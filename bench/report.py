@@ -138,8 +138,11 @@ def header(suite: dict | None) -> list[str]:
                   f"workers ({n['ray_workers']}: Serve's proxy, the replicas, their vLLM engines), so the load "
                   "generator on the same machine competes with the server it measures on equal terms; vLLM's "
                   "own server, started by its stage, ran at the same niceness.", ""]
+    speeds = any("machine_gb_per_s_after" in s for s in suite["stages"].values())
     rows = [[name, f"`{s['command']}`" if s.get("command") else "-", f"{s['seconds']:.0f}",
              "ok" if s["exit_code"] == 0 else f"**failed ({s.get('error') or s['exit_code']})**"]
+            + ([str(s.get("sitting", "?")), f"{s['machine_gb_per_s_after']:.2f}" if "machine_gb_per_s_after" in s
+                else "?"] if speeds else [])
             for name, s in suite["stages"].items()]
     app = suite.get("app") or {}
     if app.get("error"):
@@ -149,7 +152,8 @@ def header(suite: dict | None) -> list[str]:
                  else "alone on the machine; stages ran one after another")
         lines += [f"The application: `fastmode up` with the embedded default config, started by the run "
                   f"(ready in {app['start_s']:.0f} s), {alone}.", ""]
-    return lines + _table(["stage", "command", "seconds", "result"], rows) + [""]
+    heads = ["stage", "command", "seconds", "result"] + (["sitting", "machine GB/s after"] if speeds else [])
+    return lines + _table(heads, rows) + [""]
 
 
 def workload(settings: dict) -> str:

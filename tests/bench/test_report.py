@@ -66,3 +66,24 @@ def test_quality_v2_section_names_every_task_set_and_the_baseline(tmp_path):
     assert "| fast | 30.0% [" in text and "-20.0 pts [-40.0, +0.0], p=0.25" in text
     assert "| trivial baseline | 10.0% [" in text
     assert "keeps **60%**" in text and "public since 2021" in text
+
+
+def test_the_header_names_each_sittings_speed_and_each_stages():
+    """A run in sittings: the report says the machine's speed at each sitting's start and after
+    each stage (``bench.machine_speed``), and which sitting ran each stage."""
+    import json
+
+    from bench.report import header
+
+    suite = json.loads((REPO / "bench/results/suite.json").read_text())
+    suite["sitting_speeds"] = [{"gb_per_s": 9.5}, {"gb_per_s": 9.1}]
+    stages = list(suite["stages"])
+    for k, name in enumerate(stages):
+        suite["stages"][name].update(sitting=1 + (k >= 4), machine_gb_per_s_after=9.0 + k / 10)
+    text = "\n".join(header(suite))
+    assert "each stage but `quality` ran whole in one of them" in text
+    assert "each sitting's start (`python -m bench.machine_speed`): 9.50 GB/s, 9.10 GB/s)" in text
+    assert "| stage | command | seconds | result | sitting | machine GB/s after |" in text
+    assert "| ok | 1 | 9.00 |" in text and f"| ok | 2 | {9.0 + (len(stages) - 1) / 10:.2f} |" in text
+    published = "\n".join(header(json.loads((REPO / "bench/results/suite.json").read_text())))
+    assert "machine GB/s" not in published and "each stage ran whole in one of them" in published
