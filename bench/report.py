@@ -100,13 +100,24 @@ def _image(results: Path, docs: Path, name: str, alt: str) -> list[str]:
     return [f"![{alt}]({os.path.relpath(path, home) if near else relative(str(path), results)})", ""]
 
 
-def _speeds(suite: dict) -> str:
-    """The machine's speed at each sitting's start (``bench.machine_speed``), where the run has it."""
-    speeds = [s["gb_per_s"] if s else None for s in suite.get("sitting_speeds", ())]
-    if not any(speeds):
+def _sittings(suite: dict) -> str:
+    """``, in N sittings (...)`` for a run continued with ``--resume``: when each started, at which
+    commits, which stages may span them, and the machine's speed at each start
+    (``bench.machine_speed``, where the run has it); ``""`` for a run in one sitting."""
+    if len(suite.get("sittings", ())) < 2:
         return ""
-    return ("; the machine's speed at each sitting's start (`python -m bench.machine_speed`): "
-            + ", ".join("?" if v is None else f"{v:.2f} GB/s" for v in speeds))
+    commits = suite.get("sitting_commits", ())
+    text = f", in {len(suite['sittings'])} sittings (`--resume`: started {', '.join(suite['sittings'])}"
+    text += (f", at commits {', '.join('`' + (c or '?')[:12] + '`' for c in commits)} of the same measured code "
+             "(they differ only in docs, tests and results)" if len(set(commits)) > 1 else ", every one at this commit")
+    if "sitting_speeds" not in suite:  # a run before bench.quality.Journal
+        return text + "; each stage ran whole in one of them)"
+    text += "; each stage but `quality` ran whole in one of them (`quality` goes on from where a sitting stopped it)"
+    speeds = [s["gb_per_s"] if s else None for s in suite["sitting_speeds"]]
+    if any(speeds):
+        text += ("; the machine's speed at each sitting's start (`python -m bench.machine_speed`): "
+                 + ", ".join("?" if v is None else f"{v:.2f} GB/s" for v in speeds))
+    return text + ")"
 
 
 def header(suite: dict | None) -> list[str]:
@@ -117,13 +128,7 @@ def header(suite: dict | None) -> list[str]:
     lines = [f"Generated from one run of `{suite['command'].strip()}` (`make bench`) on {suite['date']} "
              f"({suite['elapsed_s'] / 60:.1f} min), commit `{(c.get('sha') or '?')[:12]}`"
              f"{' (with uncommitted changes)' if c.get('dirty') else ''}"
-             + (f", in {len(suite['sittings'])} sittings (`--resume`: started {', '.join(suite['sittings'])}"
-                + (f", at commits {', '.join('`' + (c or '?')[:12] + '`' for c in suite['sitting_commits'])} of the same "
-                   "measured code (they differ only in docs, tests and results)"
-                   if len(set(suite.get("sitting_commits", ()))) > 1 else ", every one at this commit")
-                + ("; each stage but `quality` ran whole in one of them (`quality` goes on from where a sitting "
-                   "stopped it)" if "sitting_speeds" in suite else "; each stage ran whole in one of them")
-                + _speeds(suite) + ")" if len(suite.get("sittings", ())) > 1 else "") + ".", "",
+             + _sittings(suite) + ".", "",
              f"Machine: {m.get('cpu') or '?'}, {m['cpu_count']} cores, {mem} memory, no GPU "
              f"({m['platform']}, Python {m['python']}).", ""]
     if suite.get("complete") is False:
