@@ -294,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
                                   "sitting": len(record["sittings"]),
                                   "machine_gb_per_s_after": speed()["gb_per_s"]}
         save()
-        print(f"== {name}: {'ok' if rc == 0 else f'FAILED (exit {rc})'} in {time.perf_counter() - t:.0f} s",
+        print(f"== {name}: {'ok' if rc == 0 else f'FAILED (exit {rc})'} in {record['stages'][name]['seconds']:.0f} s",
               flush=True)
 
     def run_app_stages(names: list[str]) -> None:

@@ -6,7 +6,8 @@
   history's keys and values).
 - ``http_resend``: each turn a fresh HTTP connection to the OpenAI API (``/v1/chat/completions``,
   streamed), re-sending the whole history as messages: what a client without the persistent
-  WebSocket does.
+  WebSocket does. One client per conversation opens the connections (``fresh_connections``), so
+  the client's own set-up is not charged to each turn.
 
 Several conversations run at once per lane (at most the lane's batch cap, so a capped lane never
 refuses one), in steady state: each of ``--conversations`` slots runs conversations back to back,
@@ -167,17 +168,22 @@ async def ws_conversation(url: str, key: str | None, lane: str, inputs: list[str
 
 async def http_conversation(url: str, key: str | None, lane: str, inputs: list[str], tokens: int,
                             on_turn: Callable[[int], None] | None = None, think_s: float = 0.0) -> list[dict]:
-    """The same conversation, each turn a fresh HTTP connection re-sending the whole history."""
+    """The same conversation, each turn a fresh HTTP connection re-sending the whole history.
+
+    One client for the conversation, which keeps no connection alive (``fresh_connections``): each
+    turn connects anew, and the client's own set-up (an ``httpx`` client loads its TLS context: tens
+    of milliseconds of this process's CPU, which would also stall the other conversations it drives)
+    is not counted against HTTP."""
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     messages: list[dict[str, str]] = []
     turns, rng = [], random.Random(inputs[0])
-    for k, text in enumerate(inputs):
-        paused = await think(rng, think_s)
-        messages.append({"role": "user", "content": text})
-        body = {**LANE_PARAMS[lane], "messages": messages, "temperature": 0, "max_tokens": tokens,
-                "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
-        sent, first, reply, usage = time.perf_counter(), None, [], None
-        async with httpx.AsyncClient(base_url=url, headers=headers, timeout=120) as client:  # a new connection
+    async with fresh_connections(url, headers) as client:
+        for k, text in enumerate(inputs):
+            paused = await think(rng, think_s)
+            messages.append({"role": "user", "content": text})
+            body = {**LANE_PARAMS[lane], "messages": messages, "temperature": 0, "max_tokens": tokens,
+                    "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+            sent, first, reply, usage = time.perf_counter(), None, [], None
             async with client.stream("POST", "/v1/chat/completions", json=body) as r:
                 if r.status_code != 200:
                     raise RuntimeError(f"turn {k} of a {lane} conversation failed: {r.status_code} {await r.aread()!r}")
@@ -192,14 +198,21 @@ async def http_conversation(url: str, key: str | None, lane: str, inputs: list[s
                         if piece:
                             first = first or time.perf_counter()
                             reply.append(piece)
-        turns.append({"ttft_s": (first or time.perf_counter()) - sent, "total_s": time.perf_counter() - sent,
-                      "input_tokens": usage["prompt_tokens"] if usage else None,
-                      "cached_tokens": (usage or {}).get("prompt_tokens_details", {}).get("cached_tokens"),
-                      "think_s": paused})
-        messages.append({"role": "assistant", "content": "".join(reply)})
-        if on_turn:
-            on_turn(k + 1)
+            turns.append({"ttft_s": (first or time.perf_counter()) - sent, "total_s": time.perf_counter() - sent,
+                          "input_tokens": usage["prompt_tokens"] if usage else None,
+                          "cached_tokens": (usage or {}).get("prompt_tokens_details", {}).get("cached_tokens"),
+                          "think_s": paused})
+            messages.append({"role": "assistant", "content": "".join(reply)})
+            if on_turn:
+                on_turn(k + 1)
     return turns
+
+
+def fresh_connections(url: str, headers: dict[str, str]) -> httpx.AsyncClient:
+    """An HTTP client that opens a new connection for every request: none is kept alive once its
+    response has been read."""
+    return httpx.AsyncClient(base_url=url, headers=headers, timeout=120,
+                             limits=httpx.Limits(max_keepalive_connections=0))
 
 
 async def steady(run: Callable, url: str, key: str | None, lane: str, measured: list[list[str]],
